@@ -1,0 +1,106 @@
+"""The ledger: one row for every file a stage keeps or drops, so that
+collected == kept + sum(dropped by reason) holds exactly (seed: nothing disappears silently).
+
+Drop reasons are an enum so a typo cannot invent a new reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+import pyarrow as pa
+
+
+class Stage(StrEnum):
+    COLLECT = "raw_files"
+    NORMALIZE = "normalized_files"
+    LICENSE = "licensed_files"
+    SCRUB = "scrubbed_files"
+    DEDUP = "deduped_files"
+    ENRICH = "enriched_files"
+    TOKENIZE = "tokenized_docs"
+    PACK = "packed_rows"
+
+
+class DropReason(StrEnum):
+    # collect
+    NOT_INCLUDED = "not_included"  # outside include globs / inside exclude globs
+    UNSAFE_PATH = "unsafe_path"  # `..`, absolute, escaping symlink, device file
+    SYMLINK = "symlink"  # links are never followed, even inside the root
+    ARCHIVE_LIMIT = "archive_limit"  # uncompressed size or file count bound (zip bomb)
+    UNREADABLE = "unreadable"
+    # normalize
+    BINARY = "binary"
+    UNDECODABLE = "undecodable"
+    EMPTY = "empty"
+    TOO_LARGE = "too_large"
+    LONG_LINES = "long_lines"  # max line length over the limit (minified / data-like)
+    MEAN_LINE_LENGTH = "mean_line_length"
+    LOW_ALNUM = "low_alnum"
+    GENERATED_FILE = "generated_file"
+    NOT_CPP = "not_cpp"
+    # license
+    LICENSE_DENIED = "license_denied"
+    LICENSE_INVALID = "license_invalid"
+    LICENSE_UNKNOWN = "license_unknown"
+    # scrub
+    SCRUB_FAILED = "scrub_failed"
+    # dedup
+    EXACT_DUPLICATE = "exact_duplicate"
+    NEAR_DUPLICATE = "near_duplicate"
+    # enrich
+    PARSE_ERROR_RATIO = "parse_error_ratio"
+    PARSE_TIMEOUT = "parse_timeout"
+    # tokenize
+    ROUND_TRIP_FAILED = "round_trip_failed"
+    EMPTY_AFTER_TOKENIZE = "empty_after_tokenize"
+
+
+LEDGER_SCHEMA = pa.schema(
+    [
+        pa.field("source_id", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),  # "kept" | "dropped"
+        pa.field("reason", pa.string()),  # DropReason value for dropped rows
+        pa.field("detail", pa.string()),  # human-readable: the rule, the expression, ...
+        pa.field("dup_of", pa.string()),  # "source_id:path" of the kept representative
+        pa.field("license_expression", pa.string()),
+    ],
+    metadata={"megacpp.table": "ledger", "megacpp.schema_version": "1"},
+)
+
+
+def drops(
+    source_ids: Sequence[str],
+    paths: Sequence[str],
+    stage: Stage,
+    reasons: Sequence[DropReason],
+    details: Sequence[str | None] | None = None,
+    dup_of: Sequence[str | None] | None = None,
+    license_expressions: Sequence[str | None] | None = None,
+) -> pa.Table:
+    """Ledger rows for dropped files; every sequence is aligned with `paths`."""
+    n = len(paths)
+    empty: list[str | None] = [None] * n
+    return pa.table(
+        {
+            "source_id": pa.array(list(source_ids), pa.string()),
+            "path": pa.array(list(paths), pa.string()),
+            "stage": pa.array([str(stage)] * n, pa.string()),
+            "status": pa.array(["dropped"] * n, pa.string()),
+            "reason": pa.array([str(r) for r in reasons], pa.string()),
+            "detail": pa.array(list(details) if details is not None else empty, pa.string()),
+            "dup_of": pa.array(list(dup_of) if dup_of is not None else empty, pa.string()),
+            "license_expression": pa.array(
+                list(license_expressions) if license_expressions is not None else empty,
+                pa.string(),
+            ),
+        },
+        schema=LEDGER_SCHEMA,
+    )
+
+
+def empty_ledger() -> pa.Table:
+    return LEDGER_SCHEMA.empty_table()

@@ -1,0 +1,100 @@
+"""Every table the pipeline writes, declared once (schemas are data, versioned).
+
+Per-file tables grow stage by stage: each gate's output is its input's schema plus the
+columns that gate decides. `text` always holds the current text of the file and
+`content_sha256` always the sha256 of that text's UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={"megacpp.table": name, "megacpp.schema_version": SCHEMA_VERSION})
+
+
+_KEY = [
+    pa.field("source_id", pa.string(), nullable=False),
+    pa.field("path", pa.string(), nullable=False),  # POSIX, relative to the source root
+    pa.field("revision", pa.string(), nullable=False),  # git commit / archive sha256 / dir tree hash
+    pa.field("blob_sha", pa.string(), nullable=False),  # git blob id of the raw bytes (sha1)
+    pa.field("size", pa.int64(), nullable=False),  # raw bytes
+]
+
+RAW_FILES = _schema("raw_files", [*_KEY, pa.field("content", pa.binary(), nullable=False)])
+
+_TEXT = [
+    pa.field("encoding", pa.string(), nullable=False),  # original encoding, e.g. utf-8, utf-8-sig
+    pa.field("text", pa.string(), nullable=False),
+    pa.field("content_sha256", pa.string(), nullable=False),
+]
+NORMALIZED_FILES = _schema("normalized_files", [*_KEY, *_TEXT])
+
+_LICENSE = [
+    pa.field("license_expression", pa.string()),  # normalized SPDX expression
+    pa.field("license_source", pa.string(), nullable=False),  # file|reuse|notice-text|repo-declared|none
+    pa.field("license_decision", pa.string(), nullable=False),  # allowed|denied|invalid|unknown
+    pa.field("license_detail", pa.string()),  # which notice matched, deprecated ids, ...
+]
+LICENSED_FILES = _schema("licensed_files", [*_KEY, *_TEXT, *_LICENSE])
+
+_SCRUB = [pa.field("scrub_replacements", pa.int32(), nullable=False)]
+SCRUBBED_FILES = _schema("scrubbed_files", [*_KEY, *_TEXT, *_LICENSE, *_SCRUB])
+
+DEDUPED_FILES = _schema("deduped_files", [*_KEY, *_TEXT, *_LICENSE, *_SCRUB])
+
+BUILD_CONTEXT = pa.struct(
+    [
+        pa.field("compiler_family", pa.string()),  # gcc|clang|msvc|unknown
+        pa.field("language_standard", pa.string()),  # e.g. c++17
+        pa.field("defines", pa.list_(pa.string())),  # NAME or NAME=VALUE
+        pa.field("include_roots", pa.list_(pa.string())),  # relative to the source root
+        pa.field("tu_path", pa.string()),  # normalized translation-unit path
+    ]
+)
+_ENRICH = [
+    pa.field("chunk_starts", pa.list_(pa.int32()), nullable=False),  # byte offsets in text
+    pa.field("chunk_ends", pa.list_(pa.int32()), nullable=False),
+    pa.field("chunk_kinds", pa.list_(pa.uint8()), nullable=False),  # enrich.CHUNK_KINDS ids
+    pa.field("chunk_depths", pa.list_(pa.uint16()), nullable=False),
+    pa.field("chunk_names", pa.list_(pa.string()), nullable=False),
+    pa.field("parse_error_ratio", pa.float32(), nullable=False),
+    pa.field("n_functions", pa.int32(), nullable=False),
+    pa.field("n_classes", pa.int32(), nullable=False),
+    pa.field("comment_ratio", pa.float32(), nullable=False),
+    pa.field("max_nesting", pa.int32(), nullable=False),
+    pa.field("structure_source", pa.string(), nullable=False),  # syntax|build
+    pa.field("build_context", BUILD_CONTEXT),
+]
+ENRICHED_FILES = _schema("enriched_files", [*_KEY, *_TEXT, *_LICENSE, *_SCRUB, *_ENRICH])
+
+TOKENIZED_DOCS = _schema(
+    "tokenized_docs",
+    [
+        *_KEY,
+        pa.field("content_sha256", pa.string(), nullable=False),
+        pa.field("license_expression", pa.string()),
+        pa.field("license_source", pa.string(), nullable=False),
+        pa.field("structure_source", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),  # train|validation
+        pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("chunk_kind", pa.list_(pa.uint8()), nullable=False),  # per token
+    ],
+)
+
+
+def git_blob_sha(content: bytes) -> str:
+    """The id git gives these bytes as a blob, so dir/archive files compare with git ones."""
+    h = hashlib.sha1(b"blob %d\0" % len(content))
+    h.update(content)
+    return h.hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
