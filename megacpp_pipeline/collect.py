@@ -482,7 +482,7 @@ def open_source(
 
 
 def _jsonl_source(spec: SourceSpec, uri: str, scope: _Scope) -> SourceFiles:
-    from megacpp_pipeline import jsonl_stream  # type: ignore[attr-defined,unused-ignore]
+    from megacpp_pipeline import jsonl_stream
 
     path = Path(uri.removeprefix("file://"))
     if not path.is_file():
@@ -493,7 +493,8 @@ def _jsonl_source(spec: SourceSpec, uri: str, scope: _Scope) -> SourceFiles:
             h.update(chunk)
 
     def entries() -> Iterator[Entry]:
-        for rec in jsonl_stream.iter_records(path):
+        rejects: list[jsonl_stream.RecordReject] = []
+        for rec in jsonl_stream.iter_records(path, rejects):
             rel = safe_relpath(str(rec["path"]))
             if rel is None:
                 yield Entry(str(rec["path"]), None, DropReason.UNSAFE_PATH, "absolute or `..`")
@@ -501,6 +502,8 @@ def _jsonl_source(spec: SourceSpec, uri: str, scope: _Scope) -> SourceFiles:
                 yield drop
             else:
                 yield Entry(rel, str(rec["content"]).encode("utf-8"))
+        for r in rejects:  # a malformed line has no usable path: name it by its line
+            yield Entry(f"<line {r.line_no}>", None, DropReason.MALFORMED_RECORD, r.describe(path))
 
     return SourceFiles(revision=h.hexdigest(), entries=entries)
 

@@ -30,6 +30,7 @@ class DropReason(StrEnum):
     SYMLINK = "symlink"  # links are never followed, even inside the root
     ARCHIVE_LIMIT = "archive_limit"  # uncompressed size or file count bound (zip bomb)
     UNREADABLE = "unreadable"
+    MALFORMED_RECORD = "malformed_record"  # a JSONL line that is not a valid record
     # normalize
     BINARY = "binary"
     UNDECODABLE = "undecodable"

@@ -255,3 +255,25 @@ def test_collect_batches_ledger_accounts_for_every_file_seen(tmp_path: Path) -> 
     assert sum(r["status"] == "kept" for r in ledger) == kept
     assert [m["path"] for m in meta] == ["REUSE.toml"]
     assert batches[0].kept["revision"][0].as_py() == sf.revision
+
+
+def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: Path) -> None:
+    import json
+
+    export = tmp_path / "export.jsonl"
+    lines = [
+        json.dumps({"path": "include/vector.h", "content": VECTOR_H.decode()}),
+        '{"path": "src/broken.cc", "content": 42}',
+        "not json at all",
+        json.dumps({"path": "../escape.h", "content": "int x;"}),
+        json.dumps({"path": "src/main.cc", "content": MAIN_CC.decode(), "license": "MIT"}),
+    ]
+    export.write_text("\n".join(lines) + "\n")
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
+    files = _files(spec, str(export), tmp_path)
+    assert files["include/vector.h"].content == VECTOR_H
+    assert files["src/main.cc"].content == MAIN_CC
+    assert files["../escape.h"].reason == DropReason.UNSAFE_PATH
+    malformed = [e for e in files.values() if e.reason == DropReason.MALFORMED_RECORD]
+    assert len(malformed) == 2
+    assert any("export.jsonl:2: field 'content'" in (e.detail or "") for e in malformed)
