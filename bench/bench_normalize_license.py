@@ -1,0 +1,169 @@
+"""Normalize and license gates against a bare read + sha256 loop over the same files, in one
+run (issue 3: cheap filters must stay cheap), plus the licence decisions pythran's vendored
+Boost, xsimd and its own files get with declared_license "BSD-3-Clause".
+
+Corpus: every file of the demo wheels (pythran 0.19.0, pybind11 3.1.0, nanobind 3.1.0)
+unzipped under --wheels as <dir>/<name>/...; missing wheels are fetched with
+`pip download --no-deps` and unzipped there.
+
+    .venv/bin/python -m bench.bench_normalize_license [--wheels /tmp/wheels/x] [--repeat 3]
+                                                      [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from megacpp_pipeline import license, normalize
+from megacpp_pipeline.schemas import RAW_FILES, git_blob_sha
+
+WHEELS = {"pythran": "0.19.0", "pybind11": "3.1.0", "nanobind": "3.1.0"}
+
+
+def _ensure_wheels(root: Path) -> None:
+    missing = [
+        name for name in WHEELS if not (root / name).is_dir() or not any((root / name).iterdir())
+    ]
+    if not missing:
+        return
+    with tempfile.TemporaryDirectory() as download:
+        specs = [f"{name}=={WHEELS[name]}" for name in missing]
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", download, *specs],
+            check=True,
+        )
+        for wheel in Path(download).glob("*.whl"):
+            name = wheel.name.split("-")[0]
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(root / name)
+
+
+def _files(root: Path) -> list[tuple[str, Path]]:
+    out = []
+    for name in WHEELS:
+        base = root / name
+        out += [(name, p) for p in sorted(base.rglob("*")) if p.is_file() and not p.is_symlink()]
+    return out
+
+
+def _raw_table(files: list[tuple[str, Path]], root: Path) -> pa.Table:
+    rows = []
+    for source_id, path in files:
+        content = path.read_bytes()
+        rows.append(
+            {
+                "source_id": source_id,
+                "path": path.relative_to(root / source_id).as_posix(),
+                "revision": WHEELS[source_id],
+                "blob_sha": git_blob_sha(content),
+                "size": len(content),
+                "content": content,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=RAW_FILES)
+
+
+def _median_seconds(step: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _bare_read_sha256(files: list[tuple[str, Path]]) -> None:
+    for _, path in files:
+        hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pythran_breakdown(result: Any) -> dict[str, int]:
+    def group(path: str) -> str:
+        parts = path.split("/")
+        return parts[1] if len(parts) > 1 and parts[1] in ("boost", "xsimd") else "own"
+
+    counts: Counter[str] = Counter()
+    for row in result.kept.select(["path", "license_source", "license_decision"]).to_pylist():
+        counts[f"{group(row['path'])} {row['license_decision']} {row['license_source']}"] += 1
+    for row in result.dropped.to_pylist():
+        source = row["detail"].split(":")[0]
+        counts[f"{group(row['path'])} {row['reason']} {source}"] += 1
+    return dict(sorted(counts.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--wheels", type=Path, default=Path("/tmp/wheels/x"))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    _ensure_wheels(args.wheels)
+    files = _files(args.wheels)
+    raw = _raw_table(files, args.wheels)
+    raw_mb = sum(p.stat().st_size for _, p in files) / 1e6
+
+    norm_config = normalize.NormalizeConfig()
+    lic_config = license.LicenseConfig()
+    normalized = normalize.run(raw, norm_config)
+    text_mb = normalized.stats["bytes_kept"] / 1e6
+    license.run(normalized.kept, lic_config, declared_license="BSD-3-Clause", reuse_files={})
+
+    bare_s = _median_seconds(lambda: _bare_read_sha256(files), args.repeat)
+    norm_s = _median_seconds(lambda: normalize.run(raw, norm_config), args.repeat)
+    lic_s = _median_seconds(
+        lambda: license.run(
+            normalized.kept, lic_config, declared_license="BSD-3-Clause", reuse_files={}
+        ),
+        args.repeat,
+    )
+
+    pythran_kept = normalized.kept.filter(pa.compute.equal(normalized.kept["source_id"], "pythran"))
+    pythran = license.run(pythran_kept, lic_config, declared_license="BSD-3-Clause", reuse_files={})
+
+    figures = {
+        "files": len(files),
+        "raw_mb": round(raw_mb, 2),
+        "normalized_files": normalized.kept.num_rows,
+        "normalized_text_mb": round(text_mb, 2),
+        "bare_read_sha256_mb_s": round(raw_mb / bare_s, 1),
+        "normalize_mb_s": round(raw_mb / norm_s, 1),
+        "normalize_over_bare": round((raw_mb / norm_s) / (raw_mb / bare_s), 3),
+        "license_mb_s": round(text_mb / lic_s, 1),
+        "license_over_bare": round((text_mb / lic_s) / (raw_mb / bare_s), 3),
+        "normalize_drops": {k: v for k, v in normalized.stats.items() if k.startswith("dropped:")},
+        "pythran_license": _pythran_breakdown(pythran),
+    }
+
+    print(f"{len(files)} files, {raw_mb:.1f} MB raw, {text_mb:.1f} MB kept text; "
+          f"median of {args.repeat}\n")  # fmt: skip
+    print("| step | MB/s | vs bare read+sha256 |")
+    print("|---|---:|---:|")
+    print(f"| bare read + sha256 | {figures['bare_read_sha256_mb_s']} | 1.000 |")
+    print(f"| normalize.run | {figures['normalize_mb_s']} | {figures['normalize_over_bare']} |")
+    print(f"| license.run | {figures['license_mb_s']} | {figures['license_over_bare']} |")
+    print("\n| pythran group, decision, license_source | files |")
+    print("|---|---:|")
+    for key, count in figures["pythran_license"].items():
+        print(f"| {key} | {count} |")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
