@@ -1,0 +1,185 @@
+"""Scrub gate, measured (issue 4): recall per kind and altered-decoy rate per false-positive
+class on the labelled evaluation set (tests/scrub_eval.py), then throughput of scrub.run on
+real C++ next to the raw read + sha256 rate of the same files and next to detect-secrets'
+own scanner on a sample of them, all in one run.
+
+Corpora: the demo wheels (pythran 0.19.0, pybind11 3.1.0, nanobind 3.1.0 unzipped under
+--wheels; fetch with `pip download --no-deps pythran==0.19.0 pybind11==3.1.0 nanobind==3.1.0
+-d /tmp/wheels` and unzip each into /tmp/wheels/x/<name>), plus Debian's libc++-14 and
+nlohmann headers when those packages are installed.
+
+    .venv/bin/python -m bench.bench_scrub [--wheels /tmp/wheels/x] [--repeat 3]
+                                          [--per-kind 200] [--per-decoy 100] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from megacpp_pipeline import scrub
+from megacpp_pipeline.schemas import LICENSED_FILES, git_blob_sha, text_sha256
+from tests.scrub_eval import build_eval_set, evaluate
+
+CPP_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".ipp", ".inl", ".tcc", ".cpp", ".cc", ".cxx"}
+LIBCXX = Path("/usr/lib/llvm-14/include/c++/v1")
+NLOHMANN = Path("/usr/include/nlohmann")
+
+
+def _cpp_files(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.suffix in CPP_SUFFIXES
+    )
+
+
+def _table(files: list[tuple[str, Path]]) -> pa.Table:
+    raws = [p.read_bytes() for _, p in files]
+    texts = [r.decode("utf-8", "replace") for r in raws]
+    n = len(files)
+    return pa.table(
+        {
+            "source_id": [s for s, _ in files],
+            "path": [p.as_posix() for _, p in files],
+            "revision": ["bench"] * n,
+            "blob_sha": [git_blob_sha(r) for r in raws],
+            "size": [len(r) for r in raws],
+            "encoding": ["utf-8"] * n,
+            "text": texts,
+            "content_sha256": [text_sha256(t) for t in texts],
+            "license_expression": [None] * n,
+            "license_source": ["none"] * n,
+            "license_decision": ["allowed"] * n,
+            "license_detail": [None] * n,
+        },
+        schema=LICENSED_FILES,
+    )
+
+
+def _read_and_hash(paths: list[Path]) -> int:
+    total = 0
+    for p in paths:
+        data = p.read_bytes()
+        hashlib.sha256(data).hexdigest()
+        total += len(data)
+    return total
+
+
+def _median_seconds(fn: Any, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _detect_secrets_rate(paths: list[Path], budget_bytes: int) -> tuple[float, int]:
+    """detect-secrets 1.5's own scanner (default plugins and filters) on a prefix of the files."""
+    from detect_secrets.core.scan import scan_file
+    from detect_secrets.settings import default_settings
+
+    sample, size = [], 0
+    for p in paths:
+        if size >= budget_bytes:
+            break
+        sample.append(p)
+        size += p.stat().st_size
+    with default_settings():
+        t0 = time.perf_counter()
+        for p in sample:
+            list(scan_file(str(p)))
+        seconds = time.perf_counter() - t0
+    return size / 1e6 / seconds, size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wheels", type=Path, default=Path("/tmp/wheels/x"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--per-kind", type=int, default=200)
+    ap.add_argument("--per-decoy", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--detect-secrets-mb", type=float, default=0.5)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    config = scrub.ScrubConfig()
+    figures: dict[str, Any] = {}
+
+    # --- the labelled evaluation set
+    items = build_eval_set(args.seed, args.per_kind, args.per_decoy)
+    report = evaluate(items, config)
+    print(f"## Evaluation set (seed {args.seed}, {len(items)} files)\n")
+    print("| kind | files | recall |\n|---|---:|---:|")
+    for kind, recall in report.recall.items():
+        print(f"| {kind} | {report.counts[kind]} | {recall:.2%} |")
+    print("\n| decoy class | files | altered |\n|---|---:|---:|")
+    for cls, rate in report.decoy_altered_rate.items():
+        print(f"| {cls} | {report.counts[cls]} | {rate:.2%} |")
+    targets_met = report.min_recall >= 0.99 and report.altered_decoys == 0
+    print(f"\ntargets (recall >= 99% on every kind, zero altered decoys): {targets_met}")
+    for item_id, _, _ in report.failures[:10]:
+        print(f"- failed: {item_id}")
+    figures["recall"] = report.recall
+    figures["decoy_altered_rate"] = report.decoy_altered_rate
+    figures["targets_met"] = targets_met
+
+    # --- throughput on real headers
+    corpora = [(f"wheel:{d.name}", d) for d in sorted(args.wheels.glob("*")) if d.is_dir()]
+    corpora += [("debian:libc++-14", LIBCXX), ("debian:nlohmann", NLOHMANN)]
+    files = [(sid, p) for sid, root in corpora for p in _cpp_files(root)]
+    if not files:
+        print(f"\nno C++ files under {args.wheels} or Debian dirs: throughput skipped")
+    else:
+        paths = [p for _, p in files]
+        table = _table(files)
+        mb = sum(p.stat().st_size for p in paths) / 1e6
+        raw_s = _median_seconds(lambda: _read_and_hash(paths), args.repeat)
+        result = scrub.run(table, config)
+        run_s = _median_seconds(lambda: scrub.run(table, config), args.repeat)
+        residual = scrub.residual_table(result.kept, config)
+        ds_rate, ds_bytes = _detect_secrets_rate(paths, int(args.detect_secrets_mb * 1e6))
+        gate_rate, raw_rate = mb / run_s, mb / raw_s
+        print(f"\n## Throughput ({len(files)} files, {mb:.1f} MB, median of {args.repeat})\n")
+        print("| call | MB/s | vs read+sha256 |\n|---|---:|---:|")
+        print(f"| read + sha256 (bare) | {raw_rate:.1f} | 1.00 |")
+        print(f"| scrub.run | {gate_rate:.1f} | {gate_rate / raw_rate:.3f} |")
+        print(
+            f"| detect-secrets 1.5 scan_file ({ds_bytes / 1e6:.1f} MB sample) | {ds_rate:.2f} |"
+            f" {ds_rate / raw_rate:.4f} |"
+        )
+        kinds = {k: v for k, v in sorted(result.stats.items()) if k.startswith("kind:")}
+        print(f"\nreplacements by kind: {kinds or 'none'}")
+        print(
+            f"files scrubbed: {result.stats['files_scrubbed']}, dropped: {result.dropped.num_rows}"
+        )
+        print(f"blocking check (residual findings on output): {residual.num_rows}")
+        print("\n" + scrub.markdown_sample(result.kept, config, max_lines=5))
+        figures.update(
+            files=len(files),
+            megabytes=round(mb, 2),
+            read_sha256_mb_s=round(raw_rate, 1),
+            scrub_mb_s=round(gate_rate, 1),
+            detect_secrets_scan_mb_s=round(ds_rate, 3),
+            scrub_vs_detect_secrets=round(gate_rate / ds_rate, 1),
+            replacements=kinds,
+            residual_findings=residual.num_rows,
+        )
+
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
