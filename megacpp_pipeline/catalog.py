@@ -7,9 +7,10 @@ message that names the source and the field.
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -25,6 +26,7 @@ DEFAULT_INCLUDE = [
     "**/*.ipp",
     "**/*.inl",
 ]
+_M = TypeVar("_M", bound=BaseModel)
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -77,9 +79,9 @@ class SourceSpec(BaseModel):
     def _pinned(self) -> SourceSpec:
         if self.kind == "archive" and self.sha256 is None:
             raise ValueError("archive sources need sha256 (verified before extraction)")
-        if self.kind == "git" and self.role == "operational":
-            if self.revision is None and self.track is None:
-                raise ValueError("operational git sources need revision (an exact commit)")
+        operational_git = self.kind == "git" and self.role == "operational"
+        if operational_git and self.revision is None and self.track is None:
+            raise ValueError("operational git sources need revision (an exact commit)")
         if self.kind != "git" and self.track is not None:
             raise ValueError("track is only for git sources")
         if self.kind != "git" and self.revision is not None:
@@ -103,6 +105,26 @@ class CollectLimits(BaseModel):
     max_compression_ratio: float = Field(default=200.0, gt=1)
 
 
+# Each gate's config model, validated when the catalog loads so that a bad threshold fails
+# before any work starts. The models live with their gates (thresholds in one place).
+STAGE_CONFIGS: dict[str, str] = {
+    "normalize": "megacpp_pipeline.normalize:NormalizeConfig",
+    "license": "megacpp_pipeline.license:LicenseConfig",
+    "scrub": "megacpp_pipeline.scrub:ScrubConfig",
+    "dedup": "megacpp_pipeline.dedup:DedupConfig",
+    "enrich": "megacpp_pipeline.enrich:EnrichConfig",
+    "tokenizer": "megacpp_pipeline.tokenizer:TokenizerConfig",
+    "tokenize": "megacpp_pipeline.tokenization:TokenizeConfig",
+    "packing": "megacpp_pipeline.packing:PackingConfig",
+    "snapshot": "megacpp_pipeline.snapshot:SnapshotConfig",
+}
+
+
+def _stage_model(stage: str) -> type[BaseModel]:
+    module, name = STAGE_CONFIGS[stage].split(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
 class Catalog(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -122,6 +144,27 @@ class Catalog(BaseModel):
                 raise ValueError(f"duplicate source id {s.id!r}")
             seen.add(s.id)
         return self
+
+    @field_validator("stages")
+    @classmethod
+    def _known_stages(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for stage, section in v.items():
+            if stage not in STAGE_CONFIGS:
+                raise ValueError(f"unknown stage {stage!r} (known: {', '.join(STAGE_CONFIGS)})")
+            try:
+                _stage_model(stage).model_validate(section or {})
+            except ValidationError as e:
+                first = e.errors()[0]
+                loc = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"stages.{stage}.{loc}: {first['msg']}") from None
+        return v
+
+    def stage_config(self, stage: str, model: type[_M]) -> _M:
+        """The gate's config: its defaults, overridden by the `stages.<stage>` section."""
+        section = dict(self.stages.get(stage) or {})
+        if stage == "packing":
+            section.setdefault("seq_len", self.seq_len)
+        return model.model_validate(section)
 
     @property
     def operational(self) -> list[SourceSpec]:

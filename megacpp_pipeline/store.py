@@ -77,10 +77,18 @@ class Manifest(BaseModel):
 
     @property
     def rows(self) -> int:
-        return self.tables["data"].rows if "data" in self.tables else 0
+        """Rows of the main table; a global asset splits it as `data:<part>` tables."""
+        return sum(t.rows for name, t in self.tables.items() if is_data_table(name))
+
+    def data_tables(self) -> list[str]:
+        return [name for name in self.tables if is_data_table(name)]
 
     def all_shards(self) -> list[ShardInfo]:
         return [s for t in self.tables.values() for s in t.shards] + list(self.files)
+
+
+def is_data_table(name: str) -> bool:
+    return name == "data" or name.startswith("data:")
 
 
 def schema_fingerprint(schema: pa.Schema) -> str:
@@ -390,7 +398,9 @@ class TableWriter:
         row_bytes = max(1, table.nbytes // table.num_rows)
         while start < table.num_rows:
             room_bytes = max(0, store.max_bytes_per_shard - self._pending_bytes)
-            room = max(1, min(store.max_rows_per_shard - self._pending_rows, room_bytes // row_bytes))
+            room = max(
+                1, min(store.max_rows_per_shard - self._pending_rows, room_bytes // row_bytes)
+            )
             piece = table.slice(start, room)
             self._pending.append(piece)
             self._pending_rows += piece.num_rows
@@ -408,8 +418,11 @@ class TableWriter:
         table = pa.concat_tables(self._pending).combine_chunks()
         self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
         index = len(self.info.shards)
-        prefix = "part" if self.name == "data" else self.name
+        prefix = "part" if self.name == "data" else self.name.replace(":", "-")
         shard = self.version.write_parquet(f"{prefix}-{index:05d}.parquet", table)
+        if not self.info.shards:
+            # the contract is what parquet holds: fingerprint the schema read back from disk
+            self.info.schema_fingerprint = schema_fingerprint(self.version.last_schema)
         self.info.shards.append(shard)
         self.info.rows += shard.rows
 
@@ -426,6 +439,7 @@ class VersionWriter:
         self.manifest = manifest
         self.dir = vdir
         self._writers: dict[str, TableWriter] = {}
+        self.last_schema: pa.Schema | None = None
 
     def table(self, name: str, schema: pa.Schema) -> TableWriter:
         if name not in self._writers:
@@ -446,14 +460,15 @@ class VersionWriter:
             if meta.num_rows != table.num_rows:
                 raise StoreError(f"{final}: wrote {table.num_rows} rows, read back {meta.num_rows}")
             written = meta.schema.to_arrow_schema()
-            if schema_fingerprint(written) != schema_fingerprint(table.schema):
-                raise StoreError(f"{final}: schema changed on the way to disk")
+            if written.names != table.schema.names:
+                raise StoreError(f"{final}: columns changed on the way to disk")
             sha = self.store.sha256_of(tmp)
             size = fs.get_file_info(tmp).size
             fs.move(tmp, final)
         except OSError as e:
             self.store._discard(tmp)
             raise StoreError(f"{final}: shard write failed ({e})") from e
+        self.last_schema = written
         return ShardInfo(path=relpath, rows=table.num_rows, bytes=size, sha256=sha)
 
     def write_file(self, relpath: str, data: bytes) -> ShardInfo:

@@ -1,0 +1,1 @@
+"""The Dagster shell: one module per gate, each an asset plus its blocking checks."""
