@@ -15,13 +15,15 @@ SCHEMA_VERSION = "1"
 
 
 def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    return pa.schema(fields, metadata={"megacpp.table": name, "megacpp.schema_version": SCHEMA_VERSION})
+    metadata = {"megacpp.table": name, "megacpp.schema_version": SCHEMA_VERSION}
+    return pa.schema(fields, metadata=metadata)
 
 
 _KEY = [
     pa.field("source_id", pa.string(), nullable=False),
     pa.field("path", pa.string(), nullable=False),  # POSIX, relative to the source root
-    pa.field("revision", pa.string(), nullable=False),  # git commit / archive sha256 / dir tree hash
+    # git commit / archive sha256 / dir tree hash / jsonl file sha256
+    pa.field("revision", pa.string(), nullable=False),
     pa.field("blob_sha", pa.string(), nullable=False),  # git blob id of the raw bytes (sha1)
     pa.field("size", pa.int64(), nullable=False),  # raw bytes
 ]
@@ -37,7 +39,8 @@ NORMALIZED_FILES = _schema("normalized_files", [*_KEY, *_TEXT])
 
 _LICENSE = [
     pa.field("license_expression", pa.string()),  # normalized SPDX expression
-    pa.field("license_source", pa.string(), nullable=False),  # file|reuse|notice-text|repo-declared|none
+    # file | reuse | notice-text | repo-declared | none
+    pa.field("license_source", pa.string(), nullable=False),
     pa.field("license_decision", pa.string(), nullable=False),  # allowed|denied|invalid|unknown
     pa.field("license_detail", pa.string()),  # which notice matched, deprecated ids, ...
 ]
