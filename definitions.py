@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import collect, dedup, enrich, license, normalize, scrub, snapshot, tokens
+from assets import collect, dedup, enrich, license, normalize, report, scrub, snapshot, tokens
 from resources.pipeline import default_resources
 
-ASSET_MODULES = [collect, normalize, license, scrub, dedup, enrich, tokens, snapshot]
+ASSET_MODULES = [collect, normalize, license, scrub, dedup, enrich, tokens, snapshot, report]
 
 # The order a person (or `megacpp run`) materializes the DAG in: per-source groups run once
 # per partition, global groups once. Dagster's own backfills derive the same order.
@@ -19,7 +19,7 @@ STAGE_PLAN: list[tuple[str, list[str]]] = [
     ("per_source", ["enriched_files"]),
     ("global", ["tokenizer"]),
     ("per_source", ["tokenized_docs"]),
-    ("global", ["packed_rows", "snapshot", "megatron_dataset"]),
+    ("global", ["packed_rows", "snapshot", "megatron_dataset", "quality_report"]),
 ]
 
 all_assets = dg.load_assets_from_modules(ASSET_MODULES)

@@ -32,6 +32,9 @@ SNAPSHOT_SCHEMA_VERSION = 1
 COMPLETE = "_COMPLETE"
 MANIFEST = "manifest.json"
 SPLITS = ("train", "validation")
+# The quality report is derived after promotion and is not part of the training contract:
+# it lives in this folder, outside the manifest's file list.
+REPORT_DIR = "report"
 _CHUNK = 1 << 20
 
 

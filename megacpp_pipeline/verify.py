@@ -33,6 +33,7 @@ from megacpp_pipeline.packed_rows import (
 from megacpp_pipeline.snapshot import (
     COMPLETE,
     MANIFEST,
+    REPORT_DIR,
     SnapshotConfig,
     SnapshotManifest,
     manifest_summary,
@@ -72,6 +73,8 @@ def check_files(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
             out.fail(f"{p}: sha256 mismatch")
     for p in snap.rglob("*"):
         rel = p.relative_to(snap).as_posix()
+        if rel.startswith(f"{REPORT_DIR}/"):
+            continue
         if p.is_file() and rel not in listed and rel not in (MANIFEST, COMPLETE):
             out.fail(f"{p}: not listed in the manifest")
     out.metrics["files"] = len(manifest.files)

@@ -23,6 +23,7 @@ GATES = [
     "packed_rows",
     "snapshot",
     "megatron_dataset",
+    "quality_report",
 ]
 
 _PROBE = """

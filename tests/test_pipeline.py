@@ -88,7 +88,7 @@ def test_author_email_is_scrubbed_before_tokenization(pipeline_run: dict) -> Non
     tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
     text = "".join(
         tok.decode(row, skip_special_tokens=False)
-        for part in sorted((snap / "train").glob("*.parquet"))
+        for part in sorted(snap.glob("*/part-*.parquet"))
         for row in pq.read_table(part, columns=["input_ids"])["input_ids"].to_pylist()
     )
     assert "jane.roe@corp-mail.net" not in text
