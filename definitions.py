@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import collect, dedup, enrich, license, normalize, report, scrub, snapshot, tokens
+from assets import (
+    collect,
+    dedup,
+    enrich,
+    license,
+    normalize,
+    report,
+    schedules,
+    scrub,
+    snapshot,
+    tokens,
+)
 from resources.pipeline import default_resources
 
 ASSET_MODULES = [collect, normalize, license, scrub, dedup, enrich, tokens, snapshot, report]
@@ -29,5 +40,8 @@ defs = dg.Definitions(
     assets=all_assets,
     asset_checks=all_checks,
     resources=default_resources(),
+    jobs=[schedules.per_source_refresh],
+    schedules=[schedules.nightly_refresh],
+    sensors=[schedules.nightly_cascade],
     executor=dg.multiprocess_executor.configured({"max_concurrent": 2}),
 )

@@ -14,6 +14,8 @@ from megacpp_pipeline.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.schemas import RAW_FILES
 from resources.pipeline import CatalogResource, ShardStoreResource
 
+REVISION_TAG = "megacpp/revision"
+
 CATALOG_SCHEMA = pa.schema(
     [
         pa.field("id", pa.string()),
@@ -96,6 +98,10 @@ def raw_files(
 ) -> dg.MaterializeResult:
     cat = catalog.load()
     spec = cat.source(context.partition_key)
+    pinned = context.run.tags.get(REVISION_TAG)
+    if spec.track and pinned:
+        # the refresh resolved the tracked branch when it launched this run: pin exactly that
+        spec = spec.model_copy(update={"revision": pinned, "track": None})
     st = store.open()
 
     def is_metadata(path: str) -> bool:

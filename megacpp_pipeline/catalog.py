@@ -105,6 +105,14 @@ class CollectLimits(BaseModel):
     max_compression_ratio: float = Field(default=200.0, gt=1)
 
 
+class RefreshConfig(BaseModel):
+    """The nightly refresh: when it runs (cron, in `timezone`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cron: str = Field(default="0 2 * * *", pattern=r"^\S+( \S+){4}$")
+    timezone: str = "UTC"
+
+
 # Each gate's config model, validated when the catalog loads so that a bad threshold fails
 # before any work starts. The models live with their gates (thresholds in one place).
 STAGE_CONFIGS: dict[str, str] = {
@@ -133,6 +141,7 @@ class Catalog(BaseModel):
     sources: list[SourceSpec] = Field(min_length=1)
     shards: ShardConfig = Field(default_factory=ShardConfig)
     collect: CollectLimits = Field(default_factory=CollectLimits)
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-gate config sections
     base_dir: Path = Field(default=Path("."), exclude=True)
 
