@@ -28,7 +28,8 @@ key = first[0][1]
 instance.add_run(dg.DagsterRun(job_name="per_source_refresh", run_id="r1",
                                tags={"dagster/run_key": key},
                                status=dg.DagsterRunStatus.SUCCESS))
-second = [r.run_key for r in sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo)).run_requests]
+ctx2 = dg.build_schedule_context(instance=instance, repository_def=repo)
+second = [r.run_key for r in sched.evaluate_tick(ctx2).run_requests]
 sensor = definitions.defs.get_sensor_def("nightly_cascade")
 print(json.dumps({
     "first": first, "second": second,
