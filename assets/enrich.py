@@ -1,6 +1,9 @@
 """Enrich: tree-sitter-cpp chunk spans for every kept file (syntax lane), and a sanitized
 build-context record where the source ships a compile_commands.json (build lane)."""
 
+import hashlib
+from collections import Counter
+
 import dagster as dg
 import numpy as np
 import pyarrow as pa
@@ -9,7 +12,9 @@ import pyarrow.compute as pc
 from assets.partitions import SOURCES
 from assets.shell import (
     CODE_VERSION,
+    FileCaching,
     accounting_check_from,
+    file_cache,
     manifest_check,
     partition_of,
     run_file_gate,
@@ -17,6 +22,7 @@ from assets.shell import (
     upstream_hashes,
 )
 from megacpp_pipeline import build_context, enrich
+from megacpp_pipeline.gate import GateResult
 from megacpp_pipeline.schemas import ENRICHED_FILES
 from resources.pipeline import CatalogResource, ShardStoreResource
 
@@ -42,8 +48,8 @@ def enriched_files(
     deduped = st.latest("deduped_files", None)
     raw = st.latest("raw_files", spec.id)
     build, build_error = None, None
+    db_bytes: bytes | None = None
     if spec.compile_commands:
-        db_bytes = None
         for t in st.iter_tables(raw, "metadata"):
             for path, content in zip(t["path"].to_pylist(), t["content"].to_pylist(), strict=True):
                 if path == spec.compile_commands:
@@ -67,6 +73,10 @@ def enriched_files(
         st.iter_tables(deduped, f"data:{spec.id}"),
         lambda t: enrich.run(t, cfg, build),
         ENRICHED_FILES,
+        caching=FileCaching(
+            file_cache(store, "enrich", enrich, cfg, salt=_build_salt(db_bytes)), "content_sha256"
+        ),
+        summarize=_kind_bytes,
     )
     manifest = version.commit(
         upstream=upstream_hashes(st, [deduped, raw]),
@@ -91,10 +101,33 @@ def enriched_files(
             st,
             manifest,
             kind_coverage=dg.MetadataValue.md(coverage),
-            build_files=int(stats.get("structure:build", 0)),
+            build_files=int(stats.get("structure_source:build", 0)),
             build_lane_error=build_error or "none",
         )
     )
+
+
+def _build_salt(db_bytes: bytes | None) -> str:
+    return hashlib.sha256(db_bytes).hexdigest()[:16] if db_bytes else ""
+
+
+_KIND_NAMES = {v: k for k, v in enrich.CHUNK_KINDS.items()}
+
+
+def _kind_bytes(result: GateResult) -> Counter[str]:
+    """Bytes under each chunk kind and files per structure source, over the whole output."""
+    kept = result.kept
+    out: Counter[str] = Counter()
+    if kept.num_rows:
+        kinds = pc.list_flatten(kept["chunk_kinds"]).to_numpy(zero_copy_only=False)
+        sizes = pc.subtract(
+            pc.list_flatten(kept["chunk_ends"]), pc.list_flatten(kept["chunk_starts"])
+        ).to_numpy(zero_copy_only=False)
+        for kind, nbytes in enumerate(np.bincount(kinds, weights=sizes)):
+            if nbytes:
+                out[f"kind_bytes:{_KIND_NAMES.get(kind, kind)}"] = int(nbytes)
+    out.update(f"structure_source:{s}" for s in kept["structure_source"].to_pylist())
+    return out
 
 
 enriched_files_verifies = manifest_check(enriched_files, partitioned=True)

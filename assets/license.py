@@ -1,13 +1,18 @@
 """License: each file's SPDX expression from its own metadata (SPDX line, REUSE, a standard
 notice), falling back to the source's declared licence; parsed, validated, decided."""
 
+import hashlib
+from collections import Counter
+
 import dagster as dg
 import pyarrow.compute as pc
 
 from assets.partitions import SOURCES
 from assets.shell import (
     CODE_VERSION,
+    FileCaching,
     accounting_check,
+    file_cache,
     manifest_check,
     partition_of,
     run_file_gate,
@@ -15,6 +20,8 @@ from assets.shell import (
     upstream_hashes,
 )
 from megacpp_pipeline import license
+from megacpp_pipeline.catalog import SourceSpec
+from megacpp_pipeline.gate import GateResult
 from megacpp_pipeline.schemas import LICENSED_FILES
 from resources.pipeline import CatalogResource, ShardStoreResource
 
@@ -55,6 +62,13 @@ def licensed_files(
             t, cfg, declared_license=spec.declared_license, reuse_files=reuse_files
         ),
         LICENSED_FILES,
+        caching=FileCaching(
+            file_cache(
+                store, "license", license, cfg, salt=_inputs_outside_the_file(spec, reuse_files)
+            ),
+            "content_sha256",
+        ),
+        summarize=_decisions,
     )
     manifest = version.commit(upstream=upstream_hashes(st, [upstream, raw]), stats=stats)
     return dg.MaterializeResult(
@@ -69,6 +83,43 @@ def licensed_files(
             licence_summary=dg.MetadataValue.md(license.markdown_summary(stats)),
         )
     )
+
+
+def _inputs_outside_the_file(spec: SourceSpec, reuse_files: dict[str, bytes]) -> str:
+    """What a file's decision depends on besides its own text: the declared licence and
+    the source's REUSE metadata."""
+    h = hashlib.sha256(str(spec.declared_license).encode())
+    for path in sorted(reuse_files):
+        h.update(path.encode() + b"\0" + hashlib.sha256(reuse_files[path]).digest())
+    return h.hexdigest()[:16]
+
+
+_REASON_DECISION = {
+    "license_denied": "denied",
+    "license_invalid": "invalid",
+    "license_unknown": "unknown",
+}
+
+
+def _decisions(result: GateResult) -> Counter[str]:
+    """Decision, source and expression counts over the whole output (cached rows too)."""
+    out: Counter[str] = Counter()
+    kept, dropped = result.kept, result.dropped
+    out["decision:allowed"] = kept.num_rows
+    out.update(f"source:{s}" for s in kept["license_source"].to_pylist())
+    out.update(f"expr:{e}" for e in kept["license_expression"].to_pylist() if e)
+    for reason, detail, expr in zip(
+        dropped["reason"].to_pylist(),
+        dropped["detail"].to_pylist(),
+        dropped["license_expression"].to_pylist(),
+        strict=True,
+    ):
+        if reason in _REASON_DECISION:
+            out[f"decision:{_REASON_DECISION[reason]}"] += 1
+            out[f"source:{(detail or 'none').split(':', 1)[0]}"] += 1
+            if expr:
+                out[f"expr:{expr}"] += 1
+    return out
 
 
 licensed_files_verifies = manifest_check(licensed_files, partitioned=True)

@@ -6,7 +6,9 @@ import dagster as dg
 from assets.partitions import SOURCES
 from assets.shell import (
     CODE_VERSION,
+    FileCaching,
     accounting_check,
+    file_cache,
     manifest_check,
     run_file_gate,
     summary_metadata,
@@ -41,14 +43,19 @@ def normalized_files(
         run_id=context.run_id,
     )
     stats = run_file_gate(
-        st, version, st.iter_tables(upstream), lambda t: normalize.run(t, cfg), NORMALIZED_FILES
+        st,
+        version,
+        st.iter_tables(upstream),
+        lambda t: normalize.run(t, cfg),
+        NORMALIZED_FILES,
+        caching=FileCaching(file_cache(store, "normalize", normalize, cfg), "blob_sha"),
     )
     manifest = version.commit(upstream=upstream_hashes(st, [upstream]), stats=stats)
     return dg.MaterializeResult(
         metadata=summary_metadata(
             st,
             manifest,
-            **{k: int(v) for k, v in sorted(stats.items()) if k.startswith("dropped")},
+            **{k: int(v) for k, v in sorted(stats.items()) if k.startswith("ledger:")},
         )
     )
 

@@ -1,12 +1,16 @@
 """Scrub: emails, public IPs, keys and tokens, private keys and machine-local paths
 replaced by stable placeholders before tokenization; an audit table of salted hashes."""
 
+from collections import Counter
+
 import dagster as dg
 
 from assets.partitions import SOURCES
 from assets.shell import (
     CODE_VERSION,
+    FileCaching,
     accounting_check,
+    file_cache,
     manifest_check,
     partition_of,
     run_file_gate,
@@ -57,6 +61,8 @@ def scrubbed_files(
         gate,
         SCRUBBED_FILES,
         side_schemas={"audit": scrub.AUDIT_SCHEMA},
+        caching=FileCaching(file_cache(store, "scrub", scrub, cfg), "content_sha256"),
+        summarize=lambda r: Counter(f"kind:{k}" for k in r.extra["audit"]["kind"].to_pylist()),
     )
     manifest = version.commit(upstream=upstream_hashes(st, [upstream]), stats=stats)
     return dg.MaterializeResult(

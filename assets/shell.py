@@ -2,16 +2,21 @@
 through a library gate, write kept rows, ledger rows and side tables as a new version,
 report summary metadata, and verify the written manifest from disk in a blocking check."""
 
+import hashlib
+import inspect
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import dagster as dg
 import pyarrow as pa
 
 from megacpp_pipeline import ledger as ledger_mod
+from megacpp_pipeline.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.gate import GateResult
-from megacpp_pipeline.store import Manifest, ShardStore, VersionWriter
+from megacpp_pipeline.store import Manifest, ShardStore, VersionWriter, config_hash
 from resources.pipeline import ShardStoreResource
 
 CODE_VERSION = "1"
@@ -29,6 +34,34 @@ def upstream_hashes(store: ShardStore, manifests: Iterable[Manifest]) -> dict[st
     return {f"{m.asset}/{m.partition}": store.manifest_sha256(m) for m in manifests}
 
 
+@dataclass
+class FileCaching:
+    """Where per-file results of a gate are cached, and what a row's key hashes: the
+    column holding the input's content hash, and a salt for inputs outside the row (the
+    declared licence and REUSE files, the tokenizer, the compile database)."""
+
+    cache: FileResultCache
+    content_column: str
+    salt: str = ""
+
+
+def file_cache(
+    store: ShardStoreResource, stage: str, gate_module: ModuleType, config: Any, salt: str = ""
+) -> FileResultCache:
+    """The stage's cache namespace: its gate module's source hash (the stage code version)
+    and its config hash, so changing either invalidates exactly this stage."""
+    return FileResultCache(
+        store.cache() / "file-results",
+        stage,
+        gate_code_version(gate_module),
+        config_hash(config) + salt,
+    )
+
+
+def gate_code_version(module: ModuleType) -> str:
+    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:12]
+
+
 def run_file_gate(
     store: ShardStore,
     version: VersionWriter,
@@ -36,19 +69,40 @@ def run_file_gate(
     gate: Callable[[pa.Table], GateResult],
     out_schema: pa.Schema,
     side_schemas: Mapping[str, pa.Schema] | None = None,
+    caching: FileCaching | None = None,
+    summarize: Callable[[GateResult], Counter[str]] | None = None,
 ) -> Counter[str]:
-    """Stream shard by shard; memory is bounded by one shard plus the gate's output."""
+    """Stream shard by shard; memory is bounded by one shard plus the gate's output. With
+    `caching`, only files whose key is not cached go through the gate; `summarize` then
+    recomputes the gate's UI counters from the whole output (cached rows included), since a
+    gate's own stats only cover the files it saw."""
     data = version.table("data", out_schema)
     drops = version.table("ledger", ledger_mod.LEDGER_SCHEMA)
     stats: Counter[str] = Counter()
+    schemas = {"kept": out_schema, "dropped": ledger_mod.LEDGER_SCHEMA, **(side_schemas or {})}
     for table in shards:
         stats["input_files"] += table.num_rows
-        result = gate(table)
+        if caching is not None:
+            keys = row_keys(table, caching.content_column, caching.salt)
+            result, hits = cached_gate_call(caching.cache, table, keys, gate, schemas)
+            stats["cached_files"] += hits
+        else:
+            result = gate(table)
         data.write(result.kept)
         drops.write(result.dropped)
-        stats.update(result.stats)
+        shard_stats = result.stats
+        if summarize is not None:
+            summary = summarize(result)
+            families = {k.split(":", 1)[0] for k in summary}
+            shard_stats = Counter(
+                {k: v for k, v in shard_stats.items() if k.split(":", 1)[0] not in families}
+            )
+            shard_stats.update(summary)
+        stats.update(shard_stats)
         stats["kept_files"] += result.kept.num_rows
         stats["dropped_files"] += result.dropped.num_rows
+        for reason in result.dropped["reason"].drop_null().to_pylist():
+            stats[f"ledger:{reason}"] += 1
         for name, side in result.extra.items():
             schema = (side_schemas or {}).get(name, side.schema)
             version.table(name, schema).write(side)

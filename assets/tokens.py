@@ -16,15 +16,18 @@ from tokenizers import Tokenizer
 from assets.partitions import SOURCES
 from assets.shell import (
     CODE_VERSION,
+    FileCaching,
     accounting_check,
+    file_cache,
+    gate_code_version,
     manifest_check,
     partition_of,
     run_file_gate,
     summary_metadata,
     upstream_hashes,
 )
+from megacpp_pipeline import enrich, packing, tokenization, tokenizer
 from megacpp_pipeline import packed_rows as rows_contract
-from megacpp_pipeline import packing, tokenization, tokenizer
 from megacpp_pipeline.schemas import TOKENIZED_DOCS
 from megacpp_pipeline.store import Manifest, ShardStore
 from resources.pipeline import CatalogResource, ShardStoreResource
@@ -143,14 +146,27 @@ def tokenized_docs(
         st.iter_tables(upstream),
         lambda t: tokenization.run(t, tok, cfg),
         TOKENIZED_DOCS,
+        caching=FileCaching(
+            file_cache(
+                store,
+                "tokenize",
+                tokenization,
+                cfg,
+                # chunk kinds come from enrich's spans; ids from this exact tokenizer
+                salt=gate_code_version(enrich) + tok_manifest.files[0].sha256,
+            ),
+            "content_sha256",
+        ),
+        summarize=lambda r: Counter(
+            {"tokens_kept": int(pc.sum(r.kept["num_tokens"]).as_py() or 0)}
+        ),
     )
     manifest = version.commit(upstream=upstream_hashes(st, [upstream, tok_manifest]), stats=stats)
     return dg.MaterializeResult(
         metadata=summary_metadata(
             st,
             manifest,
-            tokens=int(stats.get("tokens", 0)),
-            bytes_per_token=round(stats.get("bytes", 0) / max(stats.get("tokens", 1), 1), 3),
+            tokens=int(stats.get("tokens_kept", 0)),
         )
     )
 
