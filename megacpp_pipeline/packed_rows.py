@@ -73,3 +73,74 @@ def fixed_list_to_numpy(column: pa.ChunkedArray | pa.Array, seq_len: int) -> np.
         column = column.combine_chunks()
     values = column.flatten() if column.offset else column.values
     return values.to_numpy(zero_copy_only=False).reshape(-1, seq_len)
+
+
+def validate_rows(table: pa.Table, seq_len: int, vocab_size: int) -> list[str]:
+    """Every way `table` breaks the packed-row contract, each naming the column; [] if none.
+
+    Checks the schema (required columns, fixed lists of `seq_len`), token ranges, the pad
+    suffix (doc_ids -1, loss masked, targets ignored), that loss_mask agrees with target_ids,
+    that every counted target is the next input of the same document, num_docs, and that
+    pack_id is unique."""
+    problems: list[str] = []
+    names = set(table.column_names)
+    for name in REQUIRED_COLUMNS:
+        if name not in names:
+            problems.append(f"{name}: required column missing")
+    for name in TOKEN_COLUMNS:
+        if name in names:
+            dtype = table.schema.field(name).type
+            if not pa.types.is_fixed_size_list(dtype) or dtype.list_size != seq_len:
+                problems.append(f"{name}: expected fixed_size_list of {seq_len}, got {dtype}")
+    if problems or table.num_rows == 0:
+        return problems
+
+    n = table.num_rows
+    ids = fixed_list_to_numpy(table.column("input_ids"), seq_len).astype(np.int64)
+    tgt = fixed_list_to_numpy(table.column("target_ids"), seq_len).astype(np.int64)
+    mask = fixed_list_to_numpy(table.column("loss_mask"), seq_len)
+    docs = fixed_list_to_numpy(table.column("doc_ids"), seq_len).astype(np.int64)
+    valid = table.column("valid_token_count").to_numpy().astype(np.int64)
+    num_docs = table.column("num_docs").to_numpy().astype(np.int64)
+    pack_ids = table.column("pack_id").to_numpy()
+
+    def report(column: str, bad: np.ndarray, rule: str) -> None:
+        if bad.any():
+            rows = np.flatnonzero(bad.reshape(n, -1).any(axis=1))
+            example = pack_ids[rows[:3]].tolist()
+            problems.append(f"{column}: {rule} ({rows.size} rows, e.g. pack_id {example})")
+
+    report("valid_token_count", (valid < 0) | (valid > seq_len), f"outside [0, {seq_len}]")
+    valid = np.clip(valid, 0, seq_len)
+    is_valid = np.arange(seq_len)[None, :] < valid[:, None]
+    report("input_ids", is_valid & ((ids < 0) | (ids >= vocab_size)), f"outside [0, {vocab_size})")
+    report("doc_ids", is_valid & (docs < 0), "negative id inside the valid prefix")
+    report("doc_ids", ~is_valid & (docs != PAD_DOC_ID), f"pad slot not {PAD_DOC_ID}")
+    report("loss_mask", (mask != 0) & (mask != 1), "not 0/1")
+    report("loss_mask", ~is_valid & (mask != 0), "pad slot counted in the loss")
+    counted = mask == 1
+    report("target_ids", counted == (tgt == IGNORE_INDEX), "ignore index disagrees with loss_mask")
+    report(
+        "target_ids",
+        counted & ((tgt < 0) | (tgt >= vocab_size)),
+        f"counted target outside [0, {vocab_size})",
+    )
+    # A counted target must be the next slot's input, of the same document, inside the row.
+    next_ids = np.concatenate([ids[:, 1:], np.full((n, 1), -1)], axis=1)
+    next_docs = np.concatenate([docs[:, 1:], np.full((n, 1), PAD_DOC_ID)], axis=1)
+    next_valid = np.concatenate([is_valid[:, 1:], np.zeros((n, 1), dtype=bool)], axis=1)
+    report("target_ids", counted & ~next_valid, "counted target past the valid prefix")
+    report("target_ids", counted & next_valid & (docs != next_docs), "target crosses a document")
+    report("target_ids", counted & next_valid & (tgt != next_ids), "target is not the next input")
+    runs = (
+        is_valid
+        & np.concatenate([np.ones((n, 1), dtype=bool), docs[:, 1:] != docs[:, :-1]], axis=1)
+    ).sum(axis=1)
+    report("num_docs", num_docs != runs, "differs from the document runs in doc_ids")
+    if np.unique(pack_ids).size != n:
+        problems.append("pack_id: not unique")
+    for name, (_dtype, _default) in OPTIONAL_TOKEN_COLUMNS.items():
+        if name in names:
+            values = fixed_list_to_numpy(table.column(name), seq_len)
+            report(name, ~is_valid & (values != _default), f"pad slot not {_default}")
+    return problems

@@ -1,0 +1,217 @@
+"""The tokenizer artifact: either a pinned `tokenizer.json` whose sha256 must match, or a
+byte-level BPE trained deterministically with `tokenizers`. Seed rule: pin the artifact and
+record its special tokens (fixed ids 0..n-1, in SPECIAL_TOKENS order) and normalization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+BOS = "<|bos|>"
+EOS = "<|eos|>"
+PAD = "<|pad|>"
+FIM_PREFIX = "<|fim_prefix|>"
+FIM_MIDDLE = "<|fim_middle|>"
+FIM_SUFFIX = "<|fim_suffix|>"
+# Control tokens: never produced from text (a source file that literally contains "<|eos|>"
+# is encoded as ordinary bytes), only inserted by the packer.
+CONTROL_TOKENS = (BOS, EOS, PAD, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX)
+# The scrub gate's placeholders: added tokens matched in text, so a placeholder is one token
+# and decodes back to itself.
+PLACEHOLDER_TOKENS = (
+    "<EMAIL>",
+    "<IP_ADDRESS>",
+    "<API_KEY>",
+    "<PASSWORD>",
+    "<PRIVATE_KEY>",
+    "<SSH_KEY>",
+    "<LOCAL_PATH>",
+)
+SPECIAL_TOKENS = (*CONTROL_TOKENS, *PLACEHOLDER_TOKENS)  # the id of each is its index here
+
+
+class TokenizerArtifactError(ValueError):
+    """The tokenizer artifact is not the one pinned, or breaks the special-token contract."""
+
+    def __init__(self, path: str | os.PathLike[str], rule: str) -> None:
+        super().__init__(f"{path}: {rule}")
+        self.path = str(path)
+        self.rule = rule
+
+
+class TokenizerConfig(BaseModel):
+    """Pinned (`path` + `sha256`) or trained (the remaining fields); never both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = None
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    vocab_size: int = Field(default=32768, ge=len(SPECIAL_TOKENS) + 256 + 1, le=1 << 20)
+    min_frequency: int = Field(default=2, ge=1)
+    # BPE training itself has no randomness; the seed salts the hash that picks the training
+    # sample, so a different seed is a different (still reproducible) sample.
+    seed: int = 0
+    sample_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_train_bytes: int = Field(default=512 * 1024 * 1024, ge=1)  # bounds training memory
+
+    @model_validator(mode="after")
+    def _pinned_needs_both(self) -> TokenizerConfig:
+        if (self.path is None) != (self.sha256 is None):
+            raise ValueError("a pinned tokenizer needs both `path` and `sha256`")
+        return self
+
+    @property
+    def pinned(self) -> bool:
+        return self.path is not None
+
+
+class SpecialIds(BaseModel):
+    """The ids the packer inserts; fixed by SPECIAL_TOKENS order, checked on every load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bos: int = 0
+    eos: int = 1
+    pad: int = 2
+    fim_prefix: int = 3
+    fim_middle: int = 4
+    fim_suffix: int = 5
+
+
+class TokenizerInfo(BaseModel):
+    """What the manifest records about the artifact."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str
+    vocab_size: int
+    special_tokens: dict[str, int]
+    normalizer: dict[str, Any] | None
+    pre_tokenizer: dict[str, Any] | None
+    decoder: dict[str, Any] | None
+    post_processor: dict[str, Any] | None
+    model_type: str
+    tokenizers_version: str
+
+
+def special_ids() -> SpecialIds:
+    return SpecialIds()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _training_sample(texts: Iterable[str], config: TokenizerConfig) -> Iterator[str]:
+    threshold = int(config.sample_fraction * (1 << 64))
+    salt = config.seed.to_bytes(8, "little", signed=True)
+    budget = config.max_train_bytes
+    for text in texts:
+        data = text.encode("utf-8")
+        if config.sample_fraction < 1.0:
+            digest = hashlib.blake2b(data, digest_size=8, key=salt).digest()
+            if int.from_bytes(digest, "little") >= threshold:
+                continue
+        budget -= len(data)
+        if budget < 0:
+            return
+        yield text
+
+
+def _finalize(tok: Tokenizer) -> Tokenizer:
+    # The trainer registers every special token as `special`; placeholders must not be (they
+    # are text), and the added-token matcher is only rebuilt on load, hence the round trip.
+    tok.add_tokens([AddedToken(p, special=False, normalized=False) for p in PLACEHOLDER_TOKENS])
+    tok = Tokenizer.from_str(tok.to_str())
+    tok.encode_special_tokens = True
+    return tok
+
+
+def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
+    """Byte-level BPE, no normalizer (so decode(encode(text)) == text), specials at 0..n-1."""
+    if config.pinned:
+        raise TokenizerArtifactError(str(config.path), "config pins an artifact; not training")
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        show_progress=False,
+        special_tokens=[AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_training_sample(texts, config), trainer)
+    return _finalize(tok)
+
+
+def check_special_tokens(tok: Tokenizer, path: str | os.PathLike[str] = "<memory>") -> None:
+    for expected_id, content in enumerate(SPECIAL_TOKENS):
+        actual = tok.token_to_id(content)
+        if actual != expected_id:
+            raise TokenizerArtifactError(
+                path, f"special token {content!r} must have id {expected_id}, has {actual}"
+            )
+
+
+def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
+    """The pinned artifact, refused unless its bytes hash to `sha256`."""
+    if not Path(path).is_file():
+        raise TokenizerArtifactError(path, "pinned tokenizer.json does not exist")
+    actual = file_sha256(path)
+    if actual != sha256:
+        raise TokenizerArtifactError(path, f"sha256 mismatch: pinned {sha256}, file has {actual}")
+    tok = Tokenizer.from_file(str(path))
+    check_special_tokens(tok, path)
+    tok.encode_special_tokens = True  # not serialized: control tokens never come from text
+    return tok
+
+
+def obtain_tokenizer(config: TokenizerConfig, texts: Iterable[str] = ()) -> Tokenizer:
+    """The pinned artifact when the config pins one, else a tokenizer trained on `texts`."""
+    if config.pinned:
+        assert config.path is not None and config.sha256 is not None
+        return load_tokenizer(config.path, config.sha256)
+    return train_tokenizer(texts, config)
+
+
+def describe(path: str | os.PathLike[str]) -> TokenizerInfo:
+    raw = Path(path).read_bytes()
+    doc = json.loads(raw)
+    added = sorted(doc.get("added_tokens") or [], key=lambda t: t["id"])
+    tok = Tokenizer.from_str(raw.decode("utf-8"))
+    return TokenizerInfo(
+        sha256=hashlib.sha256(raw).hexdigest(),
+        vocab_size=tok.get_vocab_size(with_added_tokens=True),
+        special_tokens={t["content"]: int(t["id"]) for t in added},
+        normalizer=doc.get("normalizer"),
+        pre_tokenizer=doc.get("pre_tokenizer"),
+        decoder=doc.get("decoder"),
+        post_processor=doc.get("post_processor"),
+        model_type=str((doc.get("model") or {}).get("type", "unknown")),
+        tokenizers_version=tokenizers.__version__,
+    )
+
+
+def save_tokenizer(tok: Tokenizer, path: str | os.PathLike[str]) -> TokenizerInfo:
+    """Write atomically (tmp + os.replace); the same tokenizer always gives the same bytes."""
+    check_special_tokens(tok, path)
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(tok.to_str(pretty=True), encoding="utf-8")
+    os.replace(tmp, target)
+    return describe(target)
