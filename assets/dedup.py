@@ -46,13 +46,6 @@ def deduped_files(
     with tempfile.TemporaryDirectory(dir=store.cache(), prefix="dedup-") as work:
         result = dedup.find_duplicates(_stream(st, upstream), cfg, Path(work))
     decisions = result.decisions
-    dropped_keys = set(
-        zip(
-            decisions.filter(pc.equal(decisions["status"], "dropped"))["source_id"].to_pylist(),
-            decisions.filter(pc.equal(decisions["status"], "dropped"))["path"].to_pylist(),
-            strict=True,
-        )
-    )
     version = st.begin(
         "deduped_files", None, code_version=CODE_VERSION, config=cfg, run_id=context.run_id
     )
@@ -60,9 +53,9 @@ def deduped_files(
     for m in upstream:
         out = version.table(f"data:{m.partition}", DEDUPED_FILES)
         for t in st.iter_tables(m):
-            keep = [(m.partition, p) not in dropped_keys for p in t["path"].to_pylist()]
-            out.write(t.filter(pa.array(keep, pa.bool_())))
+            out.write(dedup.kept_rows(t, decisions))
             stats["input_files"] += t.num_rows
+    stats["dropped_files"] = stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
     version.table("ledger", LEDGER_SCHEMA).write(dedup.ledger_rows(decisions))
     version.table("decisions", decisions.schema).write(decisions)
     version.table("clusters", result.clusters.schema).write(result.clusters)
@@ -71,8 +64,9 @@ def deduped_files(
         metadata=summary_metadata(
             st,
             manifest,
-            exact_duplicates=int(stats.get("exact_duplicate", 0)),
-            near_duplicates=int(stats.get("near_duplicate", 0)),
+            exact_duplicates=int(stats.get("dropped_exact_duplicate", 0)),
+            near_duplicates=int(stats.get("dropped_near_duplicate", 0)),
+            clusters=int(stats.get("clusters", 0)),
             top_clusters=dg.MetadataValue.md(dedup.markdown_top_clusters(result, 10)),
         )
     )
