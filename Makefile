@@ -7,9 +7,13 @@ WHEELS := .cache/wheels
 DEMO_WHEELS := pythran==0.19.0 pybind11==3.1.0 nanobind==3.1.0
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo demo-wheels test test-slow lint ui bench clean
+.PHONY: install instance demo demo-wheels test test-slow lint ui bench clean
 
 install: $(STAMP)
+
+# The local Dagster instance: SQLite under DAGSTER_HOME, configured by the repo's dagster.yaml.
+instance:
+	@mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +29,13 @@ demo-wheels: $(STAMP)
 	  $(BIN)/pip download --quiet --no-deps $$w -d $(WHEELS) || exit 1; \
 	done
 
-demo: demo-wheels
+demo: demo-wheels instance
 	$(BIN)/megacpp run --config examples/demo/sources.yaml --data-dir data
 
-test: $(STAMP)
+test: $(STAMP) instance
 	$(BIN)/pytest
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) instance
 	$(BIN)/pytest -m "slow or browser"
 
 lint: $(STAMP)
@@ -39,11 +43,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-ui: demo-wheels
-	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+ui: demo-wheels instance
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
-bench: demo-wheels
+bench: demo-wheels instance
 	$(BIN)/python -m bench
 
 clean:

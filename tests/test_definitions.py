@@ -71,12 +71,15 @@ def test_every_gate_is_an_asset_with_a_blocking_check_and_a_description() -> Non
     assert len(graph["snapshot"]["blocking"]) == 8
 
 
-def test_dagster_definitions_validate_passes_on_the_workspace() -> None:
+def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copyfile(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
     dagster = Path(sys.executable).parent / "dagster"
     out = subprocess.run(
         [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=REPO,
-        env=_env(),
+        env={**_env(), "DAGSTER_HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=300,
