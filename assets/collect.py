@@ -77,6 +77,13 @@ def operational_sources_pinned(catalog: CatalogResource) -> dg.AssetCheckResult:
         uri = cat.resolve_uri(s)
         if "://" not in uri and not Path(uri).exists():
             problems.append(f"{s.id}: {uri} does not exist")
+        elif (
+            s.kind == "git"
+            and s.revision
+            and "://" not in uri
+            and not collect.commit_exists(uri, s.revision)
+        ):  # a local repository: a missing pin stops the run before any source is collected
+            problems.append(f"{s.id}: revision {s.revision} does not exist in {uri}")
     return dg.AssetCheckResult(
         passed=not problems,
         metadata={"operational_sources": len(cat.operational), "problems": "; ".join(problems)},

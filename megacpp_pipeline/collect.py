@@ -15,10 +15,13 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import tempfile
 import urllib.request
 import zipfile
+import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -165,6 +168,11 @@ def _git_repo(uri: str, cache_dir: Path, source_id: str, revision: str | None) -
     ):
         _git(["fetch", "--quiet", "origin", "+refs/heads/*:refs/heads/*"], str(mirror))
     return str(mirror)
+
+
+def commit_exists(repo: str, revision: str) -> bool:
+    """Whether a local repository holds the pinned commit (read-only `git cat-file -e`)."""
+    return _git(["cat-file", "-e", f"{revision}^{{commit}}"], repo).returncode == 0
 
 
 def resolve_branch(uri: str, branch: str) -> str:
@@ -322,8 +330,14 @@ def _zip_entries(path: Path, scope: _Scope, limits: CollectLimits) -> Iterator[E
             if (why := budget.refuse(info.file_size)) is not None:
                 yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, why)
                 continue
-            with zf.open(info) as f:
-                data = f.read(limits.max_file_bytes + 1)
+            try:
+                with zf.open(info) as f:
+                    data = f.read(limits.max_file_bytes + 1)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
+                # one corrupt member (bad CRC: its header lies about size or content, or an
+                # unsupported method) is that file's problem, not the whole source's
+                yield Entry(rel2, None, DropReason.UNREADABLE, f"corrupt zip member: {err}")
+                continue
             if len(data) > limits.max_file_bytes:  # the header lied about the size
                 yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, "larger than its header says")
                 continue
@@ -388,27 +402,62 @@ def _archive_source(
         reader = _tar_entries
     else:
         raise CollectError(f"{uri}: unknown archive type (zip, whl, tar, tar.gz/xz/zst)")
-    return SourceFiles(revision=spec.sha256, entries=lambda: reader(path, scope, limits))
+    return SourceFiles(
+        revision=spec.sha256, entries=lambda: _canonical_order(reader(path, scope, limits))
+    )
+
+
+def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
+    """Archive members in path order, as dedup requires (a tar lists members in whatever
+    order it was written). Contents wait in an unlinked temporary file, so memory holds
+    only names. A name that occurs twice is ambiguous: every copy is dropped."""
+    with tempfile.TemporaryFile(prefix="megacpp-collect-") as spool:
+        index: list[tuple[str, int, Entry, int, int]] = []
+        for seq, entry in enumerate(entries):
+            offset = spool.tell()
+            if entry.content is not None:
+                spool.write(entry.content)
+            size = len(entry.content) if entry.content is not None else -1
+            index.append((entry.path, seq, replace(entry, content=None), offset, size))
+        index.sort(key=lambda item: (item[0], item[1]))
+        names = Counter(path for path, _, e, _, size in index if size >= 0)
+        for path, _, entry, offset, size in index:
+            if size < 0:
+                yield entry
+            elif names[path] > 1:
+                why = f"{names[path]} members share this name; which one is meant is ambiguous"
+                yield Entry(path, None, DropReason.UNSAFE_PATH, why)
+            else:
+                spool.seek(offset)
+                yield replace(entry, content=spool.read(size))
 
 
 # --- plain directories --------------------------------------------------------------------
 def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    stack = [""]
+    """Files in canonical order (full paths increasing, as git lists a tree): a folder sorts
+    as `name/`, so `a.h` comes before everything in `a/`. Dedup relies on this order. A
+    stack of listings, not recursion: a hostile tree may be thousands of folders deep."""
+    stack = [_listing(root, "")]
     while stack:
-        rel_dir = stack.pop()
-        try:
-            with os.scandir(root / rel_dir if rel_dir else root) as it:
-                items = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue
-        subdirs = []
-        for e in items:
-            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-            if e.is_dir(follow_symlinks=False):
-                subdirs.append(rel)
-            else:
-                yield rel, e
-        stack.extend(reversed(subdirs))
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+        elif item[0].endswith("/"):
+            stack.append(_listing(root, item[1]))
+        else:
+            yield item[1], item[2]
+
+
+def _listing(root: Path, rel_dir: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+    try:
+        with os.scandir(root / rel_dir if rel_dir else root) as it:
+            items = [(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in it]
+    except OSError:
+        return iter(())
+    return (
+        (key, f"{rel_dir}/{e.name}" if rel_dir else e.name, e)
+        for key, e in sorted(items, key=lambda item: item[0])
+    )
 
 
 def _dir_source(spec: SourceSpec, uri: str, scope: _Scope, limits: CollectLimits) -> SourceFiles:
