@@ -259,8 +259,28 @@ class CppStructureParser:
             raise ParseTimeout(budget_seconds, reached[0], len(data)) from exc
 
     def structure(self, data: bytes, budget_seconds: float | None = None) -> FileStructure:
+        cpu_start = time.thread_time()
         tree = self.parse(parse_view(data) if self.mask_macro_noise else data, budget_seconds)
-        caps = tree_sitter.QueryCursor(self.query).captures(tree.root_node)
+        cursor = tree_sitter.QueryCursor(self.query)
+        if budget_seconds is None:
+            return _structure_from_captures(
+                data, cursor.captures(tree.root_node), self.max_name_bytes
+            )
+        # The query walk can cost far more than the parse on pathological nesting (100k
+        # nested parentheses: 0.2 s to parse, minutes to query), so it shares the budget.
+        # A cancelled query returns partial captures without raising: remember it.
+        wall_deadline = time.monotonic() + budget_seconds
+        cancelled = [False]
+
+        def over_budget(_state: object) -> bool:
+            if time.monotonic() < wall_deadline:
+                return False
+            cancelled[0] = time.thread_time() - cpu_start > budget_seconds
+            return cancelled[0]
+
+        caps = cursor.captures(tree.root_node, progress_callback=over_budget)  # type: ignore[call-arg]
+        if cancelled[0]:
+            raise ParseTimeout(budget_seconds, len(data), len(data))
         return _structure_from_captures(data, caps, self.max_name_bytes)
 
 
