@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 # Bump the version whenever an id changes meaning; ids are never reused. The manifest records
 # both, so a trainer can refuse a snapshot whose kind table it was not built for.
 CHUNK_KINDS_VERSION = "1"
+MAX_QUERY_START_DEPTH = 2000
 CHUNK_KINDS: Mapping[str, int] = MappingProxyType(
     {
         "other": 0,  # no structure; also the packer's default for a missing kind
@@ -259,28 +260,21 @@ class CppStructureParser:
             raise ParseTimeout(budget_seconds, reached[0], len(data)) from exc
 
     def structure(self, data: bytes, budget_seconds: float | None = None) -> FileStructure:
-        cpu_start = time.thread_time()
         tree = self.parse(parse_view(data) if self.mask_macro_noise else data, budget_seconds)
         cursor = tree_sitter.QueryCursor(self.query)
-        if budget_seconds is None:
-            return _structure_from_captures(
-                data, cursor.captures(tree.root_node), self.max_name_bytes
-            )
         # The query walk can cost far more than the parse on pathological nesting (100k
-        # nested parentheses: 0.2 s to parse, minutes to query), so it shares the budget.
-        # A cancelled query returns partial captures without raising: remember it.
-        wall_deadline = time.monotonic() + budget_seconds
-        cancelled = [False]
-
-        def over_budget(_state: object) -> bool:
-            if time.monotonic() < wall_deadline:
-                return False
-            cancelled[0] = time.thread_time() - cpu_start > budget_seconds
-            return cancelled[0]
-
-        caps = cursor.captures(tree.root_node, progress_callback=over_budget)  # type: ignore[call-arg]
-        if cancelled[0]:
-            raise ParseTimeout(budget_seconds, len(data), len(data))
+        # nested parentheses: 0.2 s to parse, minutes to query). Matches never start below
+        # MAX_QUERY_START_DEPTH nodes, which bounds that walk; real code nests far less.
+        # (captures' progress_callback would share the CPU budget, but it segfaults in
+        # py-tree-sitter 0.26.1 on real headers.)
+        cursor.set_max_start_depth(MAX_QUERY_START_DEPTH)
+        # captures() lists each capture's nodes in an order that differs between two parses
+        # of the same bytes (seen on xsimd headers): sort them, or spans that tie on
+        # (start, end) would be labelled differently from run to run.
+        caps = {
+            name: sorted(nodes, key=lambda n: (n.start_byte, n.end_byte, n.type))
+            for name, nodes in cursor.captures(tree.root_node).items()
+        }
         return _structure_from_captures(data, caps, self.max_name_bytes)
 
 
