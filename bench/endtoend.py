@@ -1,0 +1,236 @@
+"""One `megacpp run` as a subprocess on a fresh data dir and DAGSTER_HOME, timed, with the
+resident memory of its process tree sampled from /proc and each sample charged to the stage
+group named by the CLI's last progress line (`-> asset, ... [partition]`) on stderr.
+
+`megacpp run` materializes each stage group in process, one Dagster run after another, so
+a sample belongs to exactly one group. Python and Arrow keep freed memory mapped, so a
+group's peak is "RSS while it ran", which includes what earlier groups left behind; the
+whole run's peak is the kernel's high-water mark (VmHWM) of the main process, or the
+largest sampled tree sum if a child ever held more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+_STARTED = re.compile(r"^-> (?P<label>.+?)(?: \[(?P<partition>[^\]]+)\])?$")
+_OK = re.compile(r"^\s+ok in (?P<seconds>[0-9.]+)s$")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class StageGroup:
+    """One stage group (e.g. `enriched_files`), over all its partitions."""
+
+    name: str
+    seconds: float = 0.0  # sum of the CLI's "ok in" over partitions
+    cpu_s: float = 0.0  # CPU seconds (all threads, user + system) while it ran, sampled
+    runs: int = 0
+    peak_rss_mb: float = 0.0
+    partitions: dict[str, float] = field(default_factory=dict)  # partition -> seconds
+
+
+@dataclass
+class EndToEnd:
+    label: str
+    returncode: int | None  # None: killed at the time limit
+    wall_s: float
+    cpu_s: float  # CPU seconds of the run's process tree, user + system
+    peak_rss_mb: float
+    stages: list[StageGroup]
+    snapshot: str | None
+    tokens_out: int | None
+    documents: int | None
+    ledger: dict[str, dict[str, int]] | None
+    samples: int
+    log: str  # the run's stderr, kept on disk
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident bytes of `root` and all its descendants (shared pages counted per process)."""
+    total, stack, seen = 0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _rss_bytes(pid)
+        stack += _children(pid)
+    return total
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of `pid` (all its threads) and of its waited-for children."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def high_water_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run(
+    catalog: Path,
+    work: Path,
+    label: str,
+    *,
+    timeout_s: float,
+    interval_s: float = 0.2,
+    wrap: list[str] | None = None,
+) -> EndToEnd:
+    """`megacpp run --config catalog` under work/ (data, dagster_home, cache all fresh)."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(work / "dagster_home"),
+        "MEGACPP_CACHE_DIR": str(work / "cache"),
+        "PYTHONWARNINGS": "ignore",
+    }
+    log_path = work / "megacpp-run.log"
+    # wrap: interpreter options before the module, e.g. ["-m", "pyinstrument", ...]
+    cmd = [sys.executable, *(wrap or []), "-m", "megacpp_pipeline.cli", "run"]
+    cmd += ["--config", str(catalog)]
+    cmd += ["--data-dir", str(work / "data")]
+    stages: dict[str, StageGroup] = {}
+    current: list[str | None] = [None]
+    current_partition: list[str | None] = [None]
+
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # one process group: a time limit stops all of it
+        )
+        stdout_lines: list[str] = []
+
+        def read_stderr() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                log.write(line)
+                log.flush()  # so the log can be followed while the run goes on
+                line = line.rstrip("\n")
+                if m := _STARTED.match(line):
+                    name = m.group("label")
+                    current[0], current_partition[0] = name, m.group("partition")
+                    stages.setdefault(name, StageGroup(name)).runs += 1
+                elif (m := _OK.match(line)) and current[0]:
+                    group = stages[current[0]]
+                    group.seconds += float(m.group("seconds"))
+                    group.partitions[current_partition[0] or "_"] = float(m.group("seconds"))
+
+        def read_stdout() -> None:
+            assert proc.stdout is not None
+            stdout_lines.extend(proc.stdout)
+
+        readers = [threading.Thread(target=read_stderr), threading.Thread(target=read_stdout)]
+        for t in readers:
+            t.start()
+        peak_tree = hwm = samples = 0
+        cpu = 0.0
+        returncode: int | None = None
+        while True:
+            returncode = proc.poll()
+            if returncode is not None:
+                break
+            if time.monotonic() - started > timeout_s:
+                os.killpg(proc.pid, signal.SIGKILL)  # our own child's group only
+                proc.wait()
+                returncode = None
+                break
+            rss = tree_rss_bytes(proc.pid)
+            hwm = max(hwm, high_water_bytes(proc.pid))
+            peak_tree = max(peak_tree, rss)
+            now_cpu = max(cpu, cpu_seconds(proc.pid))
+            samples += 1
+            if current[0]:
+                group = stages[current[0]]
+                group.peak_rss_mb = max(group.peak_rss_mb, rss / 1e6)
+                group.cpu_s += now_cpu - cpu
+            cpu = now_cpu
+            time.sleep(interval_s)
+        wall = time.monotonic() - started
+        for t in readers:
+            t.join()
+
+    out = EndToEnd(
+        label=label,
+        returncode=returncode,
+        wall_s=wall,
+        cpu_s=cpu,
+        peak_rss_mb=max(peak_tree, hwm) / 1e6,
+        stages=list(stages.values()),
+        snapshot=None,
+        tokens_out=None,
+        documents=None,
+        ledger=None,
+        samples=samples,
+        log=str(log_path),
+    )
+    if returncode is None:
+        out.error = f"stopped at the {timeout_s:.0f} s limit during {current[0]!r}"
+    elif returncode != 0:
+        tail = log_path.read_text().strip().splitlines()[-3:]
+        out.error = " | ".join(tail)
+    else:
+        snapshot = Path(stdout_lines[-1].strip())
+        manifest = json.loads((snapshot / "manifest.json").read_text())
+        out.snapshot = str(snapshot)
+        out.tokens_out = sum(s["tokens"] for s in manifest["splits"].values())
+        out.documents = manifest["documents"]
+        out.ledger = manifest["ledger"]
+    return out
