@@ -44,6 +44,10 @@ def run_pipeline(
     from megacpp_pipeline.catalog import load_catalog
 
     catalog = load_catalog(config)  # a bad config fails here, before any work
+    try:  # and so does a data dir that cannot be one (e.g. a file stands in its place)
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PipelineFailed(f"{data_dir}: cannot be the data dir ({e.strerror or e})") from e
     os.environ["MEGACPP_CONFIG"] = str(config.resolve())
     os.environ["MEGACPP_DATA_DIR"] = str(data_dir.resolve())
     prepare_instance_home()

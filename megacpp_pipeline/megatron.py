@@ -115,7 +115,22 @@ def _write_index(
 
 def _tmp(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    # a killed export leaves its <pid>.tmp behind: remove those of dead processes
+    for stale in path.parent.glob(f"{path.name}.*.tmp"):
+        pid = stale.name[len(path.name) + 1 : -len(".tmp")]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            stale.unlink(missing_ok=True)
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
 
 
 def _promote(bin_tmp: Path, idx_tmp: Path, prefix: Path) -> None:

@@ -210,7 +210,7 @@ def build_snapshot(
     snapshots = root / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     _clean_stale(snapshots)
-    work = snapshots / f".building-{uuid.uuid4().hex[:12]}"
+    work = snapshots / f".building-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     work.mkdir()
     try:
         files: list[FileEntry] = []
@@ -295,8 +295,10 @@ def build_snapshot(
             inputs=parts.inputs,
             files=files,
         )
-        (work / MANIFEST).write_text(manifest.model_dump_json(indent=2))
-        (work / COMPLETE).write_text(snapshot_id + "\n")
+        raw = manifest.model_dump_json(indent=2).encode()
+        (work / MANIFEST).write_bytes(raw)
+        # the marker holds the manifest's sha256, so a changed manifest byte is caught too
+        (work / COMPLETE).write_text(f"{snapshot_id} {hashlib.sha256(raw).hexdigest()}\n")
         if gate is not None:
             failures = gate(work)
             if failures:
@@ -306,9 +308,16 @@ def build_snapshot(
             # the same content is already promoted: keep the existing one, drop ours
             shutil.rmtree(work)
             return final
-        if final.exists():
+        if final.exists() and not (final / COMPLETE).exists():
             shutil.rmtree(final)  # an unfinished leftover without _COMPLETE
-        os.replace(work, final)
+        try:
+            os.replace(work, final)
+        except OSError:
+            if not (final / COMPLETE).exists():
+                raise
+            # a concurrent run promoted the same content meanwhile: keep it, drop ours
+            shutil.rmtree(work)
+            return final
         _prune(snapshots, parts.name, keep, final)
         return final
     except BaseException:
@@ -319,12 +328,32 @@ def build_snapshot(
 def _clean_stale(snapshots: Path) -> None:
     """Build directories of a dead run (killed between mkdir and rename) go away."""
     for d in snapshots.glob(".building-*"):
+        parts = d.name.split("-")  # .building-<pid>-<id>
+        if len(parts) == 3 and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+            shutil.rmtree(d, ignore_errors=True)
+            continue
         try:
             age = datetime.now(UTC).timestamp() - d.stat().st_mtime
         except OSError:
             continue
         if age > 3600 or not any(d.iterdir()):
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def manifest_sha256_recorded(snapshot_dir: Path) -> str | None:
+    """The manifest sha256 `_COMPLETE` holds (None for a marker written before it did)."""
+    marker = (snapshot_dir / COMPLETE).read_text().split()
+    return marker[1] if len(marker) > 1 else None
 
 
 def _prune(snapshots: Path, name: str, keep: int, current: Path) -> None:

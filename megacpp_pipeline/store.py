@@ -36,6 +36,21 @@ UNPARTITIONED = "_"
 _HASH_CHUNK = 1 << 20
 
 
+_WRITER_GRACE_S = 60.0
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class StoreError(Exception):
     """A store operation failed; the message names the path and what was wrong."""
 
@@ -119,8 +134,11 @@ class ShardStore:
         max_bytes_per_shard: int = 64 << 20,
         compression: str = "zstd",
         keep_versions: int = 2,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
-        if "://" in root:
+        if filesystem is not None:  # e.g. a wrapped or mounted filesystem; root is its path
+            self.fs, self.root = filesystem, root
+        elif "://" in root:
             self.fs, self.root = pafs.FileSystem.from_uri(root)
         else:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
@@ -155,7 +173,8 @@ class ShardStore:
             raise StoreError(f"{path}: cannot read ({e})") from e
 
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
-        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        # the pid in the name lets a cleaner tell a dead writer's temp file from a live one's
+        tmp = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
         try:
             with self.fs.open_output_stream(tmp) as f:
                 f.write(data)
@@ -218,17 +237,30 @@ class ShardStore:
             vdir = info.path
             if self.exists(f"{vdir}/{COMPLETE}"):
                 continue
-            if self._writer_alive(vdir):
+            alive = self._writer_alive(vdir)
+            if alive or (alive is None and self._just_created(info)):
                 continue
             with contextlib.suppress(OSError):
                 self.fs.delete_dir(vdir)
-        # stale pointer temp files
+        # stale pointer temp files of dead writers (a live writer's LATEST.<pid>-<id>.tmp stays)
         try:
             for info in self.fs.get_file_info(pafs.FileSelector(pdir, allow_not_found=True)):
                 if info.type == pafs.FileType.File and info.base_name.endswith(".tmp"):
-                    self._discard(info.path)
+                    pid = info.base_name.rsplit(".", 2)[-2].split("-")[0]
+                    if not (pid.isdigit() and _pid_alive(int(pid))):
+                        self._discard(info.path)
         except OSError:
             pass
+
+    @staticmethod
+    def _just_created(info: pafs.FileInfo) -> bool:
+        """A concurrent writer creates its version directory, then its `_WRITER` record: a
+        directory younger than a minute without a record may be one in between (a crash
+        right there leaves one that the next writer after that minute removes)."""
+        if info.mtime is None:
+            return False
+        age = datetime.now(UTC) - info.mtime.astimezone(UTC)
+        return age.total_seconds() < _WRITER_GRACE_S
 
     def _prune_old_versions(self, pdir: str) -> None:
         """Keep the newest `keep_versions` complete versions; older ones go."""
@@ -241,20 +273,15 @@ class ShardStore:
             except OSError:
                 pass
 
-    def _writer_alive(self, vdir: str) -> bool:
+    def _writer_alive(self, vdir: str) -> bool | None:
+        """None when there is no writer record (yet, or the crash came before it)."""
         try:
             host, pid = self.read_bytes(f"{vdir}/{WRITER}").decode().split()
         except (StoreError, ValueError):
-            return False  # no writer record: the crash happened before it was written
+            return None
         if host != socket.gethostname():
             return True  # cannot tell for another host: keep it
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return int(pid) != 0
+        return _pid_alive(int(pid))
 
     def _list_dirs(self, path: str) -> list[pafs.FileInfo]:
         try:
@@ -336,7 +363,7 @@ class ShardStore:
     def verify(self, manifest: Manifest, *, check_sha256: bool = True) -> list[str]:
         """Every problem with a version on disk, each naming the file; [] when it is sound."""
         vdir = self.version_dir(manifest)
-        problems: list[str] = []
+        problems: list[str] = self._verify_manifest_bytes(vdir)
         for name, info in manifest.tables.items():
             total = 0
             for shard in info.shards:
@@ -358,6 +385,19 @@ class ShardStore:
         for f in manifest.files:
             problems.extend(self._verify_file(f"{vdir}/{f.path}", f, check_sha256))
         return problems
+
+    def _verify_manifest_bytes(self, vdir: str) -> list[str]:
+        """The manifest's sha256 against the one `_COMPLETE` recorded (older versions have
+        none)."""
+        try:
+            marker = self.read_bytes(f"{vdir}/{COMPLETE}").decode().split()
+            recorded = marker[1] if len(marker) > 1 else None
+            actual = hashlib.sha256(self.read_bytes(f"{vdir}/{MANIFEST}")).hexdigest()
+        except (StoreError, UnicodeDecodeError) as e:
+            return [f"{vdir}/{MANIFEST}: cannot check against {COMPLETE} ({e})"]
+        if recorded is not None and recorded != actual:
+            return [f"{vdir}/{MANIFEST}: sha256 differs from the one {COMPLETE} recorded"]
+        return []
 
     def _verify_file(self, path: str, shard: ShardInfo, check_sha256: bool) -> list[str]:
         info = self.fs.get_file_info(path)
@@ -502,10 +542,11 @@ class VersionWriter:
         if extra:
             self.manifest.extra.update(extra)
         store = self.store
-        store.write_bytes_atomic(
-            f"{self.dir}/{MANIFEST}", self.manifest.model_dump_json(indent=2).encode()
-        )
-        store.write_bytes_atomic(f"{self.dir}/{COMPLETE}", self.manifest.version.encode())
+        raw = self.manifest.model_dump_json(indent=2).encode()
+        store.write_bytes_atomic(f"{self.dir}/{MANIFEST}", raw)
+        # the marker holds the manifest's sha256, so a changed manifest byte is caught too
+        marker = f"{self.manifest.version} {hashlib.sha256(raw).hexdigest()}"
+        store.write_bytes_atomic(f"{self.dir}/{COMPLETE}", marker.encode())
         store._discard(f"{self.dir}/{WRITER}")
         pdir = store.partition_dir(self.manifest.asset, self.manifest.partition)
         store.write_bytes_atomic(f"{pdir}/{LATEST}", self.manifest.version.encode())

@@ -36,6 +36,7 @@ from megacpp_pipeline.snapshot import (
     REPORT_DIR,
     SnapshotConfig,
     SnapshotManifest,
+    manifest_sha256_recorded,
     manifest_summary,
     read_manifest,
     sha256_file,
@@ -63,6 +64,9 @@ def check_files(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     """Every listed file exists with its bytes and sha256; nothing unlisted lies around."""
     out = CheckOutcome("file_checksums", True)
     listed = {f.path for f in manifest.files}
+    recorded = manifest_sha256_recorded(snap)
+    if recorded is not None and sha256_file(snap / MANIFEST) != recorded:
+        out.fail(f"{snap / MANIFEST}: sha256 differs from the one {COMPLETE} recorded")
     for f in manifest.files:
         p = snap / f.path
         if not p.is_file():
@@ -228,6 +232,9 @@ def check_round_trip(
     tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256)."""
     from tokenizers import Tokenizer
 
+    from megacpp_pipeline.packing import restore_fim_order
+    from megacpp_pipeline.tokenizer import SpecialIds
+
     out = CheckOutcome("round_trip_decode", True)
     tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
     special = manifest.tokenizer.get("special_tokens", {})
@@ -263,6 +270,7 @@ def check_round_trip(
         if tokens[0] != bos or tokens[-1] != eos:
             out.fail(f"doc {doc_id} ({path_by_doc[doc_id]}): not framed by BOS ... EOS")
             continue
+        tokens = restore_fim_order(tokens, SpecialIds())  # FIM rows hold PRE/SUF/MID order
         ids_list.append(tokens[1:-1].tolist())
         order.append(doc_id)
     texts = tok.decode_batch(ids_list, skip_special_tokens=False) if ids_list else []
@@ -423,7 +431,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     failed = [o for o in outcomes if not o.passed]
     if failed:
         first = failed[0]
-        print(f"megacpp verify: FAILED {first.name}: {first.problems[0]}", file=sys.stderr)
+        problem = first.problems[0].splitlines()[0]  # one line, even for a parser's message
+        print(f"megacpp verify: FAILED {first.name}: {problem}", file=sys.stderr)
         return 1
     return 0
 
