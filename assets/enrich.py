@@ -29,7 +29,9 @@ from resources.pipeline import CatalogResource, ShardStoreResource
 
 @dg.asset(
     partitions_def=SOURCES,
-    deps=["deduped_files"],
+    # raw_files is read too (the source's compile_commands.json); declaring it also gives the
+    # UI's "Materialize all" backfill a partition-to-partition path down to this asset.
+    deps=["deduped_files", "raw_files"],
     group_name="gates",
     kinds={"parquet"},
     owners=["team:data"],
