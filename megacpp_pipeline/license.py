@@ -49,7 +49,7 @@ _DEPRECATED_RENAMES = {
 
 @dataclass(frozen=True)
 class SpdxLists:
-    """The official SPDX licence and exception ids, as pinned in megacpp_pipeline/data."""
+    """The official SPDX licence and exception ids, as pinned in megacpp_pipeline/spdx."""
 
     version: str
     licenses: Mapping[str, str]  # lower-case id -> canonical id
@@ -59,7 +59,7 @@ class SpdxLists:
 
 @cache
 def spdx_lists() -> SpdxLists:
-    data = resources.files("megacpp_pipeline") / "data"
+    data = resources.files("megacpp_pipeline") / "spdx"
     lic = json.loads((data / "spdx-licenses.json").read_text(encoding="utf-8"))
     exc = json.loads((data / "spdx-exceptions.json").read_text(encoding="utf-8"))
     licenses = {item["licenseId"].lower(): item["licenseId"] for item in lic["licenses"]}
