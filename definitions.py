@@ -22,7 +22,8 @@ from resources.pipeline import default_resources
 ASSET_MODULES = [collect, normalize, license, scrub, dedup, enrich, tokens, snapshot, report]
 
 # The order a person (or `megacpp run`) materializes the DAG in: per-source groups run once
-# per partition, global groups once. Dagster's own backfills derive the same order.
+# per partition, global groups once, each run in a process of its own (so each reports its
+# own peak memory). Dagster's own backfills derive the same order.
 STAGE_PLAN: list[tuple[str, list[str]]] = [
     ("global", ["source_catalog"]),
     ("per_source", ["raw_files", "normalized_files", "licensed_files", "scrubbed_files"]),
@@ -30,7 +31,10 @@ STAGE_PLAN: list[tuple[str, list[str]]] = [
     ("per_source", ["enriched_files"]),
     ("global", ["tokenizer"]),
     ("per_source", ["tokenized_docs"]),
-    ("global", ["packed_rows", "snapshot", "megatron_dataset", "quality_report"]),
+    ("global", ["packed_rows"]),
+    ("global", ["snapshot"]),
+    ("global", ["megatron_dataset"]),
+    ("global", ["quality_report"]),
 ]
 
 all_assets = dg.load_assets_from_modules(ASSET_MODULES)

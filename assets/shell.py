@@ -16,6 +16,7 @@ import pyarrow as pa
 from megacpp_pipeline import ledger as ledger_mod
 from megacpp_pipeline.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.gate import GateResult
+from megacpp_pipeline.parallel import parallel
 from megacpp_pipeline.store import Manifest, ShardStore, VersionWriter, config_hash
 from resources.pipeline import ShardStoreResource
 
@@ -71,11 +72,14 @@ def run_file_gate(
     side_schemas: Mapping[str, pa.Schema] | None = None,
     caching: FileCaching | None = None,
     summarize: Callable[[GateResult], Counter[str]] | None = None,
+    workers: int | None = None,
 ) -> Counter[str]:
     """Stream shard by shard; memory is bounded by one shard plus the gate's output. With
     `caching`, only files whose key is not cached go through the gate; `summarize` then
     recomputes the gate's UI counters from the whole output (cached rows included), since a
-    gate's own stats only cover the files it saw."""
+    gate's own stats only cover the files it saw. The gate runs on `workers` forked
+    processes (default: MEGACPP_WORKERS, else every CPU) with the serial call's result."""
+    gate = parallel(gate, workers)
     data = version.table("data", out_schema)
     drops = version.table("ledger", ledger_mod.LEDGER_SCHEMA)
     stats: Counter[str] = Counter()

@@ -131,7 +131,7 @@ class ShardStore:
         root: str,
         *,
         max_rows_per_shard: int = 50_000,
-        max_bytes_per_shard: int = 64 << 20,
+        max_bytes_per_shard: int = 16 << 20,
         compression: str = "zstd",
         keep_versions: int = 2,
         filesystem: pafs.FileSystem | None = None,

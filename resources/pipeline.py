@@ -41,7 +41,9 @@ class ShardStoreResource(dg.ConfigurableResource):
     data_dir: str
     cache_dir: str
     max_rows_per_shard: int = 20_000
-    max_bytes_per_shard: int = 64 << 20
+    # A gate holds about three shards at once (input, pending output, the shard being
+    # written), so this is what bounds a stage's memory; 16 MiB is ~2,500 C++ files.
+    max_bytes_per_shard: int = 16 << 20
 
     def open(self) -> ShardStore:
         return ShardStore(
