@@ -79,6 +79,16 @@ def tokenizer_artifact(
     st = store.open()
     deduped = st.latest("deduped_files", None)
 
+    def train_bytes() -> int:
+        # `size` (raw bytes) stands in for the text's: close enough to pick a sample fraction
+        total = 0
+        for name in deduped.data_tables():
+            for t in st.iter_tables(deduped, name, columns=["source_id", "path", "size"]):
+                splits = tokenization.assign_split(t["source_id"], t["path"], split_cfg)
+                train = pc.equal(pa.array(splits, pa.string()), "train")
+                total += int(pc.sum(pc.filter(t["size"], train)).as_py() or 0)
+        return total
+
     def train_texts() -> Iterator[str]:
         for name in deduped.data_tables():
             for t in st.iter_tables(deduped, name, columns=["source_id", "path", "text"]):
@@ -87,7 +97,17 @@ def tokenizer_artifact(
                     if split == "train":
                         yield text
 
-    tok = tokenizer.obtain_tokenizer(cfg, train_texts())
+    total = None if cfg.pinned else train_bytes()
+    tok = tokenizer.obtain_tokenizer(cfg, train_texts(), total)
+    training = (
+        None
+        if total is None
+        else {
+            "train_split_bytes": total,
+            "sample_fraction": tokenizer.effective_fraction(cfg, total),
+            "max_train_bytes": cfg.max_train_bytes,
+        }
+    )
     version = st.begin(
         "tokenizer", None, code_version=CODE_VERSION, config=cfg, run_id=context.run_id
     )
@@ -95,7 +115,8 @@ def tokenizer_artifact(
         info = tokenizer.save_tokenizer(tok, Path(tmp) / "tokenizer.json")
         version.write_file("tokenizer.json", (Path(tmp) / "tokenizer.json").read_bytes())
     manifest = version.commit(
-        upstream=upstream_hashes(st, [deduped]), extra={"tokenizer": info.model_dump()}
+        upstream=upstream_hashes(st, [deduped]),
+        extra={"tokenizer": info.model_dump(), "training": training},
     )
     return dg.MaterializeResult(
         metadata={
@@ -103,6 +124,7 @@ def tokenizer_artifact(
             "vocab_size": info.vocab_size,
             "special_tokens": dg.MetadataValue.json(info.special_tokens),
             "pinned": cfg.pinned,
+            "training": dg.MetadataValue.json(training or {}),
             "tokenizers_version": info.tokenizers_version,
             "manifest": dg.MetadataValue.path(st.manifest_path(manifest)),
         }
@@ -160,6 +182,9 @@ def tokenized_docs(
         summarize=lambda r: Counter(
             {"tokens_kept": int(pc.sum(r.kept["num_tokens"]).as_py() or 0)}
         ),
+        # encode_batch already runs on every core (Rust threads); forked workers would only
+        # lose that (tokenizers turns its threads off after a fork) and measured slower
+        workers=1,
     )
     manifest = version.commit(upstream=upstream_hashes(st, [upstream, tok_manifest]), stats=stats)
     return dg.MaterializeResult(

@@ -42,7 +42,7 @@ class TokenizeConfig(BaseModel):
     # never moves from validation into train.
     split_salt: str = "megacpp-split-v1"
     # Bytes of text encoded at once: the Encoding objects of one batch are what costs memory.
-    batch_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    batch_bytes: int = Field(default=1024 * 1024, ge=1)
 
 
 def assign_split(

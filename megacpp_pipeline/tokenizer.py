@@ -61,7 +61,11 @@ class TokenizerConfig(BaseModel):
     # sample, so a different seed is a different (still reproducible) sample.
     seed: int = 0
     sample_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_train_bytes: int = Field(default=512 * 1024 * 1024, ge=1)  # bounds training memory
+    # Bounds training time and memory (about 9 bytes of RSS per byte of text): a larger
+    # corpus is sampled uniformly down to this budget (see effective_fraction), so a 16x
+    # corpus trains on the same amount of text as the 1x one. 32 MiB of C++ is plenty for
+    # a 32k vocab; raise it for larger vocabularies.
+    max_train_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
 
     @model_validator(mode="after")
     def _pinned_needs_both(self) -> TokenizerConfig:
@@ -115,13 +119,23 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def _training_sample(texts: Iterable[str], config: TokenizerConfig) -> Iterator[str]:
-    threshold = int(config.sample_fraction * (1 << 64))
+def effective_fraction(config: TokenizerConfig, total_bytes: int | None) -> float:
+    """The configured fraction, lowered so that a train split of `total_bytes` yields about
+    `max_train_bytes` (a hash-uniform sample over the whole split, not its first files)."""
+    if not total_bytes or total_bytes <= config.max_train_bytes:
+        return config.sample_fraction
+    return min(config.sample_fraction, config.max_train_bytes / total_bytes)
+
+
+def _training_sample(
+    texts: Iterable[str], config: TokenizerConfig, fraction: float
+) -> Iterator[str]:
+    threshold = int(fraction * (1 << 64))
     salt = config.seed.to_bytes(8, "little", signed=True)
     budget = config.max_train_bytes
     for text in texts:
         data = text.encode("utf-8")
-        if config.sample_fraction < 1.0:
+        if fraction < 1.0:
             digest = hashlib.blake2b(data, digest_size=8, key=salt).digest()
             if int.from_bytes(digest, "little") >= threshold:
                 continue
@@ -140,8 +154,12 @@ def _finalize(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
-    """Byte-level BPE, no normalizer (so decode(encode(text)) == text), specials at 0..n-1."""
+def train_tokenizer(
+    texts: Iterable[str], config: TokenizerConfig, total_bytes: int | None = None
+) -> Tokenizer:
+    """Byte-level BPE, no normalizer (so decode(encode(text)) == text), specials at 0..n-1.
+    `total_bytes` (of all `texts`, if known) lets a corpus above the budget be sampled
+    uniformly instead of cut after its first `max_train_bytes`."""
     if config.pinned:
         raise TokenizerArtifactError(str(config.path), "config pins an artifact; not training")
     tok = Tokenizer(models.BPE())
@@ -155,7 +173,8 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
         special_tokens=[AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(_training_sample(texts, config), trainer)
+    fraction = effective_fraction(config, total_bytes)
+    tok.train_from_iterator(_training_sample(texts, config, fraction), trainer)
     return _finalize(tok)
 
 
@@ -181,12 +200,14 @@ def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
     return tok
 
 
-def obtain_tokenizer(config: TokenizerConfig, texts: Iterable[str] = ()) -> Tokenizer:
+def obtain_tokenizer(
+    config: TokenizerConfig, texts: Iterable[str] = (), total_bytes: int | None = None
+) -> Tokenizer:
     """The pinned artifact when the config pins one, else a tokenizer trained on `texts`."""
     if config.pinned:
         assert config.path is not None and config.sha256 is not None
         return load_tokenizer(config.path, config.sha256)
-    return train_tokenizer(texts, config)
+    return train_tokenizer(texts, config, total_bytes)
 
 
 def describe(path: str | os.PathLike[str]) -> TokenizerInfo:

@@ -20,6 +20,7 @@ from megacpp_pipeline.tokenizer import (
     SpecialIds,
     TokenizerArtifactError,
     TokenizerConfig,
+    effective_fraction,
     file_sha256,
     load_tokenizer,
     obtain_tokenizer,
@@ -205,3 +206,22 @@ def test_the_seed_picks_a_different_but_reproducible_training_sample(tmp_path: P
     b = train_tokenizer(texts, TokenizerConfig(seed=2, **base)).to_str()
     assert a == again
     assert a != b
+
+
+def test_a_corpus_above_the_budget_is_sampled_across_the_whole_split() -> None:
+    # Two halves of equal size with disjoint identifiers; the budget holds 45% of the corpus.
+    early = [f"int alphacounter{i % 5} = betavalue{i % 3};\n" * 20 for i in range(200)]
+    late = [f"int omegahandler{i % 5} = zetastate{i % 3};\n" * 20 for i in range(200)]
+    texts = early + late
+    total = sum(len(t.encode()) for t in texts)
+    cfg = TokenizerConfig(vocab_size=400, max_train_bytes=int(total * 0.45))
+    assert effective_fraction(cfg, total) == pytest.approx(0.45, abs=0.01)
+    assert effective_fraction(cfg, total // 4) == 1.0  # under the budget: everything
+
+    def knows(tok: Tokenizer, word: str) -> bool:
+        return len(tok.encode(" " + word).ids) == 1
+
+    cut = train_tokenizer(texts, cfg)  # total unknown: the files that fit the budget first
+    sampled = train_tokenizer(texts, cfg, total_bytes=total)
+    assert knows(cut, "alphacounter") and not knows(cut, "omegahandler")
+    assert knows(sampled, "alphacounter") and knows(sampled, "omegahandler")
