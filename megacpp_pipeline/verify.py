@@ -256,13 +256,27 @@ def check_round_trip(
             for doc_id, idx, off, length in ps.select(
                 ["doc_id", "piece_index", "row_offset", "length"]
             ).iter_rows():
-                parts.setdefault(doc_id, {})[idx] = ids[r, off : off + length]
+                # a copy, so the shard's token matrix is freed once this shard is done
+                parts.setdefault(doc_id, {})[idx] = ids[r, off : off + length].copy()
     sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
     path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
     ids_list: list[list[int]] = []
     order: list[int] = []
+    checked = pending_tokens = 0
+
+    def decode_and_compare() -> None:
+        # Python int lists cost ~36 bytes a token: decode in bounded batches
+        texts = tok.decode_batch(ids_list, skip_special_tokens=False)
+        for doc_id, text in zip(order, texts, strict=True):
+            if hashlib.sha256(text.encode("utf-8")).hexdigest() != sha_by_doc[doc_id]:
+                out.fail(
+                    f"doc {doc_id} ({path_by_doc[doc_id]}): decoded text differs from the source"
+                )
+        ids_list.clear()
+        order.clear()
+
     for doc_id in sorted(wanted):
-        pieces_of = parts.get(doc_id)
+        pieces_of = parts.pop(doc_id, None)
         if not pieces_of:
             out.fail(f"doc {doc_id} ({path_by_doc[doc_id]}): no tokens found in the rows")
             continue
@@ -273,12 +287,18 @@ def check_round_trip(
         tokens = restore_fim_order(tokens, SpecialIds())  # FIM rows hold PRE/SUF/MID order
         ids_list.append(tokens[1:-1].tolist())
         order.append(doc_id)
-    texts = tok.decode_batch(ids_list, skip_special_tokens=False) if ids_list else []
-    for doc_id, text in zip(order, texts, strict=True):
-        if hashlib.sha256(text.encode("utf-8")).hexdigest() != sha_by_doc[doc_id]:
-            out.fail(f"doc {doc_id} ({path_by_doc[doc_id]}): decoded text differs from the source")
-    out.metrics.update(documents_checked=len(order), sampled=len(wanted) < manifest.documents)
+        checked += 1
+        pending_tokens += tokens.size
+        if pending_tokens >= _DECODE_BATCH_TOKENS:
+            decode_and_compare()
+            pending_tokens = 0
+    if ids_list:
+        decode_and_compare()
+    out.metrics.update(documents_checked=checked, sampled=len(wanted) < manifest.documents)
     return out
+
+
+_DECODE_BATCH_TOKENS = 1 << 20
 
 
 def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
