@@ -1,10 +1,10 @@
 """Static-shape reader of a promoted snapshot's packed rows (DESIGN section 6, issue 8).
 
 Decides what a trainer sees per step: a seeded row-group order, disjoint per-rank slices of
-each global batch, one batch of prefetch, and a staged receipt per batch. Seed rule: the
-fixed-length row is the performance contract, and parquet decoding alone cannot keep up, so
-each row group is decoded once into an uncompressed Arrow IPC file and every batch after
-that is a memory-mapped, zero-copy slice of it.
+each global batch, a block of batches built ahead while the trainer is busy, and a staged
+receipt per batch. Seed rule: the fixed-length row is the performance contract, and parquet
+decoding alone cannot keep up, so each row group is decoded once into an uncompressed Arrow
+IPC file and every batch after that is a slice of it, memory-mapped.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import itertools
 import json
 import os
-import queue
 import tempfile
 import threading
 import time
@@ -23,7 +23,7 @@ from collections import OrderedDict, deque
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,16 @@ COMPLETE_MARKER = "_COMPLETE"
 MANIFEST_NAME = "manifest.json"
 CACHE_FORMAT = "rg-ipc-v1"  # bump when the cache layout changes; old entries are then ignored
 _OPEN_ROW_GROUPS = 512  # memory maps kept open at once (each holds a file descriptor)
+# Batches are built and handed over in blocks: one hand-off between threads costs two
+# thread switches (tens of microseconds), as much as building a whole 8 x 2048 batch. A
+# block holds up to _BLOCK_BYTES of batches (at most _BLOCK_BATCHES): larger blocks keep more
+# freshly written memory alive at once, and copying into memory that is no longer in the
+# CPU cache costs more than the hand-offs saved. Blocks start at one batch and double, so
+# the first batch of a pass is not held back.
+_BLOCK_BYTES = 512 << 10
+_BLOCK_BATCHES = 64
+_CONSUMER_AWAY_S = 0.001  # a consumer gone this long is busy with a step: see _Prefetcher
+_CHUNK_BATCHES = 4096  # batches laid out per numpy pass: bounds the plain lists on long epochs
 
 
 class LoaderError(Exception):
@@ -97,8 +107,10 @@ class LoaderStateError(LoaderError):
 class BatchReceipt:
     """Where one batch's time went. Every stage is its own field; nothing is lumped.
 
-    A slotted dataclass, not a pydantic model: one is built per batch on the hot path;
-    the summary that leaves the loader (`ReceiptSummary`) is the pydantic edge.
+    A slotted dataclass, not a pydantic model; the hot path does not even build these: it
+    keeps each block's timings as columns (`_Block`), and `PackedRowsLoader.receipts` turns
+    the delivered batches into receipts when asked. The summary that leaves the loader
+    (`ReceiptSummary`) is the pydantic edge.
     """
 
     epoch: int
@@ -110,7 +122,9 @@ class BatchReceipt:
     decode_s: float  # parquet -> uncompressed Arrow IPC, only on a cache miss
     normalize_s: float  # defaults for missing optional columns
     stage_s: float  # copy into owned contiguous arrays (and tensors when asked)
-    queue_wait_s: float  # time the consumer blocked waiting for this batch
+    # the trainer's stall in next() for this batch: waiting for the prefetch thread, or
+    # building the block itself when none was ready; 0 without prefetch (all of it is stages)
+    queue_wait_s: float
     cache_misses: int
     defaulted_columns: tuple[str, ...]
 
@@ -322,6 +336,16 @@ class RowGroupCache:
             event.wait()
         return time.perf_counter() - started, True
 
+    def is_open(self, shard: _Shard, row_group: int) -> bool:
+        """Is the row group mapped in this process already (no decode, no file check needed)?"""
+        with self._lock:
+            return (shard.sha256, row_group) in self._open
+
+    def all_open(self, keys: Sequence[tuple[str, int]]) -> bool:
+        """Are all these (shard sha256, row group) mapped already?"""
+        with self._lock:
+            return all(key in self._open for key in keys)
+
     def views(self, shard: _Shard, row_group: int) -> tuple[dict[str, np.ndarray], float, bool]:
         """numpy views of one row group's columns, seconds spent decoding, cache miss?"""
         key = (shard.sha256, row_group)
@@ -401,11 +425,11 @@ class RowGroupCache:
         return column.to_numpy(zero_copy_only=True)
 
 
-class _Part(NamedTuple):  # a NamedTuple: one is built per batch, a frozen dataclass is slower
-    shard: int
-    row_group: int
-    start: int
-    stop: int
+def _layout(column: pa.DataType, seq_len: int) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    """numpy dtype and per-row shape of a packed-row column."""
+    if pa.types.is_fixed_size_list(column):
+        return np.dtype(column.value_type.to_pandas_dtype()), (seq_len,)
+    return np.dtype(column.to_pandas_dtype()), ()
 
 
 @dataclass(frozen=True)
@@ -422,8 +446,65 @@ class _EpochPlan:
     last_unit: np.ndarray
 
 
+def _within(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., count - 1 for each count, concatenated."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _block_edges(batches: int, largest: int) -> np.ndarray:
+    """First batch of every block, plus the end: blocks of 1, 2, 4, ... then `largest`."""
+    ramp = [0]
+    while ramp[-1] < batches and 1 << (len(ramp) - 1) < largest:
+        ramp.append(ramp[-1] + (1 << (len(ramp) - 1)))
+    rest = np.arange(ramp[-1] + largest, batches, largest)
+    return np.unique(np.minimum(np.concatenate([ramp, rest, [batches]]), batches))
+
+
+@dataclass(slots=True)
+class _Layout:
+    """Where the rows of a stretch of blocks come from, as plain lists: the producer's inner
+    loop reads them once per batch. A run is the rows of one batch inside one row group; a
+    batch is one run unless it straddles row groups."""
+
+    first_batch: int  # counted from the plan's first batch
+    block_edges: list[int]  # first batch of each block (from first_batch), plus the end
+    batch_runs: list[int]  # first run of each batch, plus the end
+    batch_plain: list[bool]  # one run and no defaulted column: a slice of one row group
+    batch_rows: list[int]
+    batch_row_groups: list[int]
+    batch_defaulted: list[tuple[str, ...]] | None  # None: no batch has a defaulted column
+    run_unit: list[int]  # plan position the run reads
+    run_shard: list[int]
+    run_group: list[int]
+    run_lo: list[int]  # rows lo..hi of that row group
+    run_hi: list[int]
+    run_row: list[int]  # the batch row it starts at
+
+
+@dataclass(slots=True, eq=False)
+class _Block:
+    """Consecutive batches handed to the consumer at once, with their timings as columns
+    (one entry per batch, never an object per batch). `delivered` counts the batches the
+    consumer has taken, so receipts and the resume position only ever describe batches a
+    trainer actually received."""
+
+    epoch: int
+    first_batch: int
+    rows: list[int]
+    row_groups: list[int]
+    read_s: list[float]
+    decode_s: list[float]
+    normalize_s: list[float]
+    stage_s: list[float]
+    cache_misses: list[int]
+    defaulted: list[tuple[str, ...]] | None
+    queue_wait_s: float = 0.0  # the consumer's wait, charged to the block's first batch
+    delivered: int = 0
+
+
 _END = object()
-_Batches = Generator[tuple[dict[str, Any], BatchReceipt], None, None]
+_Item = Any  # tuple[list[batch], _Block], _END or _ProducerFailure
+_Blocks = Generator[tuple[list[Any], _Block], None, None]
 
 
 class _ProducerFailure:
@@ -431,30 +512,120 @@ class _ProducerFailure:
         self.exc = exc
 
 
-def _put(out: queue.Queue[Any], item: object, stop: threading.Event) -> bool:
-    while not stop.is_set():
+class _Prefetcher:
+    """Blocks in order, built ahead by a background thread while the consumer is busy, or
+    by the consumer itself when none is ready and the thread is not in the middle of one.
+
+    Building a block is mostly Python, which holds the GIL, so a consumer that comes
+    straight back for more gains nothing from a thread: sleeping and being woken by it costs
+    two thread switches, as much as building a small block. So the thread starts only once
+    the consumer has stayed away (a training step, which is what prefetch is for), and
+    then keeps `depth` blocks ready; a consumer that finds none ready and the thread idle
+    builds the next one itself.
+    Order: only the holder of `_building` advances the generator, and the thread files its
+    block in `_ready` before letting go, so a block the consumer builds is always the next.
+    """
+
+    def __init__(self, blocks: _Blocks, depth: int, name: str) -> None:
+        self._blocks = blocks
+        self._depth = depth
+        # started by the first `get` after the consumer stayed away
+        self._thread = threading.Thread(target=self.run_producer, name=name, daemon=True)
+        self._ready: deque[_Item] = deque()
+        self._building = threading.Lock()
+        self._changed = threading.Condition()
+        self._finished = False  # the generator ended or failed; nothing more to build
+        self._consumer_seen = 0.0  # when the consumer last asked for a block
+        self._away = 0  # consecutive asks after the consumer stayed away
+        self.stop = threading.Event()
+
+    def _advance(self) -> _Item:
+        # only with `_building` held
+        if self._finished:
+            return _END
         try:
-            out.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
+            return next(self._blocks)
+        except StopIteration:
+            self._finished = True
+            return _END
+        except BaseException:
+            self._finished = True
+            raise
 
+    def get(self) -> _Item:
+        """The next item: taken from `_ready`, built here, or waited for."""
+        now = time.perf_counter()
+        seen, self._consumer_seen = self._consumer_seen, now
+        if self._thread.ident is None:
+            # twice in a row: one long gap may just be this process losing its core
+            self._away = self._away + 1 if seen and now - seen > _CONSUMER_AWAY_S else 0
+            if self._away < 2:
+                return self._advance()  # no other thread touches the generator yet
+            self._thread.start()
+        with self._changed:
+            if self._ready:
+                item = self._ready.popleft()
+                self._changed.notify_all()
+                return item
+        if self._building.acquire(blocking=False):
+            try:
+                with self._changed:  # the thread may have filed one just before letting go
+                    if self._ready:
+                        item = self._ready.popleft()
+                        self._changed.notify_all()
+                        return item
+                return self._advance()
+            finally:
+                self._building.release()
+        with self._changed:
+            while not self._ready:
+                self._changed.wait()
+            item = self._ready.popleft()
+            self._changed.notify_all()
+            return item
 
-def _run_producer(
-    batches: Iterator[tuple[dict[str, Any], BatchReceipt]],
-    out: queue.Queue[Any],
-    stop: threading.Event,
-) -> None:
-    # The thread holds the batch generator, never the consumer-side iterator, so dropping
-    # the iterator lets its finalizer stop this thread.
-    try:
-        for item in batches:
-            if not _put(out, item, stop):
-                return
-        _put(out, _END, stop)
-    except BaseException as exc:  # crosses the queue and re-raises in the consumer
-        _put(out, _ProducerFailure(exc), stop)
+    def run_producer(self) -> None:
+        """The background thread: keep `depth` blocks ready until the end or `stop`."""
+        # The thread holds this object, never the consumer-side iterator, so dropping the
+        # iterator lets its finalizer stop the thread.
+        while not self.stop.is_set():
+            with self._changed:
+                while len(self._ready) >= self._depth and not self.stop.is_set():
+                    self._changed.wait(0.05)
+            # a consumer back within the grace builds the next block itself (see above)
+            away = time.perf_counter() - self._consumer_seen
+            if away < _CONSUMER_AWAY_S:
+                if self.stop.wait(2 * _CONSUMER_AWAY_S - away):
+                    return
+                continue
+            with self._building:
+                if self._finished:
+                    return
+                try:
+                    item = self._advance()
+                except BaseException as exc:  # crosses to the consumer, which re-raises it
+                    item = _ProducerFailure(exc)
+                with self._changed:
+                    self._ready.append(item)
+                    self._changed.notify_all()
+
+    def close(self, warmer: threading.Thread | None) -> None:
+        self.stop.set()
+        with self._changed:
+            self._ready.clear()
+            self._changed.notify_all()
+        if threading.current_thread() is self._thread:
+            return  # collected on the producer thread: it stops on its own, mid-block or not
+        me = threading.current_thread()
+        for thread in [t for t in (self._thread, warmer) if t is not None and t is not me]:
+            if thread.ident is not None:  # started
+                thread.join(timeout=10)
+        if self._building.acquire(timeout=10):
+            try:
+                self._finished = True
+                self._blocks.close()
+            finally:
+                self._building.release()
 
 
 class _Progress:
@@ -479,8 +650,6 @@ def _run_warmer(
 ) -> None:
     # Decoding happens in pyarrow with the GIL released, so on a cold cache the next row
     # groups are decoded on another core while the trainer works through the current one.
-    # On a warm cache there is nothing to do, and the thread leaves at once rather than
-    # waking up for every batch.
     targets = [t for t in targets if not cache.entry_path(t[0], t[1]).is_file()]
     for shard, group, position in targets:
         with progress.changed:
@@ -494,20 +663,6 @@ def _run_warmer(
             return
 
 
-def _stop_threads(
-    stop: threading.Event, out: queue.Queue[Any], threads: tuple[threading.Thread, ...]
-) -> None:
-    stop.set()
-    while True:
-        try:
-            out.get_nowait()
-        except queue.Empty:
-            break
-    for thread in threads:
-        if thread is not threading.current_thread():
-            thread.join(timeout=10)
-
-
 class _EpochIterator:
     """One pass over this rank's batches; counts what the consumer actually received."""
 
@@ -515,59 +670,74 @@ class _EpochIterator:
         self._loader = loader
         self._epoch = epoch
         plan = loader._plan_epoch(epoch, start)
-        warm_ahead = loader.prefetch and loader.lookahead_row_groups > 0
-        progress = _Progress() if warm_ahead else None
-        batches = loader._produce(plan, progress)
-        self._batches: _Batches | None = None
-        self._queue: queue.Queue[Any] | None = None
+        # On a warm loader every row group is already mapped: no warmer thread, no waking
+        # it for each row group.
+        targets = []
+        if loader.prefetch and not loader.cache.all_open(loader._unit_keys):
+            targets = [t for t in loader._warm_targets(plan) if not loader.cache.is_open(*t[:2])]
+        progress = _Progress() if targets and loader.lookahead_row_groups > 0 else None
+        blocks = loader._blocks(plan, progress)
+        self._blocks: _Blocks | None = None
+        self._prefetcher: _Prefetcher | None = None
         self._finalizer: weakref.finalize[Any, Any]
+        # the block being handed out; an empty one until the first arrives
+        self._batches: list[Any] = []
+        self._block = _Block(epoch, start, [], [], [], [], [], [], [], None)
+        self._at = 0
         if loader.prefetch:
-            self._queue = queue.Queue(maxsize=1)
-            stop = threading.Event()
             name = f"megacpp-loader-{loader.split}-rank{loader.rank}"
-            threads = [
-                threading.Thread(
-                    target=_run_producer, args=(batches, self._queue, stop), name=name, daemon=True
+            self._prefetcher = prefetcher = _Prefetcher(blocks, depth=1, name=name)
+            warmer = None
+            if progress is not None:  # row groups to decode: start decoding ahead at once
+                warmer = threading.Thread(
+                    target=_run_warmer,
+                    args=(
+                        loader.cache,
+                        targets,
+                        progress,
+                        loader.lookahead_row_groups,
+                        prefetcher.stop,
+                    ),
+                    name=f"{name}-warmer",
+                    daemon=True,
                 )
-            ]
-            if progress is not None:
-                threads.append(
-                    threading.Thread(
-                        target=_run_warmer,
-                        args=(
-                            loader.cache,
-                            loader._warm_targets(plan),
-                            progress,
-                            loader.lookahead_row_groups,
-                            stop,
-                        ),
-                        name=f"{name}-warmer",
-                        daemon=True,
-                    )
-                )
-            self._finalizer = weakref.finalize(
-                self, _stop_threads, stop, self._queue, tuple(threads)
-            )
-            for thread in threads:
-                thread.start()
+                warmer.start()
+            self._finalizer = weakref.finalize(self, prefetcher.close, warmer)
         else:
-            self._batches = batches
-            self._finalizer = weakref.finalize(self, batches.close)
+            self._blocks = blocks
+            self._finalizer = weakref.finalize(self, blocks.close)
         self._done = False
 
     def __iter__(self) -> _EpochIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
+        # the per-batch path: a list index and three counters
+        at = self._at
+        batches = self._batches
+        if at < len(batches):
+            batch = batches[at]
+            batches[at] = None  # the trainer holds it now; the loader lets go
+            self._at = self._block.delivered = at + 1
+            self._loader.batch_index += 1
+            return batch  # type: ignore[no-any-return]
+        return self._next_block()
+
+    def _next_block(self) -> dict[str, Any]:
         if self._done:
             raise StopIteration
         started = time.perf_counter()
-        if self._queue is not None:
-            item = self._queue.get()
-        else:
-            assert self._batches is not None
-            item = next(self._batches, _END)
-        waited = time.perf_counter() - started if self._queue is not None else 0.0
+        try:
+            if self._prefetcher is not None:
+                item = self._prefetcher.get()
+            else:
+                assert self._blocks is not None
+                item = next(self._blocks, _END)
+        except BaseException:  # raised while this thread built the block itself
+            self.close()
+            raise
+        # the trainer's stall for this block, whether it waited for the thread or built it
+        wait_s = time.perf_counter() - started if self._prefetcher is not None else 0.0
         if item is _END:
             self.close()
             self._loader._epoch_finished(self._epoch)
@@ -575,13 +745,15 @@ class _EpochIterator:
         if isinstance(item, _ProducerFailure):
             self.close()
             raise item.exc  # keeps the producer's frames in its __traceback__
-        batch, receipt = item
-        receipt.queue_wait_s = waited
-        self._loader._delivered(receipt)
-        return batch  # type: ignore[no-any-return]
+        self._batches, self._block = item
+        self._block.queue_wait_s = wait_s
+        self._at = 0
+        self._loader._log_block(self._block)
+        return self.__next__()
 
     def close(self) -> None:
         self._done = True
+        self._batches = []
         self._finalizer()
 
 
@@ -601,6 +773,13 @@ class PackedRowsLoader:
     machine (default: a per-user directory under the system temp dir; nothing evicts it);
     `lookahead_row_groups` is how far ahead of the producer a second thread decodes on a
     cold cache; `receipt_history` bounds how many per-batch receipts are kept.
+
+    With `prefetch`, batches are built in blocks (`_BLOCK_BYTES`) by a background thread
+    while the trainer is busy with a step, one block ahead; a trainer that asks again at
+    once (a benchmark loop) builds the next block itself, which is faster than waiting for
+    a thread under the GIL. Either way the batches, their order and the resume position are
+    the same; an error met while building surfaces at the batch where it happened, with the
+    traceback of where it was raised.
     """
 
     def __init__(
@@ -676,9 +855,9 @@ class PackedRowsLoader:
             rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
             shards.append(_Shard(relpath, path, sha256, tuple(present), rows))
         self._shards = shards
-        # per shard: does it lack a requested column (which then gets its default)?
-        self._missing = [
-            any(name not in shard.columns for name in self.columns) for shard in shards
+        # per shard: the requested columns it lacks, which then get their defaults
+        self._defaulted = [
+            tuple(name for name in self.columns if name not in shard.columns) for shard in shards
         ]
         unit_shard, unit_group, unit_rows = [], [], []
         for index, shard in enumerate(shards):
@@ -690,14 +869,27 @@ class PackedRowsLoader:
         self._unit_shard = np.array(unit_shard, dtype=np.int64)
         self._unit_group = np.array(unit_group, dtype=np.int64)
         self._unit_rows = np.array(unit_rows, dtype=np.int64)
+        self._unit_keys = [
+            (shards[shard].sha256, group)
+            for shard, group in zip(unit_shard, unit_group, strict=True)
+        ]
         self.total_rows = int(self._unit_rows.sum())
 
         self.cache = RowGroupCache(
             Path(cache_dir) if cache_dir is not None else default_cache_dir(), self.seq_len
         )
+        schema = packed_rows_schema(self.seq_len)
+        self._layouts = [_layout(schema.field(name).type, self.seq_len) for name in self.columns]
+        row_bytes = sum(dtype.itemsize * int(np.prod(tail)) for dtype, tail in self._layouts)
+        self._block_batches = max(
+            1, min(_BLOCK_BATCHES, _BLOCK_BYTES // max(1, row_bytes * batch_size))
+        )
         self.epoch = 0
         self.batch_index = 0  # batches of `epoch` already delivered to the consumer
-        self.receipts: deque[BatchReceipt] = deque(maxlen=receipt_history)
+        self.receipt_history = receipt_history
+        # blocks the consumer has taken batches from, oldest first; `receipts` reads them
+        self._receipt_blocks: deque[_Block] = deque()
+        self._receipts_logged = 0  # delivered batches in every logged block but the last
         self._active: weakref.ReferenceType[_EpochIterator] | None = None
 
     # -- iteration ---------------------------------------------------------------------------
@@ -748,8 +940,7 @@ class PackedRowsLoader:
     def _warm_targets(self, plan: _EpochPlan) -> list[tuple[_Shard, int, int]]:
         """(shard, row group, plan position) of every row group this rank reads, in order."""
         counts = plan.last_unit - plan.first_unit + 1
-        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        positions = np.unique(np.repeat(plan.first_unit, counts) + within)
+        positions = np.unique(np.repeat(plan.first_unit, counts) + _within(counts))
         chosen = plan.order[positions]
         return [
             (self._shards[shard], group, position)
@@ -761,104 +952,199 @@ class PackedRowsLoader:
             )
         ]
 
-    def _produce(self, plan: _EpochPlan, progress: _Progress | None) -> _Batches:
-        # plain Python ints from here: this loop runs once per batch
-        shard_of = self._unit_shard[plan.order].tolist()
-        group_of = self._unit_group[plan.order].tolist()
-        bounds = plan.offsets.tolist()
-        batch_index = plan.first_batch
-        for start, stop, unit, last in zip(
-            plan.starts.tolist(),
-            plan.stops.tolist(),
-            plan.first_unit.tolist(),
-            plan.last_unit.tolist(),
-            strict=True,
-        ):
-            parts = []
-            while start < stop:
-                end = min(stop, bounds[unit + 1])
-                local = start - bounds[unit]
-                parts.append(_Part(shard_of[unit], group_of[unit], local, local + end - start))
-                start, unit = end, unit + 1
-            if progress is not None:
-                progress.advance(last)
-            yield self._assemble(plan.epoch, batch_index, parts)
-            batch_index += 1
+    def _blocks(self, plan: _EpochPlan, progress: _Progress | None) -> _Blocks:
+        """This rank's batches of the plan, in blocks of 1, 2, 4, ... up to `_block_batches`.
 
-    def _assemble(
-        self, epoch: int, batch_index: int, parts: list[_Part]
-    ) -> tuple[dict[str, Any], BatchReceipt]:
-        clock = time.perf_counter
-        decode_s = 0.0
-        misses = rows = 0
-        missing = False
-        pieces: list[tuple[dict[str, np.ndarray], int, int]] = []
-        started = clock()
-        for part in parts:
-            views, decoded, missed = self.cache.views(self._shards[part.shard], part.row_group)
-            decode_s += decoded
-            misses += missed
-            missing = missing or self._missing[part.shard]
-            pieces.append((views, part.start, part.stop))
-            rows += part.stop - part.start
-        read_s = clock() - started - decode_s
+        If building a block fails, the batches completed before the failure are handed out
+        first and the error follows them.
+        """
+        edges = _block_edges(len(plan.starts), self._block_batches)
+        # blocks are laid out a chunk at a time, so a long epoch never becomes long lists
+        chunk_edges = edges[:: max(1, _CHUNK_BATCHES // self._block_batches)].tolist()
+        if chunk_edges[-1] != edges[-1]:
+            chunk_edges.append(int(edges[-1]))
+        for lo, hi in itertools.pairwise(chunk_edges):
+            layout = self._lay_out(plan, edges[(edges >= lo) & (edges <= hi)])
+            for index in range(len(layout.block_edges) - 1):
+                batches, block, error = self._build_block(plan, layout, index, progress)
+                if batches:
+                    yield batches, block
+                if error is not None:
+                    raise error
 
-        started = clock()
-        filled: dict[str, np.ndarray] = {}
-        if missing:
-            for name in self.columns:
-                if any(name not in views for views, _, _ in pieces):
-                    default = self._defaults[name]
-                    filled[name] = np.concatenate(
-                        [
-                            views[name][lo:hi]
-                            if name in views
-                            else np.broadcast_to(default, (hi - lo, self.seq_len))
-                            for views, lo, hi in pieces
-                        ]
-                    )
-        normalize_s = clock() - started
-
-        started = clock()
-        batch: dict[str, Any] = {}
-        if len(pieces) == 1:
-            views, lo, hi = pieces[0]
-            for name in self.columns:
-                if name in filled:
-                    batch[name] = filled[name]
-                else:
-                    view = views[name][lo:hi]
-                    batch[name] = view.copy() if self.copy else view
-        else:
-            for name in self.columns:
-                batch[name] = filled.get(name)
-                if batch[name] is None:
-                    batch[name] = np.concatenate([v[name][lo:hi] for v, lo, hi in pieces])
-        if self._torch is not None:
-            for name, array in batch.items():
-                tensor = self._torch.from_numpy(array)
-                batch[name] = tensor.pin_memory() if self._pin else tensor
-        stage_s = clock() - started
-
-        receipt = BatchReceipt(
-            epoch=epoch,
-            batch_index=batch_index,
-            rank=self.rank,
-            shape=(rows, self.seq_len),
-            row_groups=len(parts),
-            read_s=read_s,
-            decode_s=decode_s,
-            normalize_s=normalize_s,
-            stage_s=stage_s,
-            queue_wait_s=0.0,
-            cache_misses=misses,
-            defaulted_columns=tuple(filled),
+    def _lay_out(self, plan: _EpochPlan, edges: np.ndarray) -> _Layout:
+        """The runs of the batches between `edges`, found with numpy for all of them at once."""
+        first_batch, end_batch = int(edges[0]), int(edges[-1])
+        batches = slice(first_batch, end_batch)
+        starts, stops = plan.starts[batches], plan.stops[batches]
+        first, last = plan.first_unit[batches], plan.last_unit[batches]
+        counts = last - first + 1  # row groups per batch
+        run_batch = np.repeat(np.arange(len(starts)), counts)
+        unit = np.repeat(first, counts) + _within(counts)
+        base = plan.offsets[unit]
+        lo = np.maximum(starts[run_batch], base) - base
+        hi = np.minimum(stops[run_batch], plan.offsets[unit + 1]) - base
+        batch_runs = np.concatenate([[0], np.cumsum(counts)])
+        run_row = np.concatenate([[0], np.cumsum(hi - lo)])[:-1]
+        run_row -= run_row[batch_runs[:-1]][run_batch]
+        defaulted = None
+        if any(self._defaulted):
+            shards = self._unit_shard[plan.order].tolist()
+            defaulted = []
+            for a, b in zip(first.tolist(), last.tolist(), strict=True):
+                lacking = {n for u in range(a, b + 1) for n in self._defaulted[shards[u]]}
+                defaulted.append(tuple(n for n in self.columns if n in lacking))
+        units = plan.order[unit]
+        plain = counts == 1
+        if defaulted is not None:
+            plain &= np.array([not d for d in defaulted], dtype=bool)
+        return _Layout(
+            first_batch=first_batch,
+            block_edges=(edges - first_batch).tolist(),
+            batch_runs=batch_runs.tolist(),
+            batch_plain=plain.tolist(),
+            batch_rows=(stops - starts).tolist(),
+            batch_row_groups=counts.tolist(),
+            batch_defaulted=defaulted,
+            run_unit=unit.tolist(),
+            run_shard=self._unit_shard[units].tolist(),
+            run_group=self._unit_group[units].tolist(),
+            run_lo=lo.tolist(),
+            run_hi=hi.tolist(),
+            run_row=run_row.tolist(),
         )
-        return batch, receipt
 
-    def _delivered(self, receipt: BatchReceipt) -> None:
-        self.receipts.append(receipt)
-        self.epoch, self.batch_index = receipt.epoch, receipt.batch_index + 1
+    def _build_block(
+        self, plan: _EpochPlan, layout: _Layout, index: int, progress: _Progress | None
+    ) -> tuple[list[dict[str, Any]], _Block, Exception | None]:
+        """One block of batches: a slice of the mapped row group, copied unless `copy=False`,
+        for a batch inside one row group (nearly all of them); a fresh buffer filled run by
+        run for one that straddles row groups or lacks a column. Also returns the error that
+        stopped it early, if any: the batches before it are complete."""
+        clock = time.perf_counter
+        first, end = layout.block_edges[index], layout.block_edges[index + 1]
+        count = end - first
+        block = _Block(
+            epoch=plan.epoch,
+            first_batch=plan.first_batch + layout.first_batch + first,
+            rows=layout.batch_rows[first:end],
+            row_groups=layout.batch_row_groups[first:end],
+            read_s=[0.0] * count,
+            decode_s=[0.0] * count,
+            normalize_s=[0.0] * count,
+            stage_s=[0.0] * count,
+            cache_misses=[0] * count,
+            defaulted=layout.batch_defaulted[first:end] if layout.batch_defaulted else None,
+        )
+        copy, to_tensors, columns = self.copy, self._torch is not None, self.columns
+        # plain Python locals from here: the loop runs once per batch
+        plain, batch_runs = layout.batch_plain, layout.batch_runs
+        run_unit, run_lo, run_hi = layout.run_unit, layout.run_lo, layout.run_hi
+        read_s, decode_s, stage_s = block.read_s, block.decode_s, block.stage_s
+        single = columns[0] if len(columns) == 1 else None
+        batches: list[dict[str, Any]] = []
+        open_unit = -1
+        named: list[tuple[str, np.ndarray]] = []
+        array = np.empty(0)
+        for k in range(count):
+            batch = first + k
+            try:
+                if not plain[batch]:
+                    started = clock()
+                    out = self._filled(plan, layout, batch, block, k, progress)
+                    open_unit = -1
+                else:
+                    run = batch_runs[batch]
+                    if run_unit[run] != open_unit:
+                        started = clock()
+                        views, decoded, missed = self.cache.views(
+                            self._shards[layout.run_shard[run]], layout.run_group[run]
+                        )
+                        read_s[k] = clock() - started - decoded
+                        decode_s[k] = decoded
+                        block.cache_misses[k] = int(missed)
+                        named = [(name, views[name]) for name in columns]
+                        array = named[0][1]
+                        open_unit = run_unit[run]
+                        if progress is not None:
+                            progress.advance(open_unit)
+                    lo, hi = run_lo[run], run_hi[run]
+                    started = clock()
+                    if single is not None:
+                        out = {single: array[lo:hi].copy() if copy else array[lo:hi]}
+                    elif copy:
+                        out = {name: source[lo:hi].copy() for name, source in named}
+                    else:
+                        out = {name: source[lo:hi] for name, source in named}
+                if to_tensors:
+                    out = self._tensors(out)
+                stage_s[k] += clock() - started
+            except Exception as exc:
+                return batches, block, exc
+            batches.append(out)
+        return batches, block, None
+
+    def _filled(
+        self,
+        plan: _EpochPlan,
+        layout: _Layout,
+        batch: int,
+        block: _Block,
+        k: int,
+        progress: _Progress | None,
+    ) -> dict[str, np.ndarray]:
+        """A batch copied run by run into fresh arrays, defaults where a shard lacks a column.
+
+        The read, decode and default-fill time go to their own receipt fields; the caller
+        counts the whole call as staging, so those are taken back out here.
+        """
+        clock = time.perf_counter
+        rows = layout.batch_rows[batch]
+        out = {
+            name: np.empty((rows, *tail), dtype)
+            for name, (dtype, tail) in zip(self.columns, self._layouts, strict=True)
+        }
+        for run in range(layout.batch_runs[batch], layout.batch_runs[batch + 1]):
+            lo, hi = layout.run_lo[run], layout.run_hi[run]
+            started = clock()
+            views, decode_s, missed = self.cache.views(
+                self._shards[layout.run_shard[run]], layout.run_group[run]
+            )
+            read_s = clock() - started
+            block.read_s[k] += read_s - decode_s
+            block.decode_s[k] += decode_s
+            block.cache_misses[k] += missed
+            block.stage_s[k] -= read_s
+            if progress is not None:
+                progress.advance(layout.run_unit[run])
+            into = slice(layout.run_row[run], layout.run_row[run] + hi - lo)
+            for name, array in out.items():
+                source = views.get(name)
+                if source is None:
+                    started = clock()
+                    array[into] = self._defaults[name]
+                    filling = clock() - started
+                    block.normalize_s[k] += filling
+                    block.stage_s[k] -= filling
+                else:
+                    array[into] = source[lo:hi]
+        return out
+
+    def _tensors(self, batch: dict[str, Any]) -> dict[str, Any]:
+        tensors = {name: self._torch.from_numpy(array) for name, array in batch.items()}
+        if self._pin:
+            tensors = {name: tensor.pin_memory() for name, tensor in tensors.items()}
+        return tensors
+
+    def _log_block(self, block: _Block) -> None:
+        """The consumer started on `block`: it is where the run stands, and its receipts count."""
+        self.epoch, self.batch_index = block.epoch, block.first_batch
+        log = self._receipt_blocks
+        if log:
+            self._receipts_logged += log[-1].delivered
+        log.append(block)
+        while len(log) > 1 and self._receipts_logged - log[0].delivered >= self.receipt_history:
+            self._receipts_logged -= log.popleft().delivered
 
     def _epoch_finished(self, epoch: int) -> None:
         self.epoch, self.batch_index = epoch + 1, 0
@@ -899,8 +1185,32 @@ class PackedRowsLoader:
 
     # -- receipts, cache, lifetime -----------------------------------------------------------
 
+    @property
+    def receipts(self) -> list[BatchReceipt]:
+        """Receipts of the last `receipt_history` batches the consumer received, oldest first."""
+        out = []
+        for block in self._receipt_blocks:
+            for k in range(block.delivered):
+                out.append(
+                    BatchReceipt(
+                        epoch=block.epoch,
+                        batch_index=block.first_batch + k,
+                        rank=self.rank,
+                        shape=(block.rows[k], self.seq_len),
+                        row_groups=block.row_groups[k],
+                        read_s=block.read_s[k],
+                        decode_s=block.decode_s[k],
+                        normalize_s=block.normalize_s[k],
+                        stage_s=block.stage_s[k],
+                        queue_wait_s=block.queue_wait_s if k == 0 else 0.0,
+                        cache_misses=block.cache_misses[k],
+                        defaulted_columns=block.defaulted[k] if block.defaulted else (),
+                    )
+                )
+        return out[len(out) - self.receipt_history :] if self.receipt_history else []
+
     def receipt_summary(self) -> ReceiptSummary:
-        return summarize_receipts(list(self.receipts))
+        return summarize_receipts(self.receipts)
 
     def warm_cache(self) -> float:
         """Decode every row group of this split into the cache now; returns seconds spent."""

@@ -378,6 +378,20 @@ class IndexedDatasetReader:
             int(self.sequence_pointers[index]),
         )
 
+    def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens offset..offset+length of one sequence, as megatron-core's
+        `IndexedDataset.get` reads a training sample out of a document; a zero-copy view."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sequence {index} of {len(self)}")
+        index %= len(self)
+        size = int(self.sequence_lengths[index])
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(f"tokens {offset}..{offset + length} of sequence {index} ({size})")
+        start = int(self.sequence_pointers[index]) + offset * self.dtype.itemsize
+        return np.frombuffer(self._data, self.dtype, length, start)
+
     def document(self, index: int) -> np.ndarray:
         lo, hi = int(self.document_indices[index]), int(self.document_indices[index + 1])
         if hi - lo == 1:

@@ -7,6 +7,7 @@ import gc
 import importlib.util
 import json
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -138,6 +139,69 @@ def test_ranks_see_disjoint_rows_and_take_equal_steps_when_dropping_last(
         assert len(everything) == snapshot.splits["train"].columns["pack_id"].size
 
 
+@pytest.fixture(scope="module")
+def mixed_snapshot(tmp_path_factory: pytest.TempPathFactory) -> tuple[SnapshotFixture, set[int]]:
+    """A snapshot whose first shard lacks the optional `chunk_kind` column; and its pack_ids."""
+    fixture = build_snapshot(tmp_path_factory.mktemp("mixed") / "snapshot")
+    first = fixture.path / fixture.splits["train"].shards[0]
+    table = pq.read_table(first).drop_columns(["chunk_kind"])
+    pq.write_table(table, first, row_group_size=4)
+    return fixture, set(table["pack_id"].to_pylist())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    batch_size=st.integers(1, 9),
+    world_size=st.integers(1, 3),
+    rank_draw=st.integers(0, 2),
+    copy=st.booleans(),
+    prefetch=st.booleans(),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_every_batch_holds_exactly_the_rows_it_names_with_defaults_where_a_shard_lacks_them(
+    mixed_snapshot: tuple[SnapshotFixture, set[int]],
+    tmp_path_factory: pytest.TempPathFactory,
+    batch_size: int,
+    world_size: int,
+    rank_draw: int,
+    copy: bool,
+    prefetch: bool,
+    drop_last: bool,
+    seed: int,
+) -> None:
+    # batch sizes that do not divide the 4-row row groups make batches straddle row groups
+    # and shards, so some batches mix rows that have `chunk_kind` with rows that do not
+    snapshot, lacking = mixed_snapshot
+    loader = PackedRowsLoader(
+        snapshot.path,
+        batch_size=batch_size,
+        rank=rank_draw % world_size,
+        world_size=world_size,
+        drop_last=drop_last,
+        seed=seed,
+        copy=copy,
+        prefetch=prefetch,
+        cache_dir=snapshot.path.parent / "cache",
+    )
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    for batch in batches:
+        pack_ids = batch["pack_id"]
+        for name in TOKEN_COLUMNS:
+            expected = snapshot.rows_by_pack_id("train", pack_ids, name)
+            if name == "chunk_kind":
+                expected = np.where(np.isin(pack_ids, list(lacking))[:, None], 0, expected)
+            np.testing.assert_array_equal(batch[name], expected)
+            assert batch[name].flags.c_contiguous
+            assert batch[name].flags.writeable or not copy
+    receipts = loader.receipts
+    assert [r.batch_index for r in receipts] == list(range(len(batches)))
+    for receipt, batch in zip(receipts, batches, strict=True):
+        lacks = bool(set(batch["pack_id"].tolist()) & lacking)
+        assert receipt.defaulted_columns == (("chunk_kind",) if lacks else ())
+
+
 def test_state_dict_resumes_exactly_where_a_run_stopped(
     snapshot: SnapshotFixture, shared_cache: Path
 ) -> None:
@@ -252,7 +316,35 @@ def test_producer_failure_reraises_in_the_consumer_with_its_traceback(tmp_path: 
     with pytest.raises(pa.ArrowInvalid) as excinfo:
         next(iter(loader))
     frames = [frame.name for frame in traceback.extract_tb(excinfo.tb)]
-    assert "_run_producer" in frames and "_decode" in frames
+    assert "_build_block" in frames and "_decode" in frames
+    assert not any(t.is_alive() for t in _loader_threads())
+
+
+def test_batches_built_ahead_before_a_failure_arrive_then_the_error_from_the_thread(
+    tmp_path: Path,
+) -> None:
+    # 64 rows per shard in row groups of 4: the second shard rots, and a consumer that takes
+    # a step per batch lets the prefetch thread run into it while building ahead
+    fixture = build_snapshot(tmp_path / "snap", rows_per_shard=64)
+    loader = PackedRowsLoader(
+        fixture.path,
+        batch_size=2,
+        shuffle=False,
+        cache_dir=tmp_path / "cache",
+        lookahead_row_groups=0,
+    )
+    shard = fixture.path / fixture.splits["train"].shards[1]
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    received = []
+    with pytest.raises(pa.ArrowInvalid) as excinfo:
+        for batch in loader:
+            received.append(batch["pack_id"].copy())
+            time.sleep(0.02)  # the training step, long enough for the thread to run ahead
+    first_shard = pq.read_table(fixture.path / fixture.splits["train"].shards[0])
+    np.testing.assert_array_equal(np.concatenate(received), first_shard["pack_id"].to_numpy())
+    frames = [frame.name for frame in traceback.extract_tb(excinfo.tb)]
+    assert "run_producer" in frames and "_decode" in frames
+    assert loader.state_dict()["batch_index"] == len(received)
     assert not any(t.is_alive() for t in _loader_threads())
 
 
@@ -260,9 +352,11 @@ def test_leaving_the_loop_early_stops_the_prefetch_thread(
     snapshot: SnapshotFixture, shared_cache: Path
 ) -> None:
     loader = PackedRowsLoader(snapshot.path, batch_size=2, cache_dir=shared_cache)
-    for _ in loader:
-        assert _loader_threads()
-        break
+    for index, _ in enumerate(loader):
+        time.sleep(0.005)  # a consumer busy with steps gets batches built ahead on a thread
+        if index == 3:
+            assert _loader_threads()
+            break
     gc.collect()
     assert not any(t.is_alive() for t in _loader_threads())
 
@@ -271,6 +365,40 @@ def test_leaving_the_loop_early_stops_the_prefetch_thread(
         iterator = iter(managed)  # a second pass replaces (and stops) the first
         next(iterator)
     assert not any(t.is_alive() for t in _loader_threads())
+
+
+def test_a_consumer_with_steps_gets_the_same_batches_as_one_without(
+    snapshot: SnapshotFixture, shared_cache: Path
+) -> None:
+    def pass_over(prefetch: bool, step_s: float) -> tuple[list[np.ndarray], list[int]]:
+        loader = PackedRowsLoader(
+            snapshot.path, batch_size=3, seed=5, prefetch=prefetch, cache_dir=shared_cache
+        )
+        seen = []
+        for batch in loader:
+            seen.append(batch["pack_id"].copy())
+            time.sleep(step_s)
+        return seen, [r.batch_index for r in loader.receipts]
+
+    inline, inline_indexes = pass_over(prefetch=False, step_s=0.0)
+    ahead, ahead_indexes = pass_over(prefetch=True, step_s=0.003)
+    assert len(inline) == len(ahead)
+    for got, want in zip(ahead, inline, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert inline_indexes == ahead_indexes == list(range(len(inline)))
+
+
+def test_receipts_keep_only_the_last_batches_received(
+    snapshot: SnapshotFixture, shared_cache: Path
+) -> None:
+    loader = PackedRowsLoader(
+        snapshot.path, batch_size=1, receipt_history=7, cache_dir=shared_cache
+    )
+    iterator = iter(loader)
+    for _ in range(20):
+        next(iterator)
+    assert [r.batch_index for r in loader.receipts] == list(range(13, 20))
+    assert loader.receipt_summary().batches == 7
 
 
 def test_receipts_time_each_stage_separately_and_record_the_shape(

@@ -104,7 +104,7 @@ def test_written_sequences_read_back_identically(
 ) -> None:
     rng = np.random.default_rng(seed)
     high = min(np.iinfo(dtype).max, 2**31 - 1)
-    sequences = [rng.integers(0, high, size=n).astype(dtype) for n in lengths]
+    sequences: list[np.ndarray] = [rng.integers(0, high, size=n).astype(dtype) for n in lengths]
     prefix = tmp_path_factory.mktemp("roundtrip") / "data"
     summary = write_indexed_dataset(prefix, iter(sequences), dtype)
     assert summary.tokens == sum(lengths)
@@ -178,6 +178,26 @@ def test_reader_names_the_field_of_a_damaged_index(
         IndexedDatasetReader(tmp_path / "train")
 
 
+def test_a_sample_read_is_the_slice_of_its_document(
+    snapshot: SnapshotFixture, tmp_path: Path
+) -> None:
+    export_snapshot(snapshot.path, tmp_path / "train")
+    reader = IndexedDatasetReader(tmp_path / "train")
+    rng = np.random.default_rng(0)
+    for index in rng.integers(0, len(reader), size=50).tolist():
+        size = len(reader[index])
+        offset = int(rng.integers(0, size))
+        length = int(rng.integers(0, size - offset + 1))
+        np.testing.assert_array_equal(
+            reader.get(index, offset, length), reader[index][offset : offset + length]
+        )
+        np.testing.assert_array_equal(reader.get(index, offset), reader[index][offset:])
+    with pytest.raises(IndexError, match="tokens"):
+        reader.get(0, 1, len(reader[0]))
+    with pytest.raises(IndexError, match="sequence"):
+        reader.get(len(reader))
+
+
 def test_megatron_core_reads_the_export(snapshot: SnapshotFixture, tmp_path: Path) -> None:
     indexed_dataset = pytest.importorskip(
         "megatron.core.datasets.indexed_dataset", reason="megatron-core (optional extra)"
@@ -188,5 +208,12 @@ def test_megatron_core_reads_the_export(snapshot: SnapshotFixture, tmp_path: Pat
     assert len(dataset) == len(ours)
     assert len(dataset.document_indices) - 1 == ours.document_count
     assert int(dataset.sequence_lengths.sum()) == ours.total_tokens
+    assert dataset.index.dtype == ours.dtype
     for i in range(len(ours)):
         np.testing.assert_array_equal(dataset[i], ours[i])
+    # training samples: a window of a document, as GPTDataset cuts them
+    rng = np.random.default_rng(1)
+    for i in rng.integers(0, len(ours), size=50).tolist():
+        offset = int(rng.integers(0, len(ours[i])))
+        length = min(snapshot.seq_len + 1, len(ours[i]) - offset)
+        np.testing.assert_array_equal(dataset.get(i, offset, length), ours.get(i, offset, length))
