@@ -1,12 +1,13 @@
 """One `megacpp run` as a subprocess on a fresh data dir and DAGSTER_HOME, timed, with the
-resident memory of its process tree sampled from /proc and each sample charged to the stage
-group named by the CLI's last progress line (`-> asset, ... [partition]`) on stderr.
+memory of its process tree sampled from /proc and each sample charged to the stage group
+named by the CLI's last progress line (`-> asset, ... [partition]`) on stderr.
 
-`megacpp run` materializes each stage group in process, one Dagster run after another, so
-a sample belongs to exactly one group. Python and Arrow keep freed memory mapped, so a
-group's peak is "RSS while it ran", which includes what earlier groups left behind; the
-whole run's peak is the kernel's high-water mark (VmHWM) of the main process, or the
-largest sampled tree sum if a child ever held more.
+`megacpp run` runs each stage group (and source) as one Dagster run in a forked process of
+its own, as Dagster's multiprocess executor runs steps, and the per-file gates fork workers
+of their own. A sample is the proportional set size (PSS) summed over the tree, so pages the
+forks share are counted once; a group's peak is the largest sample while it ran, and the
+group's process also reports its own high-water mark (VmHWM, which counts the pages it
+inherited from the parent at fork). The whole run's peak is the largest sample.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 _STARTED = re.compile(r"^-> (?P<label>.+?)(?: \[(?P<partition>[^\]]+)\])?$")
-_OK = re.compile(r"^\s+ok in (?P<seconds>[0-9.]+)s$")
+_OK = re.compile(r"^\s+ok in (?P<seconds>[0-9.]+)s(?:, peak RSS (?P<rss>[0-9.]+) MB)?$")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -38,7 +40,8 @@ class StageGroup:
     seconds: float = 0.0  # sum of the CLI's "ok in" over partitions
     cpu_s: float = 0.0  # CPU seconds (all threads, user + system) while it ran, sampled
     runs: int = 0
-    peak_rss_mb: float = 0.0
+    peak_rss_mb: float = 0.0  # sampled PSS of the whole process tree while it ran
+    process_peak_rss_mb: float = 0.0  # the group's own process' high-water mark (VmHWM)
     partitions: dict[str, float] = field(default_factory=dict)  # partition -> seconds
 
 
@@ -78,6 +81,16 @@ def _children(pid: int) -> list[int]:
 
 
 def _rss_bytes(pid: int) -> int:
+    """Proportional set size: a page shared by k processes counts 1/k in each, so the sum
+    over a tree of forked processes is the memory the tree really holds (plain RSS would
+    count every copy-on-write page once per child). Falls back to RSS without smaps."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     try:
         with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * _PAGE
@@ -86,7 +99,7 @@ def _rss_bytes(pid: int) -> int:
 
 
 def tree_rss_bytes(root: int) -> int:
-    """Resident bytes of `root` and all its descendants (shared pages counted per process)."""
+    """Resident bytes (PSS) of `root` and all its descendants."""
     total, stack, seen = 0, [root], set()
     while stack:
         pid = stack.pop()
@@ -106,6 +119,21 @@ def cpu_seconds(pid: int) -> float:
     except (OSError, IndexError):
         return 0.0
     return sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds the tree has used so far: every live process' own time plus what its
+    reaped children left in it. A child's time moves into its parent's count when it is
+    reaped, so the sum stays continuous while forked runs and workers come and go."""
+    total, stack, seen = 0.0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += cpu_seconds(pid)
+        stack += _children(pid)
+    return total
 
 
 def high_water_bytes(pid: int) -> int:
@@ -146,6 +174,7 @@ def run(
     current_partition: list[str | None] = [None]
 
     started = time.monotonic()
+    reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             cmd,
@@ -171,6 +200,10 @@ def run(
                 elif (m := _OK.match(line)) and current[0]:
                     group = stages[current[0]]
                     group.seconds += float(m.group("seconds"))
+                    if m.group("rss"):
+                        group.process_peak_rss_mb = max(
+                            group.process_peak_rss_mb, float(m.group("rss")) * 1.048576
+                        )
                     group.partitions[current_partition[0] or "_"] = float(m.group("seconds"))
 
         def read_stdout() -> None:
@@ -195,7 +228,7 @@ def run(
             rss = tree_rss_bytes(proc.pid)
             hwm = max(hwm, high_water_bytes(proc.pid))
             peak_tree = max(peak_tree, rss)
-            now_cpu = max(cpu, cpu_seconds(proc.pid))
+            now_cpu = max(cpu, tree_cpu_seconds(proc.pid))
             samples += 1
             if current[0]:
                 group = stages[current[0]]
@@ -207,6 +240,13 @@ def run(
         for t in readers:
             t.join()
 
+    # Exact once the tree has exited: every descendant was reaped into the run's process,
+    # and that process into this one (the per-group figures above are sampled).
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = max(
+        cpu,
+        reaped.ru_utime + reaped.ru_stime - reaped_before.ru_utime - reaped_before.ru_stime,
+    )
     out = EndToEnd(
         label=label,
         returncode=returncode,

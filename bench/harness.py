@@ -32,7 +32,6 @@ from bench import endtoend, scaleup, stages
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = REPO / "docs" / "benchmarks.md"
-PLOTS = REPO / "docs" / "benchmarks"
 LIBRARIES = (
     "dagster",
     "pyarrow",
@@ -49,6 +48,11 @@ LIBRARIES = (
 )
 TIME_EXPONENT_MAX = 1.1
 RSS_GROWTH_MAX = 1.3  # peak RSS at 16x over peak RSS at 1x
+
+
+def plots_dir(docs: Path) -> Path:
+    """The PNGs go beside the page: docs/benchmarks.md -> docs/benchmarks/."""
+    return docs.with_suffix("")
 
 
 def machine() -> dict[str, Any]:
@@ -281,7 +285,7 @@ def render(path: Path, docs: Path) -> int:
             lines += [line.as_dict() for line in script.lines(run["figures"], run["command"])]
     results.lines = lines
     results.fits = [asdict(f) for f in scaling_fits(scales)]
-    results_page.write(results, scales, docs, PLOTS)
+    results_page.write(results, scales, docs, plots_dir(docs))
     print(results_page.summary(results))
     return 0
 
@@ -361,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(asdict(results), indent=1, default=str) + "\n")
     from bench import results_page
 
-    results_page.write(results, scales, args.docs, PLOTS)
+    results_page.write(results, scales, args.docs, plots_dir(args.docs))
     print(f"[bench] {results.wall_s:.0f} s; wrote {out} and {args.docs}", file=sys.stderr)
     print(results_page.summary(results))
     return 0

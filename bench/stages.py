@@ -218,7 +218,8 @@ def _tokenize_pack(f: dict[str, Any], cmd: str) -> list[Line]:
             0.8,
             cmd,
             files_per_mb=fpm,
-            note=f"{f['corpus_files']} files, {f['corpus_mb']} MB, {f['tokens']} tokens; "
+            note=f"{f['corpus_files']} files, {f['corpus_mb']} MB, {f['tokens']} tokens "
+            f"(one demo file in {f.get('every', 1)}); "
             f"gate {f['gate_mtok_s']} M tokens/s",
         ),
         Line(
@@ -273,21 +274,32 @@ def _loader(f: dict[str, Any], cmd: str) -> list[Line]:
             f" ms; cold cache mean {f['cold_queue_wait_mean_ms']:.2f} ms",
         ),
     ]
-    own, megatron = f.get("own_idx_tok_s"), f.get("megatron_core_tok_s")
-    lines.append(
-        Line(
-            "loader",
-            "own .idx reader vs megatron-core IndexedDataset, per document",
-            "M tokens/s",
-            own / 1e6 if own else None,
-            megatron / 1e6 if megatron else None,
-            own / megatron if own and megatron else None,
-            "",
-            None,
-            cmd,
-            note="" if megatron else "megatron-core not installed (pip install -e '.[megatron]')",
+    for read, what in (("doc", "per document"), ("sample", "random 2049-token samples")):
+        own = f.get(f"own_idx_{read}_tok_s", f.get("own_idx_tok_s") if read == "doc" else None)
+        megatron = f.get(f"megatron_core_{read}_tok_s")
+        ratio = f.get(f"ratio_own_idx_vs_megatron_core_{read}")
+        if ratio is None and own and megatron:
+            ratio = own / megatron
+        versions = (
+            f"megatron-core {f.get('megatron_core_version')}, torch {f.get('torch_version')}; "
+            "ratio: median of paired passes"
+            if megatron
+            else "megatron-core not installed (pip install -e '.[megatron]')"
         )
-    )
+        lines.append(
+            Line(
+                "loader",
+                f"own .idx reader vs megatron-core IndexedDataset, {what}",
+                "M tokens/s",
+                own / 1e6 if own else None,
+                megatron / 1e6 if megatron else None,
+                ratio,
+                "",
+                None,
+                cmd,
+                note=versions,
+            )
+        )
     return lines
 
 
