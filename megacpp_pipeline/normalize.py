@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import itertools
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -112,10 +114,19 @@ class NormalizeInputError(ValueError):
         self.missing = list(missing)
 
 
-# Byte classes for bytes.translate(None, delete): counting what survives a delete is the
-# fastest per-file count CPython offers.
-_NOT_ALNUM = bytes(b for b in range(256) if not chr(b).isascii() or not chr(b).isalnum())
-_CONTROL = bytes([*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F])  # tab, LF, VT, FF, CR are text
+# The per-file counts come from bytes.translate of the decoded texts into byte classes (C
+# speed, 5x numpy's table lookup) and numpy counting per class and file. ALNUM is 0 so that
+# a file's non-zero class bytes are its non-alnum ones; CONTROL is last so that one max()
+# tells whether there are any.
+_ALNUM, _OTHER, _LF, _CONTROL = 0, 1, 2, 3
+_CONTROL_BYTES = {*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F}  # tab, LF, VT, FF, CR are text
+_BYTE_CLASS = bytes(
+    _ALNUM if chr(b).isascii() and chr(b).isalnum()
+    else _LF if b == 0x0A
+    else _CONTROL if b in _CONTROL_BYTES
+    else _OTHER
+    for b in range(256)
+)  # fmt: skip
 
 
 def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
@@ -127,8 +138,8 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
     verdict = _Verdicts(n)
 
     # Phase 1, vectorized over path and raw bytes: nothing is decoded yet.
-    paths = table.column("path").combine_chunks()
-    content = table.column("content").combine_chunks()
+    paths = _one_array(table.column("path"))
+    content = _one_array(table.column("content"))
     lower = pc.utf8_lower(paths)
     basename = pc.replace_substring_regex(lower, r"^.*/", "")
     ext_pattern = "(" + "|".join(re.escape(e) for e in config.cpp_extensions) + ")$"
@@ -153,11 +164,9 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
         DropReason.TOO_LARGE,
         lambda i: f"size {sizes[i]} > {config.max_file_bytes} (max_file_bytes)",
     )
-    # Phase 2, one pass per file with C-speed bytes/str methods. Measured on this kind of
-    # machine, `b"\0" in raw`, bytes.translate and bytes.count beat numpy gathers and
-    # cumulative sums over the byte buffer by 5-30x, so the per-file counts live here.
+    # Phase 2, per file: the NUL sniff and decoding, the only steps that need Python objects.
     alive_idx = np.flatnonzero(verdict.alive)
-    raw_alive = content.take(pa.array(alive_idx, pa.int64())).to_pylist()
+    raw_alive = _binary_values(content, alive_idx)
     decoded = _DecodedFiles()
     for i, raw in zip(alive_idx.tolist(), raw_alive, strict=True):
         if b"\0" in raw and not raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
@@ -172,13 +181,20 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
 
     # Phase 3, vectorized over the decoded texts: density, line shape, markers, sniffing.
     idx = np.asarray(decoded.rows, dtype=np.int64)
-    text_arr = pa.array(decoded.texts, pa.string())
-    chars = np.asarray(decoded.chars, dtype=np.int64)
+    text_arr = _text_array(decoded.utf8)
+    counts = _count_bytes(decoded.utf8, config.max_line_length)
+    chars = np.fromiter(map(len, decoded.texts), np.int64, len(decoded.texts))
+    ascii_only = np.fromiter((t.isascii() for t in decoded.texts), bool, len(decoded.texts))
     safe_chars = np.maximum(chars, 1)
-    verdict.drop_all_at(
-        idx, np.asarray(decoded.nul, bool), DropReason.BINARY, "NUL character in decoded text"
-    )
-    control_ratio = np.asarray(decoded.control, dtype=np.int64) / safe_chars
+    # a NUL is a control byte, and a blank text has no letter or digit: test only those
+    nul = np.zeros(len(idx), dtype=bool)
+    for k in np.flatnonzero(counts.control).tolist():
+        nul[k] = "\0" in decoded.texts[k]
+    blank = np.zeros(len(idx), dtype=bool)
+    for k in np.flatnonzero(counts.alnum == 0).tolist():
+        blank[k] = not decoded.texts[k].strip()
+    verdict.drop_all_at(idx, nul, DropReason.BINARY, "NUL character in decoded text")
+    control_ratio = counts.control / safe_chars
     verdict.drop_each_at(
         idx,
         control_ratio > config.max_non_text_ratio,
@@ -188,20 +204,26 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
             "(max_non_text_ratio)"
         ),
     )
-    verdict.drop_all_at(idx, np.asarray(decoded.blank, bool), DropReason.EMPTY, "whitespace only")
+    verdict.drop_all_at(idx, blank, DropReason.EMPTY, "whitespace only")
     if sniff_needed.any() and len(idx):
-        head = pc.utf8_slice_codeunits(text_arr, 0, config.extensionless_sniff_chars)
-        sniffs = _np(pc.match_substring_regex(head, config.extensionless_sniff_pattern))
+        local = np.flatnonzero(sniff_needed[idx])
+        opens_like_cpp = _head_matches(
+            text_arr.take(pa.array(local, pa.int64())),
+            ascii_only[local],
+            config.extensionless_sniff_chars,
+            config.extensionless_sniff_pattern,
+        )
         verdict.drop_all_at(
-            idx,
-            sniff_needed[idx] & ~sniffs,
+            idx[local],
+            ~opens_like_cpp,
             DropReason.NOT_CPP,
             "no extension and the content does not open like C/C++",
         )
     if config.generated_markers and len(idx):
-        head = pc.utf8_slice_codeunits(text_arr, 0, config.marker_scan_chars)
         any_marker = "|".join(re.escape(marker) for marker in config.generated_markers)
-        marked = _np(pc.match_substring_regex(head, any_marker, ignore_case=True))
+        marked = _head_matches(
+            text_arr, ascii_only, config.marker_scan_chars, any_marker, ignore_case=True
+        )
         verdict.drop_each_at(
             idx,
             marked,
@@ -210,16 +232,17 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
                 decoded.texts[k], config.generated_markers, config.marker_scan_chars
             ),
         )
-    max_line = _max_line_chars(text_arr)
+    max_line = np.zeros(len(idx), dtype=np.int64)  # measured where it may exceed the limit
+    maybe_long = np.flatnonzero(counts.maybe_long_line & verdict.alive[idx])
+    max_line[maybe_long] = _max_line_chars(text_arr.take(pa.array(maybe_long, pa.int64())))
     verdict.drop_each_at(
         idx,
         max_line > config.max_line_length,
         DropReason.LONG_LINES,
         lambda k: f"max line {max_line[k]} > {config.max_line_length} (max_line_length)",
     )
-    newlines = np.asarray(decoded.newlines, dtype=np.int64)
-    ends_open = np.asarray([not t.endswith("\n") for t in decoded.texts], dtype=bool)
-    lines = np.maximum(newlines + (ends_open & (chars > 0)), 1)
+    newlines = counts.newlines
+    lines = np.maximum(newlines + (counts.ends_open & (chars > 0)), 1)
     mean_line = (chars - newlines) / lines
     verdict.drop_each_at(
         idx,
@@ -229,7 +252,7 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
             f"mean line {mean_line[k]:.1f} > {config.max_mean_line_length} (max_mean_line_length)"
         ),
     )
-    alnum = np.asarray(decoded.alnum, dtype=np.int64) / safe_chars
+    alnum = counts.alnum / safe_chars
     verdict.drop_each_at(
         idx,
         alnum < config.min_alnum_fraction,
@@ -241,12 +264,13 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
 
     keep_local = np.flatnonzero(verdict.alive[idx]) if len(idx) else np.zeros(0, np.int64)
     keep_rows = idx[keep_local]
-    kept_text = text_arr.take(pa.array(keep_local, pa.int64()))
+    kept_text = text_arr.take(pa.array(keep_local, pa.int64())).cast(pa.string())
     kept_keys = table.select([f.name for f in schemas.RAW_FILES if f.name != "content"]).take(
         pa.array(keep_rows, pa.int64())
     )
     kept_enc = [decoded.encodings[k] for k in keep_local.tolist()]
-    kept_sha = [decoded.sha256[k] for k in keep_local.tolist()]
+    # == schemas.text_sha256(text), hashed only for the files that stay
+    kept_sha = [hashlib.sha256(decoded.utf8[k]).hexdigest() for k in keep_local.tolist()]
     kept = pa.Table.from_arrays(
         [
             *kept_keys.columns,
@@ -329,19 +353,23 @@ def _suffix(path: str) -> str:
     return base[base.rfind(".") :] if "." in base else base
 
 
+_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
 def _decode(raw: bytes, fallbacks: Sequence[str]) -> tuple[str, str] | None:
     """(text without BOM, original encoding) or None when no accepted encoding fits."""
-    if raw.startswith(codecs.BOM_UTF8):
-        try:
-            return raw[3:].decode("utf-8"), "utf-8-sig"
-        except UnicodeDecodeError:
-            pass
-    elif raw.startswith(codecs.BOM_UTF16_LE) or raw.startswith(codecs.BOM_UTF16_BE):
-        encoding = "utf-16-le" if raw.startswith(codecs.BOM_UTF16_LE) else "utf-16-be"
-        try:
-            return raw[2:].decode(encoding), encoding
-        except UnicodeDecodeError:
-            return None  # a UTF-16 BOM on bytes that are not UTF-16: nothing sensible
+    if raw.startswith(_BOMS):  # one test for all three: most files have no BOM
+        if raw.startswith(codecs.BOM_UTF8):
+            try:
+                return raw[3:].decode("utf-8"), "utf-8-sig"
+            except UnicodeDecodeError:
+                pass
+        else:
+            encoding = "utf-16-le" if raw.startswith(codecs.BOM_UTF16_LE) else "utf-16-be"
+            try:
+                return raw[2:].decode(encoding), encoding
+            except UnicodeDecodeError:
+                return None  # a UTF-16 BOM on bytes that are not UTF-16: nothing sensible
     try:
         return raw.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
@@ -369,13 +397,7 @@ class _DecodedFiles:
         self.rows: list[int] = []
         self.texts: list[str] = []
         self.encodings: list[str] = []
-        self.sha256: list[str] = []
-        self.chars: list[int] = []
-        self.newlines: list[int] = []
-        self.control: list[int] = []
-        self.alnum: list[int] = []
-        self.nul: list[bool] = []
-        self.blank: list[bool] = []
+        self.utf8: list[bytes] = []  # the UTF-8 bytes of `texts`
 
     def add(self, row: int, raw: bytes, text: str, encoding: str) -> None:
         if "\r" in text:
@@ -390,13 +412,125 @@ class _DecodedFiles:
         self.rows.append(row)
         self.texts.append(text)
         self.encodings.append(encoding)
-        self.sha256.append(hashlib.sha256(utf8).hexdigest())  # == schemas.text_sha256(text)
-        self.chars.append(len(text))
-        self.newlines.append(utf8.count(b"\n"))
-        self.control.append(len(utf8) - len(utf8.translate(None, _CONTROL)))
-        self.alnum.append(len(utf8.translate(None, _NOT_ALNUM)))
-        self.nul.append("\0" in text)
-        self.blank.append(not text.strip())
+        self.utf8.append(utf8)
+
+
+@dataclass(frozen=True)
+class _ByteCounts:
+    """Per-file counts over the UTF-8 bytes of LF-normalized texts."""
+
+    alnum: np.ndarray  # ASCII letters and digits
+    control: np.ndarray  # _CONTROL_BYTES
+    newlines: np.ndarray
+    ends_open: np.ndarray  # the last byte is not LF
+    maybe_long_line: np.ndarray  # False: no line has more than the limit's bytes (or chars)
+
+
+def _text_array(utf8: Sequence[bytes]) -> pa.Array:
+    """The texts as one Arrow array over a single joined buffer (one copy, no decoding)."""
+    offsets = np.zeros(len(utf8) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, utf8), np.int64, len(utf8)), out=offsets[1:])
+    data = pa.py_buffer(b"".join(utf8))
+    return pa.Array.from_buffers(pa.large_string(), len(utf8), [None, pa.py_buffer(offsets), data])
+
+
+# Files are counted in batches of about this many bytes, so that a batch's class bytes stay
+# in cache between the numpy passes (whole-corpus buffers cost page faults and bandwidth).
+_BATCH_BYTES = 1 << 20
+
+
+def _count_bytes(utf8: Sequence[bytes], line_limit: int) -> _ByteCounts:
+    """Per-file counts, computed a batch of about _BATCH_BYTES at a time."""
+    starts = np.cumsum([0, *map(len, utf8)], dtype=np.int64)[:-1]
+    # a batch begins at every file that begins in a later _BATCH_BYTES window
+    firsts = [0, *(np.flatnonzero(np.diff(starts // _BATCH_BYTES)) + 1).tolist()]
+    parts = [
+        _count_batch(utf8[first:end], line_limit)
+        for first, end in itertools.pairwise([*firsts, len(utf8)])
+    ]
+    return _ByteCounts(
+        **{
+            f.name: np.concatenate([getattr(part, f.name) for part in parts])
+            for f in fields(_ByteCounts)
+        }
+    )
+
+
+def _count_batch(utf8: Sequence[bytes], line_limit: int) -> _ByteCounts:
+    sizes = np.fromiter(map(len, utf8), np.int64, len(utf8))
+    ends = np.cumsum(sizes)
+    spans = list(zip((ends - sizes).tolist(), ends.tolist(), strict=True))
+    classes = np.frombuffer(b"".join(utf8).translate(_BYTE_CLASS), dtype=np.uint8)
+    is_lf = classes == _LF
+    control = np.zeros_like(sizes)
+    if len(classes) and classes.max() == _CONTROL:  # rare: skip the pass when there are none
+        control = _nonzero_per_file(classes == _CONTROL, spans)
+    last_byte = classes[np.maximum(ends - 1, 0)] if len(classes) else np.zeros_like(sizes)
+    return _ByteCounts(
+        alnum=sizes - _nonzero_per_file(classes, spans),
+        control=control,
+        newlines=_nonzero_per_file(is_lf, spans),
+        ends_open=(sizes == 0) | (last_byte != _LF),
+        maybe_long_line=_owns_lf_free_block(is_lf, ends, (line_limit + 2) // 2),
+    )
+
+
+def _nonzero_per_file(values: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    # one count_nonzero per file beats np.add.reduceat (which casts every element) 8x
+    return np.fromiter((np.count_nonzero(values[a:b]) for a, b in spans), np.int64, len(spans))
+
+
+def _owns_lf_free_block(is_lf: np.ndarray, ends: np.ndarray, block: int) -> np.ndarray:
+    """Per file: does one of the `block`-byte blocks the buffer is cut into (from its start)
+    lie inside the file and hold no LF? A line of 2 * block - 1 bytes or more always covers
+    such a block, so the files this rules out have no line that long, in bytes and so in
+    characters."""
+    whole = len(is_lf) // block
+    lf_free = ~is_lf[: whole * block].reshape(whole, block).any(axis=1)
+    owners = np.searchsorted(ends, np.flatnonzero(lf_free) * block, side="right")
+    flags = np.zeros(len(ends), dtype=bool)
+    flags[owners] = True
+    return flags
+
+
+def _head_matches(
+    texts: pa.Array, ascii_only: np.ndarray, chars: int, pattern: str, *, ignore_case: bool = False
+) -> np.ndarray:
+    """Does RE2 `pattern` match the first `chars` characters of each text? Cutting by bytes
+    is right for ASCII texts and cheap; only the others need Arrow's UTF-8 aware slice."""
+    heads = pc.binary_slice(texts.view(pa.large_binary()), 0, chars)
+    narrow = np.flatnonzero(ascii_only)
+    wide = np.flatnonzero(~ascii_only)
+    if len(wide):  # a byte cut may split a character: only ASCII heads are valid text
+        heads = heads.take(pa.array(narrow, pa.int64()))
+    found = np.zeros(len(texts), dtype=bool)
+    if len(narrow):
+        hits = pc.match_substring_regex(
+            heads.view(pa.large_string()), pattern, ignore_case=ignore_case
+        )
+        found[narrow] = _np(hits)
+    if len(wide):
+        wide_heads = pc.utf8_slice_codeunits(texts.take(pa.array(wide, pa.int64())), 0, chars)
+        hits = pc.match_substring_regex(wide_heads, pattern, ignore_case=ignore_case)
+        found[wide] = _np(hits)
+    return found
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _binary_values(array: pa.Array, rows: np.ndarray) -> list[bytes]:
+    """The bytes of `rows`, sliced straight from the Arrow buffers (take + to_pylist copies
+    everything twice)."""
+    if not len(rows):
+        return []
+    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    offsets = np.frombuffer(array.buffers()[1], offset_type)[array.offset :]
+    data = array.buffers()[2]
+    view = memoryview(data) if data is not None else memoryview(b"")
+    spans = zip(offsets[rows].tolist(), offsets[rows + 1].tolist(), strict=True)
+    return [view[a:b].tobytes() for a, b in spans]
 
 
 def _max_line_chars(texts: pa.Array) -> np.ndarray:

@@ -3,6 +3,7 @@ metadata handled by FSFE's reuse package, and the policy that decides what enter
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +23,7 @@ from megacpp_pipeline.license import (
     decide,
     find_spdx_identifiers,
     is_reuse_metadata_path,
+    leading_comments,
     markdown_summary,
     match_notice,
     parse_expression,
@@ -473,6 +475,51 @@ def test_notice_after_the_first_code_does_not_count():
     assert match_notice(CODE + BOOST_NOTICE) is None
 
 
+def test_notice_split_by_a_blank_line_and_a_directive_is_read_whole():
+    text = (
+        "//  Distributed under the Boost\n"
+        "\n"
+        "   //  Software License, Version 1.0. (See accompanying file\n"
+        "#pragma once\n"
+        "//  LICENSE_1_0.txt or copy at http://www.boost.org/LICENSE_1_0.txt)\n"
+    )
+    assert match_notice(text + CODE) == "BSL-1.0"
+
+
+# The head read one token at a time: whitespace, then a // or /* */ comment, a `# /*` null
+# directive or a preprocessor line. The gate reads a whole run of // lines per regex match
+# (faster) and must find exactly these comments.
+_HEAD_TOKEN = re.compile(
+    r"\s*(?:(?P<line>//[^\n]*)|(?P<block>/\*.*?(?:\*/|\Z))"
+    r"|\#[ \t]*(?=/[/*])|\#[^\n]*(?:\\\n[^\n]*)*)",
+    re.DOTALL,
+)
+
+
+def _comments_one_token_at_a_time(text: str, limit: int) -> list[str]:
+    head, pos, comments = text[:limit], 0, []
+    while (token := _HEAD_TOKEN.match(head, pos)) is not None:
+        if token.lastgroup == "line":
+            comments.append(token.group("line")[2:])
+        elif token.lastgroup == "block":
+            comments.append(token.group("block")[2:].removesuffix("*/"))
+        pos = token.end()
+    return comments
+
+
+_HEAD_PIECES = ["//", "/*", "*/", "*", "/", "#", "# ", " ", "\t", "\n", "\\\n", "\r", "\u2028"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([*_HEAD_PIECES, "x", "SPDX-License-Identifier: MIT"])),
+    st.integers(1, 60),
+)
+def test_leading_comments_are_the_comment_tokens_of_the_head(pieces, limit):
+    text = "".join(pieces)
+    assert leading_comments(text, limit) == _comments_one_token_at_a_time(text, limit)
+
+
 # ---------------------------------------------------------------------------------------
 # The gate
 
@@ -723,7 +770,13 @@ def test_unreadable_reuse_toml_makes_every_file_invalid_not_silently_permissive(
         {"a.cpp": CODE}, reuse_files={"REUSE.toml": "version = 1\n[[annotations]\n"}
     )
     assert rows["a.cpp"] == ("invalid", "reuse", None)
-    assert "REUSE.toml" in result.dropped.to_pylist()[0]["detail"]
+    detail = result.dropped.to_pylist()[0]["detail"]
+    assert "REUSE.toml" in detail
+    assert "megacpp-reuse-" not in detail and "/tmp" not in detail  # same on every run
+    _, again = license_gate(
+        {"a.cpp": CODE}, reuse_files={"REUSE.toml": "version = 1\n[[annotations]\n"}
+    )
+    assert again.dropped.to_pylist()[0]["detail"] == detail
 
 
 LIBCXX = Path("/usr/lib/llvm-14/include/c++/v1")

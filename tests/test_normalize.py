@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from megacpp_pipeline import normalize as normalize_gate
 from megacpp_pipeline import schemas
 from megacpp_pipeline.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.normalize import NormalizeConfig, NormalizeInputError, run
@@ -41,6 +44,12 @@ class span {
 
 #endif  // EXAMPLE_SPAN_HPP
 """
+
+
+# bytes that exercise every per-file count: letters, LF, CR, controls, multi-byte UTF-8
+_PIECES = [
+    b"a", b"Z", b"7", b" ", b"\n", b"\r\n", b"\r", b"\t", b"\x01", b"\x7f", b"\xc3\xa9", b";;",
+]  # fmt: skip
 
 
 def raw_table(files: dict[str, bytes], source_id: str = "demo") -> pa.Table:
@@ -208,6 +217,62 @@ def test_a_marker_deep_in_the_file_does_not_count():
     text = HEADER * 40 + "// DO NOT EDIT the table below by hand\n"
     kept, _ = normalize({"span.hpp": text.encode()})
     assert "span.hpp" in kept
+
+
+def test_markers_are_looked_for_in_the_first_characters_not_bytes():
+    # 25 lines of 80 characters: the marker starts at character 2000 of both files, which
+    # is byte 2000 of the ASCII one and byte 3900 of the accented one
+    ascii_lines = ("// " + "x" * 76 + "\n") * 25
+    accented_lines = ("// " + "\u00e9" * 76 + "\n") * 25
+    marker = "// DO NOT EDIT\n"
+    _, dropped = normalize(
+        {
+            "ascii.h": (ascii_lines + marker + HEADER).encode(),
+            "accented.h": (accented_lines + marker + HEADER).encode(),
+        }
+    )
+    assert dropped["ascii.h"][0] == DropReason.GENERATED_FILE
+    assert dropped["accented.h"][0] == DropReason.GENERATED_FILE
+
+
+def test_a_marker_cut_by_the_scan_limit_does_not_count():
+    text = ("// " + "x" * 76 + "\n") * 25 + "// " + "y" * 42 + "DO NOT EDIT\n" + HEADER
+    kept, _ = normalize({"cut.h": text.encode()})  # "DO NOT EDIT" starts at character 2045
+    assert "cut.h" in kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(st.sampled_from("ab\u00e9\u20ac\U0001f600 \n"), min_size=1, max_size=60),
+    st.integers(1, 12),
+)
+def test_longest_line_is_measured_in_characters(text, limit):
+    _, dropped = normalize({"t.h": ("x" + text).encode()}, max_line_length=limit)
+    longest = max(len(line) for line in ("x" + text).split("\n"))
+    if longest > limit:
+        assert dropped["t.h"] == (
+            DropReason.LONG_LINES,
+            f"max line {longest} > {limit} (max_line_length)",
+        )
+    else:
+        assert dropped.get("t.h", (None,))[0] != DropReason.LONG_LINES
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(_PIECES)).map(b"".join), max_size=10),
+    st.sampled_from([1, 5, 64]),
+)
+def test_results_do_not_depend_on_how_texts_are_batched_for_counting(contents, batch_bytes):
+    files = {f"d{i}/f.h": content for i, content in enumerate(contents)}
+    config = NormalizeConfig(max_line_length=6, max_mean_line_length=4.0)
+    whole = run(raw_table(files), config)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(normalize_gate, "_BATCH_BYTES", batch_bytes)
+        batched = run(raw_table(files), config)
+    assert batched.kept.equals(whole.kept)
+    assert batched.dropped.equals(whole.dropped)
+    assert batched.stats == whole.stats
 
 
 @pytest.mark.parametrize("path", ["setup.py", "README.md", "CMakeLists.txt", "docs/.clang-format"])
