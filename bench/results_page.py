@@ -124,9 +124,12 @@ def write(results: Results, scales: list[Scale], docs: Path, plots: Path) -> Non
         "Scale k is the C++ files of the three demo wheels (copy 0) plus k-1 copies with "
         "seeded token-level mutations (about 30% of code identifiers renamed occurrence by "
         "occurrence; comments, literals and `#include` lines untouched), as three `dir` "
-        "sources. Each run gets a fresh data dir, DAGSTER_HOME and cache. Peak RSS is the "
-        "process tree's, sampled every 0.2 s from /proc, and the main process's kernel "
-        "high-water mark.\n"
+        "sources. Each run gets a fresh data dir, DAGSTER_HOME and cache. `megacpp run` runs "
+        "every stage group (and source) as a Dagster run in a forked process of its own, and "
+        "the per-file gates fork workers: peak memory is the proportional set size (PSS) "
+        "summed over the whole process tree, sampled every 0.2 s from /proc, so pages the "
+        "forks share count once. Each run's own kernel high-water mark (VmHWM, which includes "
+        "the pages it inherits at fork) is reported beside it.\n"
     )
     add(
         "| scale | files | MB in | wall s | CPU s | MB/s in | tokens out | tokens/s "
@@ -157,8 +160,9 @@ def write(results: Results, scales: list[Scale], docs: Path, plots: Path) -> Non
     names, labels = _group_rows(scales)
     if names:
         add(
-            "Per stage group: wall seconds summed over partitions, CPU seconds (when sampled) "
-            "and peak RSS MB while it ran:\n"
+            "Per stage group: wall seconds summed over partitions, CPU seconds of the process "
+            "tree, peak tree PSS while it ran, and (in brackets) the largest VmHWM of its own "
+            "process:\n"
         )
         add("| stage group | " + " | ".join(labels) + " |")
         add("|---|" + "---:|" * len(labels))
@@ -169,7 +173,11 @@ def write(results: Results, scales: list[Scale], docs: Path, plots: Path) -> Non
                     continue
                 g = next((g for g in s.run["stages"] if g["name"] == name), None)
                 cpu = f", {g['cpu_s']:.0f} CPU s" if g and g.get("cpu_s") else ""
-                cells.append(f"{g['seconds']:.1f} s{cpu} / {g['peak_rss_mb']:.0f} MB" if g else "—")
+                own = g.get("process_peak_rss_mb") if g else None
+                hwm = f" ({own:.0f})" if own else ""
+                cells.append(
+                    f"{g['seconds']:.1f} s{cpu} / {g['peak_rss_mb']:.0f} MB{hwm}" if g else "—"
+                )
             add(f"| {name} | " + " | ".join(cells) + " |")
         add("")
     add("| fit | exponent or ratio | points | target | result | note |")
@@ -227,7 +235,7 @@ def _plots(results: Results, scales: list[Scale], plots: Path) -> dict[str, str]
         fig.tight_layout()
         fig.savefig(plots / "stage_ratios.png", dpi=110)
         plt.close(fig)
-        images["stage_ratios"] = "benchmarks/stage_ratios.png"
+        images["stage_ratios"] = f"{plots.name}/stage_ratios.png"
     done = [s for s in scales if s.run and s.run["returncode"] == 0]
     if done:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -246,7 +254,7 @@ def _plots(results: Results, scales: list[Scale], plots: Path) -> dict[str, str]
         fig.tight_layout()
         fig.savefig(plots / "scaling.png", dpi=110)
         plt.close(fig)
-        images["scaling"] = "benchmarks/scaling.png"
+        images["scaling"] = f"{plots.name}/scaling.png"
         names, labels = _group_rows(done)
         fig, ax = plt.subplots(figsize=(8, 3.8))
         bottom = [0.0] * len(done)
@@ -263,7 +271,7 @@ def _plots(results: Results, scales: list[Scale], plots: Path) -> dict[str, str]
         fig.tight_layout()
         fig.savefig(plots / "e2e_stages.png", dpi=110)
         plt.close(fig)
-        images["e2e_stages"] = "benchmarks/e2e_stages.png"
+        images["e2e_stages"] = f"{plots.name}/e2e_stages.png"
     return images
 
 

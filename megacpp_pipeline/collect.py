@@ -580,7 +580,7 @@ def collect_batches(
     *,
     is_metadata: Callable[[str], bool],
     include: PathFilter | None = None,
-    batch_bytes: int = 32 << 20,
+    batch_bytes: int = 16 << 20,  # one shard's worth: memory is bounded by shard size
 ) -> Iterator[CollectBatch]:
     """Bounded Arrow batches of the source's files, with one ledger row per file seen."""
     wanted = include or PathFilter(spec.include, spec.exclude)

@@ -10,6 +10,7 @@ import hashlib
 import html
 import io
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from megacpp_pipeline.enrich import KIND_NAMES
 from megacpp_pipeline.ledger import Stage
 from megacpp_pipeline.packed_rows import fixed_list_to_numpy
+
+# Dagster runs log at DEBUG; matplotlib's font lookup would add a "findfont" line per
+# missing math font to every report run.
+logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)
 
 REPORT_HTML = "quality_report.html"
 # PNG names are part of the page's contract: the HTML links them by these relative names.
