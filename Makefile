@@ -47,13 +47,9 @@ lint: $(STAMP)
 ui: demo-wheels instance
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
-# The benchmark also compares our Megatron reader with megatron-core's (CPU torch, ~30 s).
-MEGATRON_STAMP := $(VENV)/.megatron
-$(MEGATRON_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e ".[dev,megatron]"
-	touch $(MEGATRON_STAMP)
-
-bench: demo-wheels instance $(MEGATRON_STAMP)
+# With the `megatron` extra installed (`.venv/bin/pip install -e ".[dev,megatron]"`, CPU
+# torch, about a minute) the loader bench also times megatron-core's reader.
+bench: demo-wheels instance
 	$(BIN)/python -m bench
 
 clean:

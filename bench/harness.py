@@ -5,8 +5,9 @@ bench/results/<UTC date>.json and docs/benchmarks.md with plots under docs/bench
 
 A missed target is a finding: it is reported per line and the harness still exits 0. The
 whole run keeps to a time budget (default 17 minutes, so that `make bench` from a fresh
-clone, install included, stays under 20): a scale whose run would not fit, at
-linear growth from the last measured scale, is not started and the reason is reported.
+clone, install included, stays under 20): a scale whose run would not fit, predicted from
+the scales measured before it (fixed cost + cost per copy), is not started and the reason
+is reported.
 
     .venv/bin/python -m bench [--quick] [--scales 1,4,16] [--budget-min 20]
 """
@@ -227,25 +228,36 @@ def _largest_step_growth(small: Scale, large: Scale) -> Fit:
     )
 
 
+def predict_seconds(done: list[Scale], n: int) -> tuple[float, str] | None:
+    """Wall seconds of scale n from the scales measured so far: a straight line through the
+    last two (fixed cost + cost per copy), or through the origin from a single one."""
+    timed = [(s.scale, s.run["wall_s"]) for s in done if s.run]
+    if not timed:
+        return None
+    if len(timed) == 1:
+        (k, t) = timed[0]
+        return t * n / k, f"linear from {t:.0f} s at {k}x"
+    (k1, t1), (k2, t2) = timed[-2], timed[-1]
+    per_copy = max(0.0, (t2 - t1) / (k2 - k1))
+    return t2 + per_copy * (n - k2), f"{per_copy:.0f} s per copy from {k1}x and {k2}x"
+
+
 def run_scales(
     wanted: list[int], work: Path, deadline: float, wrap_profile: Path | None
 ) -> list[Scale]:
     out: list[Scale] = []
-    last: Scale | None = None
     for n in wanted:
         scale = Scale(n)
         out.append(scale)
         left = deadline - time.monotonic()
-        if last is not None and last.ok and last.run:
-            predicted = last.run["wall_s"] * n / last.scale
-            if predicted > left:
-                scale.skipped = (
-                    f"not started: {predicted:.0f} s predicted (linear from "
-                    f"{last.run['wall_s']:.0f} s at {last.scale}x) > {left:.0f} s left"
-                    " of the budget"
-                )
-                print(f"[bench] {n}x: {scale.skipped}", file=sys.stderr, flush=True)
-                continue
+        predicted = predict_seconds([s for s in out if s.ok], n)
+        if predicted is not None and predicted[0] > left:
+            scale.skipped = (
+                f"not started: {predicted[0]:.0f} s predicted ({predicted[1]}) > {left:.0f} s"
+                " left of the budget"
+            )
+            print(f"[bench] {n}x: {scale.skipped}", file=sys.stderr, flush=True)
+            continue
         if left < 60:
             scale.skipped = f"not started: {left:.0f} s left of the budget"
             continue
@@ -277,8 +289,6 @@ def run_scales(
             flush=True,
         )
         shutil.rmtree(run_dir / "data", ignore_errors=True)  # keep the log, not the GBs
-        if scale.ok:
-            last = scale
     if wrap_profile is not None and out and out[0].ok:
         print("[bench] profiling the smallest scale with pyinstrument ...", file=sys.stderr)
         corpus = scaleup.build(out[0].scale, work)
