@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import re
 import time
 from collections import Counter
@@ -186,31 +187,32 @@ _QUERY = """
 # from 59% to 36% and found 10% more classes. Only ALL_CAPS names (3+ chars) qualify: a
 # lone macro line not followed by `{` (so `TEST(a, b)\n{` stays a function), or attribute
 # macros between `class|struct|union` and the class name.
+# Both patterns open with literal bytes so `re` can skip ahead to candidates (twice as
+# fast as `(?m)^` / `\b` openers): a line macro is matched with the newline before it (the
+# text gets one in front for its first line), and `\b` before the keyword is a lookbehind.
 _CAPS = rb"[A-Z_][A-Z0-9_]{2,}"
 _LINE_MACRO = re.compile(
-    rb"(?m)^[ \t]*" + _CAPS + rb"(?:[ \t]*\([^;{}\n]*\))?[ \t]*(?=\r?\n(?![ \t\r\n]*\{))"
+    rb"\n[ \t]*" + _CAPS + rb"(?:[ \t]*\([^;{}\n]*\))?[ \t]*(?=\r?\n(?![ \t\r\n]*\{))"
 )
 _HEAD_MACRO = re.compile(
-    rb"\b(?:class|struct|union)((?:[ \t]+" + _CAPS + rb"(?:\([^()\n]*\))?)+)(?=[ \t]+[A-Za-z_])"
+    rb"(?:class(?<!\wclass)|struct(?<!\wstruct)|union(?<!\wunion))"
+    rb"((?:[ \t]+" + _CAPS + rb"(?:\([^()\n]*\))?)+)(?=[ \t]+[A-Za-z_])"
 )
 
 
 def parse_view(data: bytes) -> bytes:
     """`data` with parser-derailing macro invocations blanked; same length, same offsets."""
 
-    def blank(m: re.Match[bytes]) -> bytes:
-        return b" " * (m.end() - m.start())
+    def blank_line(m: re.Match[bytes]) -> bytes:
+        return b"\n" + b" " * (m.end() - m.start() - 1)
 
     def blank_head(m: re.Match[bytes]) -> bytes:
         keyword = m.group(0)[: m.start(1) - m.start()]
         return keyword + b" " * (m.end(1) - m.start(1))
 
-    return _HEAD_MACRO.sub(blank_head, _LINE_MACRO.sub(blank, data))
+    return _HEAD_MACRO.sub(blank_head, _LINE_MACRO.sub(blank_line, b"\n" + data)[1:])
 
 
-_NOT_CODE = np.array(
-    [_K["comment"], _K["doc_comment"], _K["string_literal"], _K["preprocessor"]], np.uint8
-)
 _READ_CHUNK = 1 << 16
 _CHECK_EVERY = 64  # progress callbacks between clock reads: the clock costs more than parsing
 
@@ -259,7 +261,9 @@ class CppStructureParser:
             self.parser.reset()
             raise ParseTimeout(budget_seconds, reached[0], len(data)) from exc
 
-    def structure(self, data: bytes, budget_seconds: float | None = None) -> FileStructure:
+    def regions(self, data: bytes, budget_seconds: float | None = None) -> FileRegions:
+        """Parse, structure query and the per-node work for one file: everything of the
+        syntax lane but the span partition, which `partition` does for many files at once."""
         tree = self.parse(parse_view(data) if self.mask_macro_noise else data, budget_seconds)
         cursor = tree_sitter.QueryCursor(self.query)
         # The query walk can cost far more than the parse on pathological nesting (100k
@@ -268,33 +272,50 @@ class CppStructureParser:
         # (captures' progress_callback would share the CPU budget, but it segfaults in
         # py-tree-sitter 0.26.1 on real headers.)
         cursor.set_max_start_depth(MAX_QUERY_START_DEPTH)
-        # captures() lists each capture's nodes in an order that differs between two parses
-        # of the same bytes (seen on xsimd headers): sort them, or spans that tie on
-        # (start, end) would be labelled differently from run to run.
-        caps = {
-            name: sorted(nodes, key=lambda n: (n.start_byte, n.end_byte, n.type))
-            for name, nodes in cursor.captures(tree.root_node).items()
-        }
-        return _structure_from_captures(data, caps, self.max_name_bytes)
+        return _regions_from_captures(data, cursor.captures(tree.root_node), self.max_name_bytes)
+
+    def structure(self, data: bytes, budget_seconds: float | None = None) -> FileStructure:
+        """The whole syntax lane for one file."""
+        regions = self.regions(data, budget_seconds)
+        return partition([data], [regions]).file(0, regions)
 
 
-def _span(nodes: list[tree_sitter.Node]) -> tuple[np.ndarray, np.ndarray]:
-    return (
-        np.fromiter((n.start_byte for n in nodes), np.int64, len(nodes)),
-        np.fromiter((n.end_byte for n in nodes), np.int64, len(nodes)),
-    )
+@dataclass(frozen=True)
+class FileRegions:
+    """One file's structure as the query found it, in plain lists: regions that may nest (in
+    the order that breaks painting ties), leaves as (start, end) pairs in position order, the
+    scope nodes that set depth, and the per-file counts. `partition` turns these into spans."""
+
+    size: int
+    starts: list[int]
+    ends: list[int]
+    kinds: list[int]
+    names: list[str]
+    prototypes: range  # indices of the prototype regions, dropped inside function bodies
+    comments: list[tuple[int, int]]
+    directives: list[tuple[int, int]]  # conditional directive lines
+    strings: list[tuple[int, int]]
+    scope_starts: list[int]
+    scope_ends: list[int]
+    parse_error_ratio: float
+    n_error_nodes: int
+    n_missing_nodes: int
+    n_functions: int
+    n_classes: int
 
 
-def _covered(starts: np.ndarray, ends: np.ndarray) -> tuple[int, int]:
-    """(bytes covered by the union of the intervals, deepest overlap) by an event sweep."""
-    if starts.size == 0:
-        return 0, 0
-    pos = np.concatenate([starts, ends])
-    delta = np.concatenate([np.ones_like(starts), -np.ones_like(ends)])
-    order = np.lexsort((delta, pos))  # at one position, closings before openings
-    pos, level = pos[order], np.cumsum(delta[order])
-    covered = int(np.sum(np.diff(pos)[level[:-1] > 0]))
-    return covered, int(level.max())
+def _union_bytes(intervals: list[tuple[int, int]]) -> int:
+    """Bytes covered by the union of non-empty [start, end) intervals (plain Python: most
+    files have no ERROR node, the rest a handful of intervals)."""
+    total = 0
+    run_start = run_end = -1
+    for start, end in sorted(intervals):
+        if start > run_end:
+            total += run_end - run_start
+            run_start, run_end = start, end
+        elif end > run_end:
+            run_end = end
+    return total + run_end - run_start
 
 
 def _error_residue_bytes(errors: list[tree_sitter.Node]) -> int:
@@ -305,21 +326,17 @@ def _error_residue_bytes(errors: list[tree_sitter.Node]) -> int:
     real headers). So named, error-free children with structure of their own (and comments)
     are subtracted; stray tokens and bare identifiers the parser could not assemble count.
     """
-    starts: list[int] = []
-    ends: list[int] = []
+    residue: list[tuple[int, int]] = []
     for err in errors:
         at = err.start_byte
         for child in err.children:
             if child.is_named and not child.is_error and (child.child_count or child.is_extra):
                 if child.start_byte > at:
-                    starts.append(at)
-                    ends.append(child.start_byte)
+                    residue.append((at, child.start_byte))
                 at = max(at, child.end_byte)
         if err.end_byte > at:
-            starts.append(at)
-            ends.append(err.end_byte)
-    covered, _ = _covered(np.asarray(starts, np.int64), np.asarray(ends, np.int64))
-    return covered
+            residue.append((at, err.end_byte))
+    return _union_bytes(residue)
 
 
 def _declared_name(node: tree_sitter.Node) -> tree_sitter.Node | None:
@@ -334,200 +351,355 @@ def _declared_name(node: tree_sitter.Node) -> tree_sitter.Node | None:
     return None if decl is None else decl.child_by_field_name("declarator")
 
 
-def _structure_from_captures(
+def _directive_lines(data: bytes, starts: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of the line each conditional directive starts, backslash-newline
+    continuations followed; it ends one past its newline, or at the end of the text."""
+    lines = []
+    for start in starts:
+        at = start
+        while True:
+            nl = data.find(b"\n", at)
+            if nl < 0:
+                lines.append((start, len(data)))
+                break
+            prev = data[nl - 1] if nl > 0 else 0
+            if prev == 0x5C or (prev == 0x0D and nl > 1 and data[nl - 2] == 0x5C):
+                at = nl + 1  # `\` + newline: the directive goes on
+                continue
+            lines.append((start, nl + 1))
+            break
+    return lines
+
+
+# Capture lists whose order matters (it breaks painting ties and picks names) are sorted by
+# (start, end, type), because captures() does not list nodes in a stable order (seen on xsimd
+# headers: spans that tie on (start, end) were labelled differently from run to run).
+_BY_POSITION = operator.attrgetter("start_byte", "end_byte", "type")
+
+
+def _regions_from_captures(
     data: bytes, caps: dict[str, list[tree_sitter.Node]], max_name_bytes: int
-) -> FileStructure:
-    n = len(data)
+) -> FileRegions:
     rs: list[int] = []
     re_: list[int] = []
     rk: list[int] = []
     rn: list[str] = []
-
-    def add(start: int, end: int, kind: int, name: str) -> None:
-        rs.append(start)
-        re_.append(end)
-        rk.append(kind)
-        rn.append(name)
+    sc_s: list[int] = []  # scope nodes (namespace / class / enum / function / lambda) set depth
+    sc_e: list[int] = []
 
     def name_of(node: tree_sitter.Node | None) -> str:
         if node is None:
             return ""
-        raw = data[node.start_byte : min(node.end_byte, node.start_byte + max_name_bytes)]
+        start = node.start_byte
+        raw = data[start : min(node.end_byte, start + max_name_bytes)]
         return raw.decode("utf-8", "ignore")
 
-    def head_and_body(node: tree_sitter.Node, head: int, body_kind: int | None, name: str) -> None:
+    def head_and_body(node: tree_sitter.Node, head: int, body_kind: int, name: str) -> None:
+        start, end = node.start_byte, node.end_byte
+        sc_s.append(start)
+        sc_e.append(end)
         body = node.child_by_field_name("body")
-        cut = node.end_byte if body is None else body.start_byte
-        add(node.start_byte, cut, head, name)
-        if body is not None and body_kind is not None:
-            add(body.start_byte, body.end_byte, body_kind, name)
+        if body is None:
+            rs.append(start)
+            re_.append(end)
+            rk.append(head)
+            rn.append(name)
+        elif body_kind:
+            cut = body.start_byte
+            rs.extend((start, cut))
+            re_.extend((cut, body.end_byte))
+            rk.extend((head, body_kind))
+            rn.extend((name, name))
+        else:  # a namespace: its body is not a region of its own
+            rs.append(start)
+            re_.append(body.start_byte)
+            rk.append(head)
+            rn.append(name)
 
-    functions = caps.get("function", [])
+    def ordered(name: str) -> list[tree_sitter.Node]:
+        nodes = caps.get(name)
+        return sorted(nodes, key=_BY_POSITION) if nodes else []
+
+    functions = ordered("function")
     for fn in functions:
         head_and_body(fn, _K["func_signature"], _K["func_body"], name_of(_declared_name(fn)))
-    for lam in caps.get("lambda", []):
+    for lam in ordered("lambda"):
         head_and_body(lam, _K["func_signature"], _K["func_body"], "")
-    classes = caps.get("class", [])
-    for cls in itertools.chain(classes, caps.get("enum", [])):
+    classes = ordered("class")
+    for cls in itertools.chain(classes, ordered("enum")):
         name = name_of(cls.child_by_field_name("name"))
         head_and_body(cls, _K["class_decl"], _K["class_body"], name)
-    for ns in caps.get("namespace", []):
-        head_and_body(ns, _K["namespace"], None, name_of(ns.child_by_field_name("name")))
-    for td in caps.get("template", []):
+    for ns in ordered("namespace"):
+        head_and_body(ns, _K["namespace"], 0, name_of(ns.child_by_field_name("name")))
+    for td in ordered("template"):
         params = td.child_by_field_name("parameters")
-        add(td.start_byte, params.end_byte if params else td.end_byte, _K["template_params"], "")
-    for pp in caps.get("pp_line", []):
-        name = name_of(pp.child_by_field_name("name") or pp.child_by_field_name("path"))
-        add(pp.start_byte, pp.end_byte, _K["preprocessor"], name)
-
+        rs.append(td.start_byte)
+        re_.append(params.end_byte if params else td.end_byte)
+        rk.append(_K["template_params"])
+        rn.append("")
+    for pp in ordered("pp_line"):
+        rs.append(pp.start_byte)
+        re_.append(pp.end_byte)
+        rk.append(_K["preprocessor"])
+        rn.append(name_of(pp.child_by_field_name("name") or pp.child_by_field_name("path")))
     # Prototypes: `int f(int);` at namespace/class scope. Inside a function body the same
-    # shape is usually a variable (`Foo x(a);`, the most vexing parse), so those are dropped
-    # below once body coverage is known.
-    protos = caps.get("prototype", [])
+    # shape is usually a variable (`Foo x(a);`, the most vexing parse), so `partition` drops
+    # those once body coverage is known.
     proto_first = len(rs)
-    for pr in protos:
-        add(pr.start_byte, pr.end_byte, _K["func_signature"], name_of(_declared_name(pr)))
-    proto_end = len(rs)
+    for pr in ordered("prototype"):
+        rs.append(pr.start_byte)
+        re_.append(pr.end_byte)
+        rk.append(_K["func_signature"])
+        rn.append(name_of(_declared_name(pr)))
 
-    starts = np.asarray(rs, np.int64)
-    ends = np.asarray(re_, np.int64)
-    kinds = np.asarray(rk, np.uint8)
-    names = rn
+    # Leaves need their bytes only. No two leaves of one kind share a range, so (start, end)
+    # orders them as (start, end, type) would.
+    comments = sorted((c.start_byte, c.end_byte) for c in caps.get("comment", ()))
+    directives = _directive_lines(data, sorted(d.start_byte for d in caps.get("pp_directive", ())))
+    strings = sorted((s.start_byte, s.end_byte) for s in caps.get("string", ()))
+    include_paths = caps.get("include_path")
+    if include_paths and strings:
+        # `#include "x.h"`: the path is part of the directive, not a string of the program.
+        paths = {p.start_byte for p in include_paths}
+        strings = [s for s in strings if s[0] not in paths]
+    errors = caps.get("error", [])
+    n = len(data)
+    return FileRegions(
+        size=n,
+        starts=rs,
+        ends=re_,
+        kinds=rk,
+        names=rn,
+        prototypes=range(proto_first, len(rs)),
+        comments=comments,
+        directives=directives,
+        strings=strings,
+        scope_starts=sc_s,
+        scope_ends=sc_e,
+        parse_error_ratio=(_error_residue_bytes(errors) / n if errors and n else 0.0),
+        n_error_nodes=len(errors),
+        n_missing_nodes=len(caps.get("missing", ())),
+        n_functions=len(functions),
+        n_classes=len(classes),
+    )
 
-    arr = np.frombuffer(data, np.uint8)
-    # Comments: doc comments are `///` `//!` `/**` `/*!`, but not `////` rulers or `/**/`.
-    cs, ce = _span(caps.get("comment", []))
-    if cs.size:
-        padded = np.concatenate([arr, np.zeros(4, np.uint8)])
-        b1, b2, b3 = padded[cs + 1], padded[cs + 2], padded[cs + 3]
+
+_IS_NOT_CODE = np.zeros(256, bool)
+_IS_NOT_CODE[[_K["comment"], _K["doc_comment"], _K["string_literal"], _K["preprocessor"]]] = True
+_IS_COMMENT = np.zeros(256, bool)
+_IS_COMMENT[[_K["comment"], _K["doc_comment"]]] = True
+_MAX_DEPTH = np.iinfo(np.uint16).max
+
+
+@dataclass(frozen=True)
+class SpanPartition:
+    """The spans of several files, flat in file order: file i owns rows
+    ``offsets[i]:offsets[i + 1]`` (starts and ends are offsets in its own text)."""
+
+    offsets: np.ndarray  # int64, files + 1
+    starts: np.ndarray  # int64
+    ends: np.ndarray  # int64
+    kinds: np.ndarray  # uint8
+    depths: np.ndarray  # uint16
+    names: np.ndarray  # object (str)
+    comment_ratio: np.ndarray  # float64 per file
+    max_nesting: np.ndarray  # int64 per file
+
+    def file(self, i: int, regions: FileRegions) -> FileStructure:
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return FileStructure(
+            starts=self.starts[lo:hi],
+            ends=self.ends[lo:hi],
+            kinds=self.kinds[lo:hi],
+            depths=self.depths[lo:hi],
+            names=self.names[lo:hi].tolist(),
+            parse_error_ratio=regions.parse_error_ratio,
+            n_error_nodes=regions.n_error_nodes,
+            n_missing_nodes=regions.n_missing_nodes,
+            n_functions=regions.n_functions,
+            n_classes=regions.n_classes,
+            comment_ratio=float(self.comment_ratio[i]),
+            max_nesting=int(self.max_nesting[i]),
+        )
+
+    def kind_bytes(self) -> np.ndarray:
+        """Bytes covered by each kind id over all files (length len(CHUNK_KINDS))."""
+        return np.bincount(
+            self.kinds, weights=self.ends - self.starts, minlength=len(CHUNK_KINDS)
+        ).astype(np.int64)
+
+
+def partition(datas: list[bytes], files: list[FileRegions]) -> SpanPartition:
+    """Span partitions of many files at once (see the module docstring for the contract).
+
+    The files are laid end to end in one coordinate space, so every array pass runs once per
+    call, not once per file. No region crosses a file boundary and every file boundary is a
+    span boundary, so each file gets exactly the spans it would get alone."""
+    n_files = len(files)
+    chain = itertools.chain.from_iterable
+    sizes = np.fromiter((f.size for f in files), np.int64, n_files)
+    base = np.zeros(n_files + 1, np.int64)
+    np.cumsum(sizes, out=base[1:])
+    total = int(base[-1])
+
+    def placed(values: list[list[int]], counts: list[int]) -> np.ndarray:
+        """Per-file offsets, flat, moved to the file's place in the shared coordinates."""
+        flat = np.fromiter(chain(values), np.int64, sum(counts))
+        return flat + np.repeat(base[:-1], counts)
+
+    def placed_pairs(pairs: list[list[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
+        counts = [len(p) for p in pairs]
+        flat = np.fromiter(chain(chain(pairs)), np.int64, 2 * sum(counts)).reshape(-1, 2)
+        flat += np.repeat(base[:-1], counts)[:, None]
+        return flat[:, 0], flat[:, 1]
+
+    # Entries: every region (file by file, each in its own order), then the leaves by group.
+    region_counts = [len(f.starts) for f in files]
+    r_s = placed([f.starts for f in files], region_counts)
+    r_e = placed([f.ends for f in files], region_counts)
+    r_k = np.fromiter(chain(f.kinds for f in files), np.uint8, r_s.size)
+    n_regions = r_s.size
+    d_s, d_e = placed_pairs([f.directives for f in files])
+    c_s, c_e = placed_pairs([f.comments for f in files])
+    s_s, s_e = placed_pairs([f.strings for f in files])
+    scope_counts = [len(f.scope_starts) for f in files]
+    sc_s = placed([f.scope_starts for f in files], scope_counts)
+    sc_e = placed([f.scope_ends for f in files], scope_counts)
+
+    arr = np.frombuffer(b"".join(datas), np.uint8)
+    if c_s.size:
+        # Comments: doc comments are `///` `//!` `/**` `/*!`, but not `////` rulers or `/**/`;
+        # a byte past the end of the comment's file reads as 0.
+        file_end = np.repeat(base[1:], [len(f.comments) for f in files])
+        b1, b2, b3 = (
+            np.where(c_s + k < file_end, arr[np.minimum(c_s + k, total - 1)], 0) for k in (1, 2, 3)
+        )
         line_doc = (b1 == ord("/")) & (((b2 == ord("/")) & (b3 != ord("/"))) | (b2 == ord("!")))
         block_doc = (b1 == ord("*")) & (((b2 == ord("*")) & (b3 != ord("/"))) | (b2 == ord("!")))
-        ckinds = np.where(line_doc | block_doc, _K["doc_comment"], _K["comment"]).astype(np.uint8)
+        c_k = np.where(line_doc | block_doc, _K["doc_comment"], _K["comment"]).astype(np.uint8)
     else:
-        ckinds = np.zeros(0, np.uint8)
-    # Conditional directives: the `#if ...` line (with its `\` continuations), not the block.
-    ds, _ = _span(caps.get("pp_directive", []))
-    if ds.size:
-        nl = np.flatnonzero(arr == ord("\n"))
-        prev = np.where(nl > 0, arr[np.maximum(nl - 1, 0)], 0)
-        prev2 = np.where(nl > 1, arr[np.maximum(nl - 2, 0)], 0)
-        continued = (prev == ord("\\")) | ((prev == ord("\r")) & (prev2 == ord("\\")))
-        line_ends = nl[~continued]
-        at = np.searchsorted(line_ends, ds)
-        de = np.where(at < line_ends.size, line_ends[np.minimum(at, line_ends.size - 1)] + 1, n)
-    else:
-        de = np.zeros(0, np.int64)
-    ss, se = _span(caps.get("string", []))
-    # `#include "x.h"`: the path is part of the directive, not a string of the program.
-    inc_s, _ = _span(caps.get("include_path", []))
-    if inc_s.size and ss.size:
-        program = ~np.isin(ss, inc_s)
-        ss, se = ss[program], se[program]
-    leaf_first = len(rs)  # regions from here on are leaves: nothing nests inside them but
-    # comments inside directive lines, so they are painted last, in bulk, lines first.
-    starts = np.concatenate([starts, cs, ds, ss])
-    ends = np.concatenate([ends, ce, de, se])
+        c_k = np.zeros(0, np.uint8)
+
+    starts = np.concatenate([r_s, d_s, c_s, s_s])
+    ends = np.concatenate([r_e, d_e, c_e, s_e])
     kinds = np.concatenate(
         [
-            kinds,
-            ckinds,
-            np.full(ds.size, _K["preprocessor"], np.uint8),
-            np.full(ss.size, _K["string_literal"], np.uint8),
+            r_k,
+            np.full(d_s.size, _K["preprocessor"], np.uint8),
+            c_k,
+            np.full(s_s.size, _K["string_literal"], np.uint8),
         ]
     )
-    names = names + [""] * (cs.size + ds.size + ss.size)
 
-    # Scopes set the depth: namespace / class / enum / function / lambda nodes.
-    scope_nodes = [
-        *caps.get("namespace", []),
-        *classes,
-        *caps.get("enum", []),
-        *functions,
-        *caps.get("lambda", []),
-    ]
-    sc_s, sc_e = _span(scope_nodes)
-
-    bounds = np.unique(np.concatenate([[0, n], starts, ends, sc_s, sc_e]))
-    bounds = bounds[(bounds >= 0) & (bounds <= n)]
+    bounds = np.sort(np.concatenate([base, starts, ends, sc_s, sc_e]))
+    bounds = bounds[np.flatnonzero(np.diff(bounds, prepend=-1))]  # unique, sorted
     n_el = bounds.size - 1  # elementary intervals [bounds[i], bounds[i+1])
+    if n_el <= 0:
+        none = np.zeros(0, np.int64)
+        return SpanPartition(
+            offsets=np.zeros(n_files + 1, np.int64),
+            starts=none,
+            ends=none,
+            kinds=np.zeros(0, np.uint8),
+            depths=np.zeros(0, np.uint16),
+            names=np.zeros(0, object),
+            comment_ratio=np.zeros(n_files),
+            max_nesting=np.zeros(n_files, np.int64),
+        )
 
     def level(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-        ev = np.zeros(n_el + 1, np.int32)
-        np.add.at(ev, np.searchsorted(bounds, s), 1)
-        np.add.at(ev, np.searchsorted(bounds, e), -1)
-        return np.cumsum(ev)[:n_el]
+        opened = np.bincount(np.searchsorted(bounds, s), minlength=n_el + 1)
+        opened -= np.bincount(np.searchsorted(bounds, e), minlength=n_el + 1)
+        return np.cumsum(opened[:n_el])
 
     ia = np.searchsorted(bounds, starts)
     ib = np.searchsorted(bounds, ends)
     keep = ib > ia
-    if proto_end > proto_first:
-        body = kinds == _K["func_body"]
-        in_body = level(starts[body], ends[body])
-        pidx = np.arange(proto_first, proto_end)
-        keep[pidx] &= in_body[np.minimum(ia[pidx], n_el - 1)] == 0
+    region_first = itertools.accumulate(region_counts, initial=0)
+    prototypes = np.fromiter(
+        chain(
+            range(first + f.prototypes.start, first + f.prototypes.stop)
+            for f, first in zip(files, region_first, strict=False)  # first has one more
+        ),
+        np.int64,
+    )
+    if prototypes.size:
+        body = r_k == _K["func_body"]
+        in_body = level(r_s[body], r_e[body])
+        keep[prototypes] &= in_body[np.minimum(ia[prototypes], n_el - 1)] == 0
 
     # Paint outer regions first so inner ones win: sort by (start, -end), then by list order.
-    order = np.lexsort((np.arange(leaf_first), -ends[:leaf_first], starts[:leaf_first]))
-    order = order[keep[order]]
     label = np.full(n_el, -1, np.int64)
+    order = np.lexsort((np.arange(n_regions), -r_e, r_s))
+    order = order[keep[order]]
     for i, a, b in zip(order.tolist(), ia[order].tolist(), ib[order].tolist(), strict=True):
         label[a:b] = i
-    leaf_groups = (
-        np.arange(leaf_first + cs.size, leaf_first + cs.size + ds.size),  # directive lines
-        np.arange(leaf_first, leaf_first + cs.size),  # comments
-        np.arange(leaf_first + cs.size + ds.size, starts.size),  # strings
-    )
-    for ids in leaf_groups:
+    # Leaves: nothing nests inside them but comments inside directive lines, so they are
+    # painted last, in bulk, lines first.
+    first_leaf = n_regions
+    for size in (d_s.size, c_s.size, s_s.size):
+        ids = np.arange(first_leaf, first_leaf + size)
+        first_leaf += size
         ids = ids[keep[ids]]
-        width = ib[ids] - ia[ids]
-        first_el = np.repeat(ia[ids] - (np.cumsum(width) - width), width)
-        label[first_el + np.arange(int(width.sum()))] = np.repeat(ids, width)
+        if ids.size:
+            width = ib[ids] - ia[ids]
+            first_el = np.repeat(ia[ids] - (np.cumsum(width) - width), width)
+            label[first_el + np.arange(int(width.sum()))] = np.repeat(ids, width)
     depth = level(sc_s, sc_e)
 
-    if n_el > 0:
-        change = np.flatnonzero((label[1:] != label[:-1]) | (depth[1:] != depth[:-1])) + 1
-        first = np.concatenate([[0], change])
-    else:
-        first = np.zeros(0, np.int64)
+    # A span starts where the label or the depth changes, and at every file's first byte.
+    boundary = np.empty(n_el, bool)
+    boundary[0] = True
+    np.not_equal(label[1:], label[:-1], out=boundary[1:])
+    boundary[1:] |= depth[1:] != depth[:-1]
+    boundary[np.searchsorted(bounds, base[:-1][sizes > 0])] = True
+    first = np.flatnonzero(boundary)
     span_starts = bounds[first]
-    span_ends = np.append(bounds[first[1:]], n) if first.size else first
+    span_ends = np.append(bounds[first[1:]], total)
     lab = label[first]
     kind_of = np.append(kinds, np.uint8(_K["other"]))  # label -1 picks the appended "other"
-    name_of_label = np.array([*names, ""], dtype=object)
     span_kinds = kind_of[lab]
-    span_names = name_of_label[lab].tolist()
-
-    err_bytes = _error_residue_bytes(caps.get("error", []))
+    region_names = list(chain(f.names for f in files))
+    if any(region_names):
+        name_of_label = np.array([*region_names, *([""] * (kinds.size - n_regions + 1))], object)
+        span_names = name_of_label[lab]
+    else:
+        span_names = np.full(lab.size, "", object)
+    span_file = np.searchsorted(base, span_starts, side="right") - 1
+    offsets = np.zeros(n_files + 1, np.int64)
+    np.cumsum(np.bincount(span_file, minlength=n_files), out=offsets[1:])
     lengths = span_ends - span_starts
-    # Brace nesting over code bytes only (braces in comments, strings, directives don't count).
-    leafy = np.isin(span_kinds, _NOT_CODE)
-    braces = (arr == ord("{")).astype(np.int32) - (arr == ord("}"))
-    braces[np.repeat(leafy, lengths)] = 0
-    max_nesting = max(0, int(np.cumsum(braces).max())) if n else 0
-    comment_bytes = int(
-        lengths[(span_kinds == _K["comment"]) | (span_kinds == _K["doc_comment"])].sum()
+
+    # Brace nesting over code bytes only (braces in comments, strings, directives don't
+    # count): each file's running sum over its code braces, where the nesting can change.
+    max_nesting = np.zeros(n_files, np.int64)
+    braces = np.flatnonzero((arr == ord("{")) | (arr == ord("}")))
+    braces = braces[~_IS_NOT_CODE[span_kinds[np.searchsorted(span_starts, braces, "right") - 1]]]
+    if braces.size:
+        steps = np.where(arr[braces] == ord("{"), 1, -1)
+        running = np.cumsum(steps)
+        brace_file = np.searchsorted(base, braces, side="right") - 1
+        seg = np.flatnonzero(np.diff(brace_file, prepend=-1))
+        peak = np.maximum.reduceat(running, seg) - (running[seg] - steps[seg])
+        max_nesting[brace_file[seg]] = np.maximum(peak, 0)
+    comment_bytes = np.bincount(
+        span_file, weights=np.where(_IS_COMMENT[span_kinds], lengths, 0), minlength=n_files
     )
-    return FileStructure(
-        starts=span_starts,
-        ends=span_ends,
+    comment_ratio = np.divide(comment_bytes, sizes, out=np.zeros(n_files), where=sizes > 0)
+    return SpanPartition(
+        offsets=offsets,
+        starts=span_starts - base[span_file],
+        ends=span_ends - base[span_file],
         kinds=span_kinds.astype(np.uint8),
-        depths=np.minimum(depth[first], np.iinfo(np.uint16).max).astype(np.uint16),
+        depths=np.minimum(depth[first], _MAX_DEPTH).astype(np.uint16),
         names=span_names,
-        parse_error_ratio=err_bytes / n if n else 0.0,
-        n_error_nodes=len(caps.get("error", [])),
-        n_missing_nodes=len(caps.get("missing", [])),
-        n_functions=len(functions),
-        n_classes=len(classes),
-        comment_ratio=comment_bytes / n if n else 0.0,
+        comment_ratio=comment_ratio,
         max_nesting=max_nesting,
     )
 
 
-def _list_column(parts: list[np.ndarray], value_type: pa.DataType) -> pa.Array:
-    offsets = np.zeros(len(parts) + 1, np.int32)
-    np.cumsum([p.size for p in parts], out=offsets[1:])
-    values = np.concatenate(parts) if parts else np.zeros(0)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, value_type))
+def _list_column(offsets: np.ndarray, values: pa.Array) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
 def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = None) -> GateResult:
@@ -537,10 +709,13 @@ def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = Non
     build`; every other file is `syntax`."""
     parser = CppStructureParser(config.max_name_bytes, config.mask_macro_noise)
     stats: Counter[str] = Counter()
-    texts = table.column("text").to_pylist()
+    # The UTF-8 bytes the parser needs, straight from Arrow (no str round trip).
+    text = table.column("text")
+    texts = text.cast(pa.large_binary() if pa.types.is_large_string(text.type) else pa.binary())
+    datas: list[bytes] = texts.to_pylist()
     paths = table.column("path").to_pylist()
-    structures: list[FileStructure] = []
     kept_rows: list[int] = []
+    kept_regions: list[FileRegions] = []
     drop_rows: list[int] = []
     drop_reasons: list[DropReason] = []
     drop_details: list[str | None] = []
@@ -550,38 +725,36 @@ def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = Non
         drop_reasons.append(reason)
         drop_details.append(detail)
 
-    kind_bytes = np.zeros(len(CHUNK_KINDS), np.int64)
-    stats["files_in"] += len(texts)
-    for row, text in enumerate(texts):
-        data = text.encode("utf-8")
+    stats["files_in"] += len(datas)
+    for row, data in enumerate(datas):
         if len(data) > config.max_file_bytes:
             detail = f"{len(data)} bytes > max_file_bytes {config.max_file_bytes}: not parsed"
             drop(row, DropReason.TOO_LARGE, detail)
             continue
         try:
-            fs = parser.structure(data, config.parse_timeout_seconds)
+            fr = parser.regions(data, config.parse_timeout_seconds)
         except ParseTimeout as exc:
             stats["timeouts"] += 1
             drop(row, DropReason.PARSE_TIMEOUT, str(exc))
             continue
         stats["files_parsed"] += 1
         stats["bytes_parsed"] += len(data)
-        stats["error_files"] += fs.n_error_nodes > 0
-        stats["error_nodes"] += fs.n_error_nodes
-        stats["missing_nodes"] += fs.n_missing_nodes
-        if fs.parse_error_ratio > config.max_parse_error_ratio:
+        stats["error_files"] += fr.n_error_nodes > 0
+        stats["error_nodes"] += fr.n_error_nodes
+        stats["missing_nodes"] += fr.n_missing_nodes
+        if fr.parse_error_ratio > config.max_parse_error_ratio:
             drop(
                 row,
                 DropReason.PARSE_ERROR_RATIO,
-                f"parse_error_ratio {fs.parse_error_ratio:.3f} > max_parse_error_ratio "
-                f"{config.max_parse_error_ratio} ({fs.n_error_nodes} ERROR nodes)",
+                f"parse_error_ratio {fr.parse_error_ratio:.3f} > max_parse_error_ratio "
+                f"{config.max_parse_error_ratio} ({fr.n_error_nodes} ERROR nodes)",
             )
             continue
         kept_rows.append(row)
-        structures.append(fs)
-        kind_bytes += fs.kind_bytes()
+        kept_regions.append(fr)
+    spans = partition([datas[r] for r in kept_rows], kept_regions)
 
-    for kind, nbytes in zip(KIND_NAMES, kind_bytes.tolist(), strict=True):
+    for kind, nbytes in zip(KIND_NAMES, spans.kind_bytes().tolist(), strict=True):
         stats[f"kind_bytes:{kind}"] += nbytes
     for reason in drop_reasons:
         stats[f"dropped:{reason}"] += 1
@@ -594,16 +767,16 @@ def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = Non
 
     base = table.take(pa.array(kept_rows, pa.int64()))
     new_columns: dict[str, pa.Array] = {
-        "chunk_starts": _list_column([s.starts for s in structures], pa.int32()),
-        "chunk_ends": _list_column([s.ends for s in structures], pa.int32()),
-        "chunk_kinds": _list_column([s.kinds for s in structures], pa.uint8()),
-        "chunk_depths": _list_column([s.depths for s in structures], pa.uint16()),
-        "chunk_names": pa.array([s.names for s in structures], pa.list_(pa.string())),
-        "parse_error_ratio": pa.array([s.parse_error_ratio for s in structures], pa.float32()),
-        "n_functions": pa.array([s.n_functions for s in structures], pa.int32()),
-        "n_classes": pa.array([s.n_classes for s in structures], pa.int32()),
-        "comment_ratio": pa.array([s.comment_ratio for s in structures], pa.float32()),
-        "max_nesting": pa.array([s.max_nesting for s in structures], pa.int32()),
+        "chunk_starts": _list_column(spans.offsets, pa.array(spans.starts, pa.int32())),
+        "chunk_ends": _list_column(spans.offsets, pa.array(spans.ends, pa.int32())),
+        "chunk_kinds": _list_column(spans.offsets, pa.array(spans.kinds, pa.uint8())),
+        "chunk_depths": _list_column(spans.offsets, pa.array(spans.depths, pa.uint16())),
+        "chunk_names": _list_column(spans.offsets, pa.array(spans.names, pa.string())),
+        "parse_error_ratio": pa.array([f.parse_error_ratio for f in kept_regions], pa.float32()),
+        "n_functions": pa.array([f.n_functions for f in kept_regions], pa.int32()),
+        "n_classes": pa.array([f.n_classes for f in kept_regions], pa.int32()),
+        "comment_ratio": pa.array(spans.comment_ratio.astype(np.float32)),
+        "max_nesting": pa.array(spans.max_nesting, pa.int32()),
         "structure_source": pa.array(sources, pa.string()),
         "build_context": pa.array(contexts, BUILD_CONTEXT),
     }

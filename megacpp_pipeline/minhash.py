@@ -3,8 +3,9 @@
 Decides what a file's near-duplicate fingerprint is: shingles of C++ lexical tokens with
 comments and whitespace dropped (seed: a re-indented or re-licensed copy is still a copy).
 No shingle ever exists as a Python string: token bytes are hashed once with a polynomial
-hash computed from one prefix sum per batch, k tokens fold into a 64-bit shingle hash with
-array arithmetic, and signing runs over all shingles of a batch at once.
+hash computed from one prefix sum per block of text, k tokens fold into a 64-bit shingle hash
+with array arithmetic, and signing runs over all shingles of a batch at once, chunk by chunk
+so that each array pass stays in the CPU cache.
 
 Two signing schemes, both 64-bit:
 - ``one_permutation_signatures`` (the gate's default): one hash per shingle picks a bin and
@@ -19,7 +20,7 @@ Two signing schemes, both 64-bit:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,35 +34,59 @@ EMPTY_HASH = np.uint64(0xFFFFFFFFFFFFFFFF)  # signature value of a file with no 
 
 # Comments go, replaced by a space so `a/**/b` stays two tokens. A pattern that also
 # steps over string literals runs at about 15 MB/s in `re` (it must try three start bytes
-# everywhere); this one has the literal prefix `/` and runs at about 250 MB/s. The price:
+# everywhere); this one opens with the literal `/` and its possessive loops never backtrack
+# (the classic "up to the first */" form), so it runs at several hundred MB/s. The price:
 # `//` or `/*` inside a string literal starts a comment here. Every copy of a file is lexed
 # alike, so that costs a few tokens of evidence; an unterminated `/*` is left as tokens so it
 # can never swallow the rest of a file.
-_COMMENT = re.compile(rb"//[^\n]*|/\*.*?\*/", re.S)
+_COMMENT = re.compile(rb"/(?:/[^\n]*+|\*[^*]*+\*++(?:[^/*][^*]*+\*++)*+/)")
 
 # Byte classes: whitespace (dropped); identifier/number bytes, whose runs form one token
 # (bytes >= 0x80 count as identifier so UTF-8 names stay whole); punctuation, where each
 # byte is a token (`->` is two tokens in every file alike, which is all shingling needs).
+# As a bytes.translate table: one C pass per block gives every byte's class.
+_SPACE, _WORD, _PUNCT = 0, 1, 2
+_BYTE_CLASS = bytes(
+    _SPACE
+    if b in b" \t\n\v\f\r"
+    else _WORD
+    if b >= 0x80 or b == ord("_") or chr(b).isalnum()
+    else _PUNCT
+    for b in range(256)
+)
 
 _POLY = 0x100000001B3  # FNV-64 prime: odd, so it has an inverse mod 2**64
 _POLY_INV = pow(_POLY, -1, 1 << 64)
 _SHINGLE_MULT = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio odd constant folding tokens
 
-# Bytes of stripped text hashed per polynomial pass: bounds the power tables and prefix
-# sums to a few arrays of 8 bytes x this (16 MB each), whatever the shard size.
+# Text per slice of the dedup gate (dedup._slices): bounds the gate's working memory.
 TOKEN_BATCH_BYTES = 2 << 20
+# Bytes per tokenizing block, cut after a newline (tokens never span one): small enough that
+# a block's per-byte arrays stay in the L2 cache, large enough that numpy's per-call
+# overhead stays small. Blocks change nothing but speed: every token is hashed alone.
+TOKEN_BLOCK_BYTES = 64 << 10
+# Array elements per cache-sized chunk of the per-token and per-shingle passes.
+CHUNK = 32 << 10
 # Shingles per permutation block: num_perm x block uint64 stays near the L2 cache.
 PERMUTATION_BLOCK = 2048
 
 
 def fmix64(values: U64) -> U64:
     """MurmurHash3's 64-bit finalizer, a bijection that avalanches every input bit."""
+    return _fmix64_inplace(values.copy(), np.empty_like(values))
+
+
+def _fmix64_inplace(h: U64, scratch: U64) -> U64:
+    """fmix64 of h, written over h (scratch: any uint64 array of h's length)."""
     with np.errstate(over="ignore"):
-        h = values ^ (values >> np.uint64(33))
+        np.right_shift(h, np.uint64(33), out=scratch)
+        h ^= scratch
         h *= np.uint64(0xFF51AFD7ED558CCD)
-        h ^= h >> np.uint64(33)
+        np.right_shift(h, np.uint64(33), out=scratch)
+        h ^= scratch
         h *= np.uint64(0xC4CEB9FE1A85EC53)
-        h ^= h >> np.uint64(33)
+        np.right_shift(h, np.uint64(33), out=scratch)
+        h ^= scratch
     return h
 
 
@@ -89,9 +114,9 @@ class _PowerTable:
     def ensure(self, n: int) -> None:
         if len(self.pow) >= n:
             return
-        # One allocation covers every ordinary batch; only a single file larger than a batch
-        # needs (exactly) more.
-        size = max(n, TOKEN_BATCH_BYTES + 1)
+        # Twice a block covers every ordinary block; only a block stretched by a very long
+        # line (blocks end at a newline) needs (exactly) more.
+        size = max(n, 2 * TOKEN_BLOCK_BYTES + 1)
         ramp_pow = np.full(size, _POLY, dtype=np.uint64)
         ramp_pow[0] = 1
         ramp_inv = np.full(size, _POLY_INV, dtype=np.uint64)
@@ -104,62 +129,82 @@ class _PowerTable:
 _POWERS = _PowerTable()
 
 
-def _hash_token_buffer(buf: npt.NDArray[np.uint8]) -> tuple[U64, I64]:
-    """Hashes and start offsets of the tokens in one byte buffer (files joined by '\\n')."""
-    # Byte classes by comparison (a 256-entry lookup costs more than these passes).
-    word = (buf | np.uint8(0x20)) - np.uint8(ord("a")) < 26
-    word |= buf - np.uint8(ord("0")) < 10
-    word |= buf == ord("_")
-    word |= buf >= 0x80
-    space = buf - np.uint8(9) < 5  # \t \n \v \f \r
-    space |= buf == ord(" ")
+def _hash_token_block(block: bytes) -> tuple[U64, I64]:
+    """Hashes and start offsets of the tokens in one block of text that ends with '\n'."""
+    buf = np.frombuffer(block, dtype=np.uint8)
+    code = np.frombuffer(block.translate(_BYTE_CLASS), dtype=np.uint8)
     # A token starts at every punctuation byte and at the first byte of a word run; the
-    # buffer ends with '\n', so every word run ends inside it.
-    start = ~(word | space)
+    # block ends with '\n', so every word run ends inside it.
+    word = code == _WORD
+    start = code == _PUNCT
     start[0] |= word[0]
     start[1:] |= word[1:] > word[:-1]
     starts = np.flatnonzero(start)
+    count = len(starts)
+    if count == 0:
+        return np.empty(0, dtype=np.uint64), starts
     # Polynomial hash of a token's bytes from one prefix sum: sum_j buf[j] * POLY**(j - s).
     # Whitespace weighs zero, so a token's sum runs from its start to the next token's
-    # start (or the end of the buffer) and token ends are never needed.
+    # start (or the end of the block) and token ends are never needed.
     n = len(buf)
     _POWERS.ensure(n)
+    weights = buf * (code != _SPACE)
     with np.errstate(over="ignore"):
-        prefix = np.empty(n + 1, dtype=np.uint64)
-        prefix[0] = 0
-        np.multiply(buf * ~space, _POWERS.pow[:n], out=prefix[1:], dtype=np.uint64)
-        np.cumsum(prefix[1:], out=prefix[1:])
-        at_starts = prefix[np.append(starts, n)]
-        poly = np.diff(at_starts)
-        poly *= _POWERS.inv[starts]
-    return fmix64(poly), starts
+        prefix = np.multiply(weights, _POWERS.pow[:n], dtype=np.uint64)
+        np.cumsum(prefix, out=prefix)
+        at = prefix[starts[1:] - 1]  # sums up to each next token's start
+        poly = np.empty(count, dtype=np.uint64)
+        poly[:-1] = at
+        poly[-1] = prefix[-1]
+        poly[1:] -= at
+        inv = np.take(_POWERS.inv, starts)
+        poly *= inv
+    return _fmix64_inplace(poly, inv), starts
+
+
+def _blocks(texts: Sequence[str | bytes]) -> Iterator[tuple[bytes, int, list[int]]]:
+    """The comment-stripped texts as blocks of about TOKEN_BLOCK_BYTES, each ending with
+    '\n': small files joined by '\n', a large one cut after newlines. Yields (block, index of
+    the first file that starts in it, where in the block each file that starts in it starts)."""
+    group: list[bytes] = []
+    offsets: list[int] = []
+    size = 0
+    first = 0
+    for i, text in enumerate(texts):
+        data = strip_comments(text.encode("utf-8") if isinstance(text, str) else text)
+        if group and size + len(data) >= TOKEN_BLOCK_BYTES:
+            yield b"\n".join([*group, b""]), first, offsets
+            group, offsets, size = [], [], 0
+        if len(data) < TOKEN_BLOCK_BYTES:
+            if not group:
+                first = i
+            group.append(data)
+            offsets.append(size)
+            size += len(data) + 1
+            continue
+        lo = 0
+        while lo < len(data):
+            hi = data.find(b"\n", lo + TOKEN_BLOCK_BYTES - 1) + 1 or len(data)
+            yield data[lo:hi] + b"\n", i, [0] if lo == 0 else []
+            lo = hi
+    if group:
+        yield b"\n".join([*group, b""]), first, offsets
 
 
 def token_hashes(texts: Sequence[str] | Sequence[bytes]) -> TokenHashes:
     """64-bit hashes of the C++ lexical tokens of each text, comments and whitespace dropped."""
-    stripped = [strip_comments(t.encode("utf-8") if isinstance(t, str) else t) for t in texts]
-    all_hashes: list[U64] = []
-    counts = np.zeros(len(stripped), dtype=np.int64)
-    i = 0
-    while i < len(stripped):
-        # Group files into one buffer of about TOKEN_BATCH_BYTES; '\n' keeps them apart.
-        j, size = i, 0
-        while j < len(stripped) and (j == i or size + len(stripped[j]) < TOKEN_BATCH_BYTES):
-            size += len(stripped[j]) + 1
-            j += 1
-        group = stripped[i:j]
-        buf = np.frombuffer(b"\n".join(group) + b"\n", dtype=np.uint8)
-        hashes, starts = _hash_token_buffer(buf)
-        file_starts = np.zeros(len(group), dtype=np.int64)
-        np.cumsum([len(g) + 1 for g in group[:-1]], out=file_starts[1:])
-        bounds = np.searchsorted(starts, np.append(file_starts, len(buf)))
-        counts[i:j] = np.diff(bounds)
-        all_hashes.append(hashes)
-        i = j
-    offsets = np.zeros(len(stripped) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    hashes = np.concatenate(all_hashes) if all_hashes else np.empty(0, dtype=np.uint64)
-    return TokenHashes(hashes=hashes, offsets=offsets)
+    first_token = np.zeros(len(texts) + 1, dtype=np.int64)
+    parts: list[U64] = []
+    done = 0  # tokens in the blocks before this one
+    for block, first, offsets in _blocks(texts):
+        hashes, starts = _hash_token_block(block)
+        # A file's tokens are those that start at or after its offset in the block.
+        first_token[first : first + len(offsets)] = done + np.searchsorted(starts, offsets)
+        parts.append(hashes)
+        done += len(hashes)
+    first_token[-1] = done
+    hashes = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+    return TokenHashes(hashes=hashes, offsets=first_token)
 
 
 def shingle_hashes(tokens: TokenHashes, k: int) -> TokenHashes:
@@ -169,22 +214,38 @@ def shingle_hashes(tokens: TokenHashes, k: int) -> TokenHashes:
     t = tokens.hashes
     n_files = len(tokens.offsets) - 1
     n = len(t) - k + 1
-    if n <= 0:
-        return TokenHashes(np.empty(0, np.uint64), np.zeros(n_files + 1, np.int64))
-    with np.errstate(over="ignore"):
-        folded = t[:n].copy()
-        for j in range(1, k):
-            folded *= _SHINGLE_MULT
-            folded += t[j : n + j]
-    folded = fmix64(folded)
-    # A window is valid when its last token belongs to the same file as its first.
     per_file = np.diff(tokens.offsets)
-    file_of_token = np.repeat(np.arange(n_files, dtype=np.int64), per_file)
-    valid = file_of_token[:n] == file_of_token[k - 1 :]
     counts = np.maximum(per_file - (k - 1), 0)
     offsets = np.zeros(n_files + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    return TokenHashes(hashes=folded[valid], offsets=offsets)
+    if n <= 0:
+        return TokenHashes(np.empty(0, np.uint64), offsets)
+    # A window is valid when its last token belongs to the same file as its first: the
+    # k - 1 windows before each inner file boundary are not.
+    valid = np.ones(n, dtype=bool)
+    if k > 1 and n_files > 1:
+        inner = tokens.offsets[1:-1]
+        crossing = (inner[:, None] - np.arange(1, k, dtype=np.int64)).ravel()
+        valid[crossing[(crossing >= 0) & (crossing < n)]] = False
+    out = np.empty(int(offsets[-1]), dtype=np.uint64)
+    # Chunk by chunk so the k-fold and the finalizer run in the cache.
+    folded = np.empty(min(n, CHUNK), dtype=np.uint64)
+    scratch = np.empty_like(folded)
+    at = 0
+    with np.errstate(over="ignore"):
+        for lo in range(0, n, CHUNK):
+            hi = min(lo + CHUNK, n)
+            f = folded[: hi - lo]
+            f[:] = t[lo:hi]
+            for j in range(1, k):
+                f *= _SHINGLE_MULT
+                f += t[lo + j : hi + j]
+            _fmix64_inplace(f, scratch[: hi - lo])
+            keep = valid[lo:hi]
+            kept = int(np.count_nonzero(keep))
+            np.compress(keep, f, out=out[at : at + kept])
+            at += kept
+    return TokenHashes(hashes=out, offsets=offsets)
 
 
 def permutations(num_perm: int, seed: int) -> tuple[U64, U64]:
@@ -257,12 +318,33 @@ def one_permutation_signatures(shingles: TokenHashes, num_bins: int, seed: int) 
     # Shingle hashes leave shingle_hashes already avalanched by fmix64, so the seed only
     # needs a bijection on top: XOR with a mixed seed reorders bins and values alike.
     seed_mix = fmix64(np.array([seed + 0x5BD1E995], dtype=np.uint64))[0]
-    h = shingles.hashes ^ seed_mix
+    flat = sig.reshape(-1)
+    offsets = shingles.offsets
+    total = len(shingles.hashes)
     # The top 32 bits scaled to [0, num_bins) pick the bin; the whole hash is the value.
-    bins = ((h >> np.uint64(32)) * np.uint64(num_bins)) >> np.uint64(32)
-    file_of_shingle = np.repeat(np.arange(n_files, dtype=np.int64), np.diff(shingles.offsets))
-    cells = file_of_shingle * num_bins + bins.astype(np.int64)
-    np.minimum.at(sig.reshape(-1), cells, h)
+    # For a power of two that is the top log2(num_bins) bits: one shift, same bins.
+    top_bits = num_bins.bit_length() - 1
+    one_shift = num_bins == 1 << top_bits and 1 <= top_bits <= 32
+    values = np.empty(min(total, CHUNK), dtype=np.uint64)
+    cells = np.empty_like(values)
+    # Chunk by chunk, so every pass runs in the cache.
+    for lo in range(0, total, CHUNK):
+        hi = min(lo + CHUNK, total)
+        h = np.bitwise_xor(shingles.hashes[lo:hi], seed_mix, out=values[: hi - lo])
+        if one_shift:
+            c = np.right_shift(h, np.uint64(64 - top_bits), out=cells[: hi - lo])
+        else:
+            c = np.right_shift(h, np.uint64(32), out=cells[: hi - lo])
+            c *= np.uint64(num_bins)
+            c >>= np.uint64(32)
+        # Plus the flat index of each shingle's file row.
+        first = int(np.searchsorted(offsets, lo, side="right")) - 1
+        last = int(np.searchsorted(offsets, hi, side="left"))
+        edges = np.clip(offsets[first : last + 1], lo, hi)
+        in_chunk = edges[1:] - edges[:-1]
+        at = c.view(np.int64)
+        at += np.repeat(np.arange(first * num_bins, last * num_bins, num_bins), in_chunk)
+        np.minimum.at(flat, at, h)
     return _densify(sig, seed)
 
 
@@ -283,23 +365,24 @@ def _densify(sig: U64, seed: int) -> U64:
     cells = np.flatnonzero(~filled & has_any[:, None])  # flat (file, bin) indices to fill
     if len(cells) == 0:
         return sig
-    rows, cols = np.divmod(cells, num_bins)
-    base = rows * num_bins
+    cols = cells % num_bins
+    base = cells - cols
     probes = np.random.RandomState(seed ^ 0x0D15EA5E).randint(0, num_bins, (_PROBES, num_bins))
     flat_filled = filled.reshape(-1)
     source = np.full(len(cells), -1, dtype=np.int64)
-    for attempt in range(_PROBES):
-        candidate = base + probes[attempt, cols]
-        source = np.where((source < 0) & flat_filled[candidate], candidate, source)
-    # Next non-empty bin to the right, circularly: a reversed running minimum over the bin
-    # indices of non-empty bins, on each row written twice.
+    # Last probe first, so that of the probes that hit a non-empty bin the first one stays.
+    for attempt in reversed(range(_PROBES)):
+        candidate = base + probes[attempt][cols]
+        np.copyto(source, candidate, where=flat_filled[candidate])
+    # The rest take the next non-empty bin to the right, circularly: the first non-empty flat
+    # index at or after the cell if it is still in the cell's row, else the row's first.
     left = np.flatnonzero(source < 0)
     if len(left):
-        todo, where = np.unique(rows[left], return_inverse=True)
-        marks = np.where(filled[todo], np.arange(num_bins), 2 * num_bins)
-        twice = np.concatenate([marks, marks + num_bins], axis=1)
-        nxt = np.minimum.accumulate(twice[:, ::-1], axis=1)[:, ::-1][:, :num_bins] % num_bins
-        source[left] = base[left] + nxt[where, cols[left]]
+        marks = np.where(flat_filled, np.arange(flat_filled.size), flat_filled.size)
+        next_filled = np.minimum.accumulate(marks[::-1])[::-1]
+        row = base[left]
+        right = next_filled[cells[left]]
+        source[left] = np.where(right < row + num_bins, right, next_filled[row])
     out = sig.copy()
     out.reshape(-1)[cells] = sig.reshape(-1)[source]
     return out

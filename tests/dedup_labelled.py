@@ -228,9 +228,20 @@ def reference_shingles(text: str, k: int = 5) -> set[str]:
     return {" ".join(toks[i : i + k]) for i in range(len(toks) - k + 1)}
 
 
+def shingle_set(text: str, k: int = 5) -> set[tuple[str, ...]]:
+    """reference_shingles as token tuples: one-to-one with the joined strings (tokens hold no
+    space), so set sizes and Jaccards are the same, and several times cheaper to build."""
+    toks = reference_tokens(text)
+    return set(zip(*(toks[j:] for j in range(k)), strict=False))
+
+
+def jaccard_of_sets(sa: set[tuple[str, ...]], sb: set[tuple[str, ...]]) -> float:
+    inter = len(sa & sb)  # |A | B| = |A| + |B| - |A & B|, without building the union
+    return inter / (len(sa) + len(sb) - inter) if sa or sb else 1.0
+
+
 def true_jaccard(a: str, b: str, k: int = 5) -> float:
-    sa, sb = reference_shingles(a, k), reference_shingles(b, k)
-    return len(sa & sb) / len(sa | sb) if sa or sb else 1.0
+    return jaccard_of_sets(shingle_set(a, k), shingle_set(b, k))
 
 
 def _reindent(text: str) -> str:
@@ -246,7 +257,7 @@ def _reindent(text: str) -> str:
     return "\n".join(out).replace("\n\n", "\n\n\n")
 
 
-def _edit_to(writer: _Writer, draft: _Draft, reference: set[str], target: float) -> str:
+def _edit_to(writer: _Writer, draft: _Draft, reference: set[tuple[str, ...]], target: float) -> str:
     """Rewrite statements of a few functions, one at a time, until the copy's true Jaccard
     with the original is within 0.02 of `target`. Each level starts from the original."""
     rng = writer.rng
@@ -272,8 +283,7 @@ def _edit_to(writer: _Writer, draft: _Draft, reference: set[str], target: float)
             edited.bodies[i][k] = f"{pad}{rng.choice(names)} = {writer.expr(names)};"
             undo.append((i, k, before))
         candidate = edited.text()
-        shingles = reference_shingles(candidate)
-        cj = len(shingles & reference) / len(shingles | reference)
+        cj = jaccard_of_sets(shingle_set(candidate), reference)
         if cj < target - 0.02:
             for i, k, before in reversed(undo):  # overshot: undo, continue with small steps
                 edited.bodies[i][k] = before
@@ -300,12 +310,12 @@ def build(families: int = 30, unrelated: int = 30, seed: int = 7) -> list[Labell
         variants = {"original": original, "exact": original, "reindented": _reindent(original)}
         other = next(lic for lic in _LICENSES if not draft.licence.startswith(lic[:12]))
         variants["relicensed"] = draft.text(other.format(year=2024, who="Fork Contributors"))
-        reference = reference_shingles(original)
+        reference = shingle_set(original)
         for kind, target in EDIT_TARGETS.items():
             variants[kind] = _edit_to(writer, draft, reference, target)
         for kind, text in variants.items():
             source = "upstream" if kind == "original" else f"mirror-{kind}"
-            j = 1.0 if text == original else true_jaccard(original, text)
+            j = 1.0 if text == original else jaccard_of_sets(reference, shingle_set(text))
             out.append(LabelledFile(source, path, text, fam, kind, j))
     order = {s: i for i, s in enumerate(SOURCES)}
     return sorted(out, key=lambda f: (order[f.source_id], f.path))

@@ -326,6 +326,79 @@ def test_token_hashes_follow_the_tokens_whatever_the_layout(
     assert len(minhash.token_hashes([plain]).hashes) == len(expected)
 
 
+_SOUP = st.text(alphabet=' \n\tab_9{};/*"é', max_size=300)
+
+
+def _shingle_reference(tokens: minhash.TokenHashes, k: int) -> np.ndarray:
+    """Shingle hashes by their definition, file by file: fold k token hashes, finalize."""
+    out = []
+    for lo, hi in zip(tokens.offsets[:-1], tokens.offsets[1:], strict=True):
+        t = tokens.hashes[lo:hi]
+        n = len(t) - k + 1
+        if n <= 0:
+            continue
+        folded = t[:n].copy()
+        with np.errstate(over="ignore"):
+            for j in range(1, k):
+                folded = folded * np.uint64(0x9E3779B97F4A7C15) + t[j : n + j]
+        out.append(minhash.fmix64(folded))
+    return np.concatenate(out) if out else np.empty(0, np.uint64)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(_SOUP, max_size=8))
+def test_token_and_shingle_hashes_do_not_depend_on_blocks_or_chunks(texts: list[str]) -> None:
+    whole = minhash.token_hashes(texts)
+    with pytest.MonkeyPatch.context() as mp:
+        # Tiny blocks and chunks: files are cut after newlines, shingles straddle chunks.
+        mp.setattr(minhash, "TOKEN_BLOCK_BYTES", 16)
+        mp.setattr(minhash, "CHUNK", 7)
+        cut = minhash.token_hashes(texts)
+        shingles = minhash.shingle_hashes(cut, 5)
+    assert np.array_equal(whole.hashes, cut.hashes)
+    assert np.array_equal(whole.offsets, cut.offsets)
+    for i, text in enumerate(texts):
+        alone = minhash.token_hashes([text]).hashes
+        assert np.array_equal(whole.hashes[whole.offsets[i] : whole.offsets[i + 1]], alone)
+    assert np.array_equal(shingles.hashes, _shingle_reference(whole, 5))
+
+
+def _densify_reference(sig: np.ndarray, seed: int) -> np.ndarray:
+    """Densification by its definition, bin by bin: the seeded probes in order, then the
+    next non-empty bin to the right, circularly."""
+    num_bins = sig.shape[1]
+    probes = np.random.RandomState(seed ^ 0x0D15EA5E).randint(0, num_bins, (4, num_bins))
+    out = sig.copy()
+    for row in range(sig.shape[0]):
+        filled = sig[row] != minhash.EMPTY_HASH
+        if not filled.any():
+            continue
+        for j in np.flatnonzero(~filled):
+            sequence = [*probes[:, j], *((j + d) % num_bins for d in range(1, num_bins))]
+            out[row, j] = sig[row, next(b for b in sequence if filled[b])]
+    return out
+
+
+@pytest.mark.parametrize("num_bins", [16, 100, 256])
+def test_one_permutation_signatures_follow_their_definition(
+    labelled: list[dedup_labelled.LabelledFile], num_bins: int
+) -> None:
+    texts = [f.text for f in labelled[:24]] + ["int a = b + c ;", ""]
+    shingles = minhash.shingle_hashes(minhash.token_hashes(texts), 5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(minhash, "CHUNK", 1000)  # files straddle chunks
+        ours = minhash.one_permutation_signatures(shingles, num_bins, seed=3)
+    # The definition: the top 32 bits scaled to [0, num_bins) pick the bin, each bin keeps
+    # its smallest hash, then empty bins are densified.
+    seed_mix = minhash.fmix64(np.array([3 + 0x5BD1E995], dtype=np.uint64))[0]
+    h = shingles.hashes ^ seed_mix
+    bins = ((h >> np.uint64(32)) * np.uint64(num_bins)) >> np.uint64(32)
+    rows = np.repeat(np.arange(len(texts)), np.diff(shingles.offsets))
+    raw = np.full((len(texts), num_bins), minhash.EMPTY_HASH, dtype=np.uint64)
+    np.minimum.at(raw, (rows, bins.astype(np.int64)), h)
+    assert np.array_equal(ours, _densify_reference(raw, 3))
+
+
 def test_affine64_signatures_equal_datasketch_bit_for_bit() -> None:
     shingles = minhash.shingle_hashes(minhash.token_hashes([SPAN_HPP, "int x ;"]), 5)
     a, b = minhash.permutations(256, seed=3)

@@ -447,6 +447,39 @@ def test_gate_output_matches_the_enriched_schema_and_accounts_for_every_file() -
         assert len(row["chunk_names"]) == len(row["chunk_depths"]) == len(row["chunk_kinds"])
 
 
+def test_a_shard_gives_every_file_the_spans_it_gets_alone() -> None:
+    # The gate partitions a whole shard at once; file boundaries must not leak: an unclosed
+    # namespace does not nest the next file, and a comment at the end of one file does not
+    # read the first bytes of the next ("///" then "/x..." is a doc comment, not a ruler).
+    files = {
+        "a.h": "namespace a { namespace b {\nint f();\n",
+        "b.h": "} }\n} void g() { h(); }\n///",
+        "c.h": "",
+        "d.h": "/x */ int y; /* tail",
+        "e.h": LIBCXX_STYLE_VECTOR,
+        "f.h": '#include "f.h"\nconst char* s = "{";  // }\n',
+    }
+    result = enrich.run(deduped(files), EnrichConfig(max_parse_error_ratio=1.0))
+    assert result.kept.num_rows == len(files)
+    for row in result.kept.to_pylist():
+        alone = PARSER.structure(row["text"].encode())
+        assert row["chunk_starts"] == alone.starts.tolist(), row["path"]
+        assert row["chunk_ends"] == alone.ends.tolist(), row["path"]
+        assert row["chunk_kinds"] == alone.kinds.tolist(), row["path"]
+        assert row["chunk_depths"] == alone.depths.tolist(), row["path"]
+        assert row["chunk_names"] == alone.names, row["path"]
+        assert row["max_nesting"] == alone.max_nesting, row["path"]
+        assert row["comment_ratio"] == np.float32(alone.comment_ratio), row["path"]
+    by_path = {r["path"]: r for r in result.kept.to_pylist()}
+    assert by_path["a.h"]["max_nesting"] == 2 and by_path["b.h"]["max_nesting"] == 0
+    assert KIND_NAMES[by_path["b.h"]["chunk_kinds"][-1]] == "doc_comment"
+    assert by_path["c.h"]["chunk_starts"] == []
+
+
+def test_a_conditional_directive_without_a_newline_runs_to_the_end_of_the_text() -> None:
+    assert spans("#if X") == [("preprocessor", "#if X", 0, "")]
+
+
 def test_same_input_gives_identical_output() -> None:
     files = {"a.cpp": LIBCXX_STYLE_VECTOR, "b.h": "namespace n { int v; }\n"}
     one = enrich.run(deduped(files), EnrichConfig()).kept
