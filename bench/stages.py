@@ -352,7 +352,7 @@ def scripts(wheels: Path) -> list[Script]:
         ),
         Script(
             "bench_enrich",
-            [*w, "--repeat", "1", "--boost-sample", "1000"],
+            [*w, "--repeat", "1", "--boost-sample", "250"],
             [*w, "--repeat", "1", "--boost-sample", "50"],
             900,
             _enrich,
