@@ -5,6 +5,7 @@ per-stage times, peak memory and the tokens it promoted."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -110,6 +111,23 @@ def test_a_scale_that_would_overrun_the_budget_is_not_started(tmp_path: Path) ->
     fits = harness.scaling_fits([done, harness.Scale(16, skipped="not started")])
     rss = next(f for f in fits if f.what.startswith("peak RSS growth"))
     assert rss.passed is None and "not measured" in rss.note
+
+
+def test_the_next_scale_is_predicted_by_the_power_law_through_the_last_two() -> None:
+    def measured(scale: int, wall_s: float) -> harness.Scale:
+        s = harness.Scale(scale)
+        s.run = {"returncode": 0, "wall_s": wall_s}
+        return s
+
+    assert harness.predict_seconds([], 4) is None
+    one = harness.predict_seconds([measured(1, 50.0)], 4)
+    assert one is not None and one[0] == pytest.approx(200.0)  # linear from one point
+    two = harness.predict_seconds([measured(1, 68.0), measured(4, 189.0)], 16)
+    assert two is not None and two[0] == pytest.approx(
+        189.0 * 4 ** (math.log(189 / 68) / math.log(4))
+    )
+    flat = harness.predict_seconds([measured(1, 100.0), measured(4, 101.0)], 16)
+    assert flat is not None and flat[0] == pytest.approx(101.0 * 4**0.6)  # exponent floor
 
 
 @pytest.mark.slow
