@@ -98,17 +98,22 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident bytes (PSS) of `root` and all its descendants."""
-    total, stack, seen = 0, [root], set()
+def process_tree(root: int) -> list[int]:
+    """`root` and all its live descendants, each once."""
+    out, stack, seen = [], [root], set()
     while stack:
         pid = stack.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        total += _rss_bytes(pid)
+        out.append(pid)
         stack += _children(pid)
-    return total
+    return out
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident bytes (PSS) of `root` and all its descendants."""
+    return sum(_rss_bytes(pid) for pid in process_tree(root))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -125,15 +130,7 @@ def tree_cpu_seconds(root: int) -> float:
     """CPU seconds the tree has used so far: every live process' own time plus what its
     reaped children left in it. A child's time moves into its parent's count when it is
     reaped, so the sum stays continuous while forked runs and workers come and go."""
-    total, stack, seen = 0.0, [root], set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        total += cpu_seconds(pid)
-        stack += _children(pid)
-    return total
+    return sum(cpu_seconds(pid) for pid in process_tree(root))
 
 
 def high_water_bytes(pid: int) -> int:
