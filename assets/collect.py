@@ -9,9 +9,10 @@ import pyarrow as pa
 
 from assets.partitions import SOURCES
 from assets.shell import CODE_VERSION, manifest_check, partition_of, summary_metadata
-from megacpp_pipeline import collect, license
-from megacpp_pipeline.ledger import LEDGER_SCHEMA
-from megacpp_pipeline.schemas import RAW_FILES
+from megacpp_pipeline import collect
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.schemas import RAW_FILES
+from megacpp_pipeline.gates import license
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 REVISION_TAG = "megacpp/revision"

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from assets.shell import CODE_VERSION, manifest_check, summary_metadata, upstream_hashes
-from megacpp_pipeline import dedup
-from megacpp_pipeline.ledger import LEDGER_SCHEMA
-from megacpp_pipeline.schemas import DEDUPED_FILES
-from megacpp_pipeline.store import Manifest, ShardStore
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.schemas import DEDUPED_FILES
+from megacpp_pipeline.corpus import dedup
+from megacpp_pipeline.storage.store import Manifest, ShardStore
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 

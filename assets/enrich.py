@@ -21,9 +21,9 @@ from assets.shell import (
     summary_metadata,
     upstream_hashes,
 )
-from megacpp_pipeline import build_context, enrich
-from megacpp_pipeline.gate import GateResult
-from megacpp_pipeline.schemas import ENRICHED_FILES
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.schemas import ENRICHED_FILES
+from megacpp_pipeline.gates import build_context, enrich
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 

@@ -19,10 +19,10 @@ from assets.shell import (
     summary_metadata,
     upstream_hashes,
 )
-from megacpp_pipeline import license
-from megacpp_pipeline.catalog import SourceSpec
-from megacpp_pipeline.gate import GateResult
-from megacpp_pipeline.schemas import LICENSED_FILES
+from megacpp_pipeline.core.catalog import SourceSpec
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.schemas import LICENSED_FILES
+from megacpp_pipeline.gates import license
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 

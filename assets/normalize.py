@@ -14,8 +14,8 @@ from assets.shell import (
     summary_metadata,
     upstream_hashes,
 )
-from megacpp_pipeline import normalize
-from megacpp_pipeline.schemas import NORMALIZED_FILES
+from megacpp_pipeline.core.schemas import NORMALIZED_FILES
+from megacpp_pipeline.gates import normalize
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from megacpp_pipeline.catalog import load_catalog
+from megacpp_pipeline.core.catalog import load_catalog
 from resources.pipeline import config_path
 
 

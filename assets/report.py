@@ -8,8 +8,8 @@ import dagster as dg
 
 from assets.shell import CODE_VERSION
 from assets.snapshot import snapshot, snapshot_dir_of
-from megacpp_pipeline import report
-from megacpp_pipeline.snapshot import REPORT_DIR, read_manifest
+from megacpp_pipeline.snapshot import report
+from megacpp_pipeline.snapshot.promote import REPORT_DIR, read_manifest
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 

@@ -45,7 +45,7 @@ def run_pipeline(
     log: TextIO = sys.stderr,
     stop_after: str | None = None,
 ) -> RunOutcome:
-    from megacpp_pipeline.catalog import load_catalog
+    from megacpp_pipeline.core.catalog import load_catalog
 
     catalog = load_catalog(config)  # a bad config fails here, before any work
     try:  # and so does a data dir that cannot be one (e.g. a file stands in its place)

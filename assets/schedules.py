@@ -8,7 +8,7 @@ import dagster as dg
 from assets.collect import REVISION_TAG
 from assets.partitions import SOURCES
 from megacpp_pipeline import collect
-from megacpp_pipeline.catalog import load_catalog
+from megacpp_pipeline.core.catalog import load_catalog
 from resources.pipeline import cache_dir, config_path
 
 PER_SOURCE_HEAD = ["raw_files", "normalized_files", "licensed_files", "scrubbed_files"]

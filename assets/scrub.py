@@ -17,8 +17,8 @@ from assets.shell import (
     summary_metadata,
     upstream_hashes,
 )
-from megacpp_pipeline import scrub
-from megacpp_pipeline.schemas import SCRUBBED_FILES
+from megacpp_pipeline.core.schemas import SCRUBBED_FILES
+from megacpp_pipeline.gates import scrub
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
-from megacpp_pipeline import ledger as ledger_mod
-from megacpp_pipeline.file_cache import FileResultCache, cached_gate_call, row_keys
-from megacpp_pipeline.gate import GateResult
-from megacpp_pipeline.parallel import parallel
-from megacpp_pipeline.store import Manifest, ShardStore, VersionWriter, config_hash
+from megacpp_pipeline.core import ledger as ledger_mod
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.pipeline.parallel import parallel
+from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
+from megacpp_pipeline.storage.store import Manifest, ShardStore, VersionWriter, config_hash
 from resources.pipeline import ShardStoreResource
 
 CODE_VERSION = "1"

@@ -8,9 +8,14 @@ from pathlib import Path
 import dagster as dg
 
 from assets.shell import CODE_VERSION, upstream_hashes
-from megacpp_pipeline import verify
-from megacpp_pipeline.snapshot import SnapshotConfig, SnapshotParts, build_snapshot, read_manifest
-from megacpp_pipeline.store import ShardStore, config_hash
+from megacpp_pipeline.snapshot import verify
+from megacpp_pipeline.snapshot.promote import (
+    SnapshotConfig,
+    SnapshotParts,
+    build_snapshot,
+    read_manifest,
+)
+from megacpp_pipeline.storage.store import ShardStore, config_hash
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 LEDGER_STAGES = [
@@ -153,7 +158,7 @@ snapshot_checks = [_promotion_check(name, _DESCRIPTIONS[name]) for name in verif
     "per document, for trainers that read Megatron indexed datasets.",
 )
 def megatron_dataset(store: ShardStoreResource) -> dg.MaterializeResult:
-    from megacpp_pipeline import megatron
+    from megacpp_pipeline.snapshot import megatron
 
     st = store.open()
     snap = snapshot_dir_of(st)
@@ -175,7 +180,7 @@ def megatron_dataset(store: ShardStoreResource) -> dg.MaterializeResult:
     description="The project's own reader sees exactly the snapshot's documents and tokens.",
 )
 def megatron_matches_snapshot(store: ShardStoreResource) -> dg.AssetCheckResult:
-    from megacpp_pipeline import megatron
+    from megacpp_pipeline.snapshot import megatron
 
     st = store.open()
     snap = snapshot_dir_of(st)

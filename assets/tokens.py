@@ -26,10 +26,11 @@ from assets.shell import (
     summary_metadata,
     upstream_hashes,
 )
-from megacpp_pipeline import enrich, packing, tokenization, tokenizer
-from megacpp_pipeline import packed_rows as rows_contract
-from megacpp_pipeline.schemas import TOKENIZED_DOCS, text_sha256
-from megacpp_pipeline.store import Manifest, ShardStore
+from megacpp_pipeline.core.schemas import TOKENIZED_DOCS, text_sha256
+from megacpp_pipeline.corpus import packing, tokenizer
+from megacpp_pipeline.gates import enrich, tokenization
+from megacpp_pipeline.snapshot import packed_rows as rows_contract
+from megacpp_pipeline.storage.store import Manifest, ShardStore
 from resources.pipeline import CatalogResource, ShardStoreResource
 
 DOCUMENTS = pa.schema(

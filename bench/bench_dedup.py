@@ -1,5 +1,5 @@
 """Dedup gate, measured (issue 5): near-duplicate recall and precision on the labelled set
-(tests/dedup_labelled.py); signature MB/s of the vectorized path next to datasketch's
+(tests/fixtures/dedup_labelled.py); signature MB/s of the vectorized path next to datasketch's
 per-document `update_batch` on the same files in the same run; end-to-end gate MB/s with
 LSH; the duplicates found in the demo wheels; peak RSS of the gate on the demo corpus and on
 an 8x corpus of mutated copies, each size in its own subprocess.
@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasketch import MinHash
 
-from megacpp_pipeline import minhash
-from megacpp_pipeline.dedup import DedupConfig, find_duplicates, markdown_top_clusters
-from tests import dedup_labelled
+from megacpp_pipeline.corpus import minhash
+from megacpp_pipeline.corpus.dedup import DedupConfig, find_duplicates, markdown_top_clusters
+from tests.fixtures import dedup_labelled
 
 CPP_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".ipp", ".inl", ".tcc", ".cpp", ".cc", ".cxx"}
 CATALOG = ("pythran", "pybind11", "nanobind")  # the demo's source order

@@ -27,10 +27,10 @@ import pyarrow.compute as pc
 import tree_sitter
 import tree_sitter_cpp
 
-from megacpp_pipeline import enrich
-from megacpp_pipeline.gate import GateResult
-from megacpp_pipeline.ledger import DropReason
-from megacpp_pipeline.schemas import DEDUPED_FILES, git_blob_sha, text_sha256
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.schemas import DEDUPED_FILES, git_blob_sha, text_sha256
+from megacpp_pipeline.gates import enrich
 
 CPP_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".ipp", ".inl", ".tcc", ".cpp", ".cc", ".cxx"}
 LIBCXX = Path("/usr/lib/llvm-14/include/c++/v1")

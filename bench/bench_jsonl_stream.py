@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.jsonl_stream import JSONL_RECORDS, JsonlConverterConfig, convert
+from megacpp_pipeline.collect.jsonl_stream import JSONL_RECORDS, JsonlConverterConfig, convert
 
 HEADER_ROOTS = [
     (Path("/usr/include/boost"), "BSL-1.0"),

@@ -45,9 +45,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.loader import PackedRowsLoader
-from megacpp_pipeline.megatron import IndexedDatasetReader, export_snapshot
-from megacpp_pipeline.packed_rows import fixed_list_to_numpy
-from tests.snapshot_fixture import build_snapshot
+from megacpp_pipeline.snapshot.megatron import IndexedDatasetReader, export_snapshot
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from tests.fixtures.snapshot_fixture import build_snapshot
 
 Pass = Callable[[], tuple[int, float, float]]  # tokens, wall seconds, CPU seconds
 

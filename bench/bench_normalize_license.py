@@ -35,8 +35,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from megacpp_pipeline import license, normalize
-from megacpp_pipeline.schemas import RAW_FILES, git_blob_sha
+from megacpp_pipeline.core.schemas import RAW_FILES, git_blob_sha
+from megacpp_pipeline.gates import license, normalize
 
 WHEELS = {"pythran": "0.19.0", "pybind11": "3.1.0", "nanobind": "3.1.0"}
 

@@ -1,5 +1,5 @@
 """Scrub gate, measured (issue 4): recall per kind and altered-decoy rate per false-positive
-class on the labelled evaluation set (tests/scrub_eval.py), then throughput of scrub.run on
+class on the labelled evaluation set (tests/fixtures/scrub_eval.py), then throughput of scrub.run on
 real C++ next to the raw read + sha256 rate of the same files and next to detect-secrets'
 own scanner on a sample of them, all in one run.
 
@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from megacpp_pipeline import scrub
-from megacpp_pipeline.schemas import LICENSED_FILES, git_blob_sha, text_sha256
-from tests.scrub_eval import build_eval_set, evaluate
+from megacpp_pipeline.core.schemas import LICENSED_FILES, git_blob_sha, text_sha256
+from megacpp_pipeline.gates import scrub
+from tests.fixtures.scrub_eval import build_eval_set, evaluate
 
 CPP_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".ipp", ".inl", ".tcc", ".cpp", ".cc", ".cxx"}
 LIBCXX = Path("/usr/lib/llvm-14/include/c++/v1")

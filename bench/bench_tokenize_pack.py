@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from megacpp_pipeline import schemas
-from megacpp_pipeline.packing import PackingConfig, merge_telemetry, pack
-from megacpp_pipeline.tokenization import TokenizeConfig, run
-from megacpp_pipeline.tokenizer import SpecialIds, TokenizerConfig, train_tokenizer
+from megacpp_pipeline.core import schemas
+from megacpp_pipeline.corpus.packing import PackingConfig, merge_telemetry, pack
+from megacpp_pipeline.corpus.tokenizer import SpecialIds, TokenizerConfig, train_tokenizer
+from megacpp_pipeline.gates.tokenization import TokenizeConfig, run
 
 WHEELS = ("pythran==0.19.0", "pybind11==3.1.0", "nanobind==3.1.0")
 CPP_SUFFIXES = {

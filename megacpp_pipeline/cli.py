@@ -24,7 +24,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_jsonl(args: argparse.Namespace) -> int:
-    from megacpp_pipeline import jsonl_stream
+    from megacpp_pipeline.collect import jsonl_stream
 
     return int(jsonl_stream.main_jsonl_to_parquet(args.rest))
 
@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from megacpp_pipeline.catalog import CatalogError
     from megacpp_pipeline.collect import CollectError
-    from megacpp_pipeline.store import StoreError
+    from megacpp_pipeline.core.catalog import CatalogError
+    from megacpp_pipeline.storage.store import StoreError
 
     errors: list[type[BaseException]] = [CatalogError, CollectError, StoreError, OSError]
     return tuple(errors)
@@ -78,7 +78,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 def _load_extra_commands() -> None:
     try:
-        from megacpp_pipeline import verify
+        from megacpp_pipeline.snapshot import verify
     except ImportError:
         return
     _EXTRA_COMMANDS.update(verify.COMMANDS)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from megacpp_pipeline.catalog import Catalog, load_catalog
-from megacpp_pipeline.store import ShardStore
+from megacpp_pipeline.core.catalog import Catalog, load_catalog
+from megacpp_pipeline.storage.store import ShardStore
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "examples" / "demo" / "sources.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from megacpp_pipeline.catalog import parse_catalog
+from megacpp_pipeline.core.catalog import parse_catalog
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

@@ -1,0 +1,237 @@
+"""The source catalog (`sources.yaml`): what may enter the corpus, pinned to exact revisions.
+
+Seed rule: keep the active training slice pinned to explicit revisions and the larger
+catalog as metadata. A wrong, missing or unknown field fails before any work starts, with a
+message that names the source and the field.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_INCLUDE = [
+    "**/*.h",
+    "**/*.hpp",
+    "**/*.cc",
+    "**/*.cpp",
+    "**/*.cxx",
+    "**/*.hh",
+    "**/*.hxx",
+    "**/*.ipp",
+    "**/*.inl",
+]
+_M = TypeVar("_M", bound=BaseModel)
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class CatalogError(Exception):
+    """sources.yaml is wrong; the message names the file, the source and the field."""
+
+
+class SourceSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[a-z0-9_-]+$")
+    kind: Literal["git", "archive", "dir", "jsonl"]
+    uri: str
+    sha256: str | None = None
+    revision: str | None = None
+    track: str | None = None  # git branch resolved to a commit at refresh time
+    subdir: str | None = None
+    include: list[str] = Field(default_factory=lambda: list(DEFAULT_INCLUDE))
+    exclude: list[str] = Field(default_factory=list)
+    declared_license: str | None = None
+    role: Literal["operational", "catalog"] = "operational"
+    compile_commands: str | None = None  # path of a compile_commands.json inside the source
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256_is_hex(cls, v: str | None) -> str | None:
+        if v is not None and not _HEX64.match(v):
+            raise ValueError("must be 64 lowercase hex characters")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision_is_commit(cls, v: str | None) -> str | None:
+        if v is not None and not _HEX40.match(v):
+            raise ValueError("must be an exact 40-hex commit id, not a branch or tag name")
+        return v
+
+    @field_validator("subdir", "compile_commands")
+    @classmethod
+    def _relative_inside(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        p = Path(v)
+        if p.is_absolute() or ".." in p.parts:
+            raise ValueError("must be a relative path inside the source")
+        return p.as_posix()
+
+    @model_validator(mode="after")
+    def _pinned(self) -> SourceSpec:
+        if self.kind == "archive" and self.sha256 is None:
+            raise ValueError("archive sources need sha256 (verified before extraction)")
+        operational_git = self.kind == "git" and self.role == "operational"
+        if operational_git and self.revision is None and self.track is None:
+            raise ValueError("operational git sources need revision (an exact commit)")
+        if self.kind != "git" and self.track is not None:
+            raise ValueError("track is only for git sources")
+        if self.kind != "git" and self.revision is not None:
+            raise ValueError("revision is only for git sources (archives pin by sha256)")
+        return self
+
+
+class ShardConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_rows: int = Field(default=20_000, gt=0)
+    max_bytes: int = Field(default=64 << 20, gt=0)
+
+
+class CollectLimits(BaseModel):
+    """Bounds that keep a hostile archive (zip bomb) from exhausting the machine."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_file_bytes: int = Field(default=16 << 20, gt=0)
+    max_total_bytes: int = Field(default=4 << 30, gt=0)
+    max_files: int = Field(default=500_000, gt=0)
+    max_compression_ratio: float = Field(default=200.0, gt=1)
+
+
+class RefreshConfig(BaseModel):
+    """The nightly refresh: when it runs (cron, in `timezone`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cron: str = Field(default="0 2 * * *", pattern=r"^\S+( \S+){4}$")
+    timezone: str = "UTC"
+
+
+# Each gate's config model, validated when the catalog loads so that a bad threshold fails
+# before any work starts. The models live with their gates (thresholds in one place).
+STAGE_CONFIGS: dict[str, str] = {
+    "normalize": "megacpp_pipeline.gates.normalize:NormalizeConfig",
+    "license": "megacpp_pipeline.gates.license:LicenseConfig",
+    "scrub": "megacpp_pipeline.gates.scrub:ScrubConfig",
+    "dedup": "megacpp_pipeline.corpus.dedup:DedupConfig",
+    "enrich": "megacpp_pipeline.gates.enrich:EnrichConfig",
+    "tokenizer": "megacpp_pipeline.corpus.tokenizer:TokenizerConfig",
+    "tokenize": "megacpp_pipeline.gates.tokenization:TokenizeConfig",
+    "packing": "megacpp_pipeline.corpus.packing:PackingConfig",
+    "snapshot": "megacpp_pipeline.snapshot.promote:SnapshotConfig",
+}
+
+
+def _stage_model(stage: str) -> type[BaseModel]:
+    module, name = STAGE_CONFIGS[stage].split(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+class Catalog(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    snapshot: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    seq_len: int = Field(default=2048, ge=16, le=1 << 20)
+    sources: list[SourceSpec] = Field(min_length=1)
+    shards: ShardConfig = Field(default_factory=ShardConfig)
+    collect: CollectLimits = Field(default_factory=CollectLimits)
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig)
+    stages: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-gate config sections
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Catalog:
+        seen: set[str] = set()
+        for s in self.sources:
+            if s.id in seen:
+                raise ValueError(f"duplicate source id {s.id!r}")
+            seen.add(s.id)
+        return self
+
+    @field_validator("stages")
+    @classmethod
+    def _known_stages(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for stage, section in v.items():
+            if stage not in STAGE_CONFIGS:
+                raise ValueError(f"unknown stage {stage!r} (known: {', '.join(STAGE_CONFIGS)})")
+            try:
+                _stage_model(stage).model_validate(section or {})
+            except ValidationError as e:
+                first = e.errors()[0]
+                loc = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"stages.{stage}.{loc}: {first['msg']}") from None
+        return v
+
+    def stage_config(self, stage: str, model: type[_M]) -> _M:
+        """The gate's config: its defaults, overridden by the `stages.<stage>` section."""
+        section = dict(self.stages.get(stage) or {})
+        if stage == "packing":
+            section.setdefault("seq_len", self.seq_len)
+        return model.model_validate(section)
+
+    @property
+    def operational(self) -> list[SourceSpec]:
+        return [s for s in self.sources if s.role == "operational"]
+
+    def source(self, source_id: str) -> SourceSpec:
+        for s in self.sources:
+            if s.id == source_id:
+                return s
+        raise CatalogError(f"no source {source_id!r} in the catalog")
+
+    def resolve_uri(self, spec: SourceSpec) -> str:
+        """Relative paths resolve against the yaml's folder; URLs stay as they are."""
+        if "://" in spec.uri:
+            return spec.uri
+        p = Path(spec.uri).expanduser()
+        return str(p if p.is_absolute() else (self.base_dir / p).resolve())
+
+    def source_order(self) -> dict[str, int]:
+        return {s.id: i for i, s in enumerate(self.sources)}
+
+
+def _describe(error: dict[str, Any], data: Any) -> str:
+    loc = list(error["loc"])
+    where = []
+    if len(loc) >= 2 and loc[0] == "sources" and isinstance(loc[1], int):
+        idx = loc[1]
+        sid = None
+        if isinstance(data, dict) and isinstance(data.get("sources"), list):
+            src = data["sources"][idx] if idx < len(data["sources"]) else None
+            sid = src.get("id") if isinstance(src, dict) else None
+        where.append(f"source {sid!r}" if sid else f"sources[{idx}]")
+        loc = loc[2:]
+    field = ".".join(str(x) for x in loc) or "(the entry itself)"
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        msg = "unknown key (typo?)"
+    return f"{' '.join(where) + ': ' if where else ''}field {field}: {msg}"
+
+
+def parse_catalog(data: Any, *, base_dir: Path, origin: str = "sources.yaml") -> Catalog:
+    try:
+        catalog = Catalog.model_validate(data)
+    except ValidationError as e:
+        lines = [_describe(err, data) for err in e.errors()]  # type: ignore[arg-type]
+        raise CatalogError(f"{origin}: " + "; ".join(lines)) from None
+    catalog.base_dir = base_dir
+    return catalog
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CatalogError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise CatalogError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise CatalogError(f"{path}: expected a mapping with snapshot, seq_len and sources")
+    return parse_catalog(data, base_dir=path.resolve().parent, origin=str(path))

@@ -1,0 +1,1 @@
+"""The corpus-wide stages: dedup across sources, the tokenizer, packing."""

@@ -1,0 +1,601 @@
+"""Pre-chunk dedup across all sources: decides which files are exact or near duplicates of
+an earlier file, so a repeated file is judged whole, with its provenance, before chunking
+(seed: "exact duplicates should be removed before chunking; near-duplicate handling is
+valuable for vendored and lightly modified code").
+
+Representative rule, for exact and near clusters alike: the member with the lowest
+doc_index, and doc_index is the position in the canonical stream (sources in catalog order,
+then path), so the earliest operational source's copy of a vendored file is the one kept.
+
+Stages, each bounded by a slice of a shard or by one band, never by the corpus:
+1. signatures: per slice of a shard (about 2 MB of text), an exact key and a MinHash
+   signature per file; texts are dropped as soon as the slice is done (docs/*.parquet,
+   signatures.u64, shingles.u64 when verifying);
+2. exact: polars groups exact keys; each group's lowest doc_index is its representative;
+3. bands: per slice, (band, band_hash, doc_index) rows as parquet under bands/;
+4. candidates: polars groups rows by (band, band_hash) into buckets and emits (doc, bucket's
+   lowest doc) pairs; bands are independent, the partition key for a distributed executor;
+   a pair counts when its similarity clears the threshold;
+5. clusters: union-find over integer doc ids (scipy connected components) joins exact and
+   near pairs; every component keeps its lowest doc_index.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason, Stage
+from megacpp_pipeline.core.schemas import SCRUBBED_FILES
+from megacpp_pipeline.corpus import minhash
+
+
+class DedupConfig(BaseModel):
+    """Thresholds of the dedup gate.
+
+    With b bands of r rows, two files of Jaccard J become a candidate pair with probability
+    P(J) = 1 - (1 - J**r)**b. For the default 32 bands x 8 rows (knee (1/b)**(1/r) = 0.65):
+
+        J     0.30   0.50   0.60   0.70   0.75   0.80   0.85   0.90
+        P(J)  0.002  0.118  0.418  0.850  0.966  0.997  1.000  1.000
+
+    (25 x 10, knee 0.72, gives P(0.8) = 0.942 and P(0.85) = 0.996; 20 x 12 gives
+    P(0.8) = 0.759.) The bands are set wide on purpose: a candidate becomes a duplicate
+    only when its similarity to the bucket's representative is >= `threshold`, estimated
+    from all `num_perm` slots (standard error sqrt(J(1-J)/num_perm) = 0.025 at J = 0.8) or
+    computed exactly on shingle sets when `verify_candidates` is on. So the S-curve sets
+    recall and the threshold sets precision.
+
+    Defaults as measured by bench/bench_dedup.py on the labelled set (800 files, 400 copies
+    at J >= 0.8): one_permutation, affine64 and one_permutation with verification all reach
+    recall 1.0 and precision 1.0, so verification stays off (it stores every shingle hash,
+    about twice the text on disk, and checks pairs one by one); one_permutation is the
+    default scheme because it signs several times faster than 256 true permutations.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exact_mode: Literal["content", "normalized_tokens"] = Field(
+        "content",
+        description="content: sha256 of the scrubbed text; normalized_tokens: 128-bit hash "
+        "of the C++ token sequence, blind to comments and whitespace",
+    )
+    near: bool = True
+    shingle_size: int = Field(5, ge=1, le=64, description="tokens per shingle")
+    num_perm: int = Field(256, ge=16, le=4096, description="signature slots")
+    bands: int = Field(32, ge=1)
+    rows: int = Field(8, ge=1)
+    threshold: float = Field(0.8, gt=0.0, le=1.0, description="Jaccard to call a near dup")
+    scheme: Literal["one_permutation", "affine64"] = Field(
+        "one_permutation",
+        description="one_permutation: one hash per shingle, binned, densified (O(shingles)); "
+        "affine64: num_perm permutations, bit-identical to datasketch 2.0 scheme='affine64'",
+    )
+    seed: int = Field(1, ge=0, lt=2**32)
+    verify_candidates: bool = Field(
+        False,
+        description="check each candidate pair's true shingle Jaccard instead of the "
+        "signature estimate (stores every file's shingle hashes under workdir)",
+    )
+    min_shingles: int = Field(
+        1, ge=1, description="files with fewer shingles take part in exact dedup only"
+    )
+
+    @model_validator(mode="after")
+    def _bands_fit_signature(self) -> DedupConfig:
+        if self.bands * self.rows > self.num_perm:
+            raise ValueError(
+                f"bands x rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}"
+            )
+        return self
+
+
+class DedupOrderError(ValueError):
+    """The shard stream is not in canonical order, so 'lowest doc_index' would not mean
+    'first source in the catalog, then path' and the kept copy would depend on the run."""
+
+    def __init__(self, source_id: str, path: str, rule: str) -> None:
+        super().__init__(f"{source_id}:{path}: {rule}")
+        self.source_id = source_id
+        self.path = path
+        self.rule = rule
+
+
+class DedupInputError(ValueError):
+    """A shard lacks columns of schemas.SCRUBBED_FILES."""
+
+    def __init__(self, shard_no: int, missing: list[str]) -> None:
+        super().__init__(f"dedup shard {shard_no}: missing columns {missing}")
+        self.shard_no = shard_no
+        self.missing = missing
+
+
+DECISIONS_SCHEMA = pa.schema(
+    [
+        pa.field("source_id", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("doc_index", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),  # kept | dropped
+        pa.field("reason", pa.string()),  # DropReason value for dropped files
+        pa.field("dup_of", pa.string()),  # "source_id:path" of the kept representative
+        pa.field("cluster_id", pa.int64()),  # the representative's doc_index
+        pa.field("similarity", pa.float32()),  # estimated Jaccard vs the representative
+    ],
+    metadata={"megacpp.table": "dedup_decisions", "megacpp.schema_version": "1"},
+)
+
+CLUSTERS_SCHEMA = pa.schema(
+    [
+        pa.field("cluster_id", pa.int64(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("exact", pa.int64(), nullable=False),  # members dropped as exact copies
+        pa.field("near", pa.int64(), nullable=False),  # members dropped as near copies
+        pa.field("representative", pa.string(), nullable=False),
+        pa.field("members_sample", pa.list_(pa.string()), nullable=False),
+    ],
+    metadata={"megacpp.table": "dedup_clusters", "megacpp.schema_version": "1"},
+)
+
+MEMBERS_SAMPLE = 5
+
+
+@dataclass
+class DedupResult:
+    decisions: pa.Table  # DECISIONS_SCHEMA, one row per input file, in doc_index order
+    stats: Counter[str] = field(default_factory=Counter)
+    clusters: pa.Table = field(default_factory=CLUSTERS_SCHEMA.empty_table)  # biggest first
+
+
+@dataclass
+class _Workdir:
+    root: Path
+
+    @property
+    def docs(self) -> Path:
+        return self.root / "docs"
+
+    @property
+    def bands(self) -> Path:
+        return self.root / "bands"
+
+    @property
+    def signatures(self) -> Path:
+        return self.root / "signatures.u64"
+
+    @property
+    def shingles(self) -> Path:
+        return self.root / "shingles.u64"
+
+    def reset(self) -> None:
+        for d in (self.docs, self.bands):
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir(parents=True)
+        for f in (self.signatures, self.shingles):
+            f.unlink(missing_ok=True)
+
+
+_DOCS_SCHEMA = pa.schema(
+    [
+        pa.field("doc_index", pa.int64(), nullable=False),
+        pa.field("source_id", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("exact_key", pa.string(), nullable=False),
+        pa.field("n_shingles", pa.int64(), nullable=False),
+        pa.field("shingle_offset", pa.int64(), nullable=False),  # into shingles.u64
+    ]
+)
+
+
+class _StreamOrder:
+    """Checks the canonical order across shards: a source, once left, never returns, and
+    paths strictly increase inside a source."""
+
+    def __init__(self) -> None:
+        self.finished: set[str] = set()
+        self.current: str | None = None
+        self.last_path = ""
+
+    def check(self, sources: pa.ChunkedArray, paths: pa.ChunkedArray) -> None:
+        if len(paths) == 0:
+            return
+        src = sources.combine_chunks()
+        pth = paths.combine_chunks()
+        same = pc.equal(src[1:], src[:-1]).to_numpy(zero_copy_only=False)
+        increasing = pc.less(pth[:-1], pth[1:]).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(same & ~increasing)
+        if len(bad):
+            i = int(bad[0]) + 1
+            raise DedupOrderError(str(src[i]), str(pth[i]), "paths must increase in a source")
+        for i in [0, *(np.flatnonzero(~same) + 1).tolist()]:  # one per source run
+            source, path = str(src[i]), str(pth[i])
+            if source == self.current:
+                if not path > self.last_path:
+                    raise DedupOrderError(source, path, "paths must increase in a source")
+                continue
+            if source in self.finished:
+                raise DedupOrderError(source, path, "source appears again after another one")
+            if self.current is not None:
+                self.finished.add(self.current)
+            self.current = source
+        self.last_path = str(pth[-1])
+
+
+def find_duplicates(shards: Iterable[pa.Table], config: DedupConfig, workdir: Path) -> DedupResult:
+    """Exact then near-duplicate decisions for every file of the stream.
+
+    `shards` are tables of schema SCRUBBED_FILES in canonical order, consumed one at a time;
+    `workdir` is owned by this call (its dedup subfolders are cleared first)."""
+    work = _Workdir(Path(workdir))
+    work.reset()
+    stats: Counter[str] = Counter()
+    n_docs = _write_signatures(shards, config, work, stats)
+    docs = pl.read_parquet(work.docs / "*.parquet") if n_docs else _empty_docs()
+    exact_rep = _exact_representatives(docs, n_docs)
+    edges_u = [np.arange(n_docs, dtype=np.int64)]
+    edges_v = [exact_rep]
+    if config.near and n_docs:
+        sig = np.memmap(work.signatures, dtype=np.uint64, mode="r", shape=(n_docs, config.num_perm))
+        u, v = _near_pairs(work, config, docs, exact_rep, sig, stats)
+        edges_u.append(u)
+        edges_v.append(v)
+    representative = _component_representatives(
+        np.concatenate(edges_u), np.concatenate(edges_v), n_docs
+    )
+    similarity = _similarity_to_representative(work, config, n_docs, representative)
+    decisions = _decisions(docs, exact_rep, representative, similarity)
+    dropped = pc.equal(decisions["status"], "dropped")
+    stats["files"] += n_docs
+    stats["kept"] += n_docs - int(pc.sum(dropped).as_py() or 0)
+    for reason in (DropReason.EXACT_DUPLICATE, DropReason.NEAR_DUPLICATE):
+        stats[f"dropped_{reason}"] += int(
+            pc.sum(pc.equal(decisions["reason"], str(reason))).as_py() or 0
+        )
+    clusters = _clusters(decisions)
+    stats["clusters"] += clusters.num_rows
+    return DedupResult(decisions=decisions, stats=stats, clusters=clusters)
+
+
+def _empty_docs() -> pl.DataFrame:
+    return pl.from_arrow(_DOCS_SCHEMA.empty_table())  # type: ignore[return-value]
+
+
+def _slices(shard: pa.Table) -> list[tuple[int, int]]:
+    """Row ranges of about minhash.TOKEN_BATCH_BYTES of text each (at least one row), so the
+    gate's working memory is bounded by that, not by however large upstream made a shard."""
+    sizes = pc.binary_length(shard["text"]).to_numpy(zero_copy_only=False).astype(np.int64)
+    bounds, start, acc = [], 0, 0
+    for i, size in enumerate(sizes.tolist()):
+        if i > start and acc + size > minhash.TOKEN_BATCH_BYTES:
+            bounds.append((start, i))
+            start, acc = i, 0
+        acc += size
+    if start < len(sizes):
+        bounds.append((start, len(sizes)))
+    return bounds
+
+
+def _write_signatures(
+    shards: Iterable[pa.Table], config: DedupConfig, work: _Workdir, stats: Counter[str]
+) -> int:
+    """Stage 1 and 3: per shard, exact keys, signatures and band rows to disk."""
+    order = _StreamOrder()
+    n_docs = 0
+    shingle_offset = 0
+    with open(work.signatures, "wb") as sig_out:
+        shingle_out = open(work.shingles, "wb") if config.verify_candidates else None  # noqa: SIM115
+        try:
+            for shard_no, shard in enumerate(shards):
+                missing = set(SCRUBBED_FILES.names) - set(shard.column_names)
+                if missing:
+                    raise DedupInputError(shard_no, sorted(missing))
+                order.check(shard["source_id"], shard["path"])
+                stats["shards"] += 1
+                for part, (lo, hi) in enumerate(_slices(shard)):
+                    piece = shard.slice(lo, hi - lo)
+                    sig, shingles, docs = _sign(piece, config, n_docs, shingle_offset, stats)
+                    sig_out.write(sig.tobytes())
+                    if shingle_out is not None:
+                        shingle_out.write(shingles.hashes.tobytes())
+                    name = f"part-{shard_no:05d}-{part:04d}.parquet"
+                    pq.write_table(docs, work.docs / name)
+                    _write_band_rows(work, config, name, sig, docs["doc_index"].to_numpy())
+                    shingle_offset += len(shingles.hashes)
+                    n_docs += piece.num_rows
+        finally:
+            if shingle_out is not None:
+                shingle_out.close()
+    return n_docs
+
+
+def _sign(
+    piece: pa.Table, config: DedupConfig, first_doc: int, shingle_offset: int, stats: Counter[str]
+) -> tuple[minhash.U64, minhash.TokenHashes, pa.Table]:
+    """Signatures, shingles and the docs rows of one slice of a shard."""
+    stats["bytes"] += int(pc.sum(pc.binary_length(piece["text"])).as_py() or 0)
+    tokens = minhash.token_hashes(piece["text"].to_pylist())
+    shingles = minhash.shingle_hashes(tokens, config.shingle_size)
+    if config.exact_mode == "content":
+        exact_key = piece["content_sha256"].combine_chunks()
+    else:
+        keys = minhash.token_sequence_keys(tokens)
+        exact_key = pa.array([k.tobytes().hex() for k in keys], pa.string())
+    if config.scheme == "affine64":
+        sig = minhash.signatures(shingles, *minhash.permutations(config.num_perm, config.seed))
+    else:
+        sig = minhash.one_permutation_signatures(shingles, config.num_perm, config.seed)
+    n_shingles = np.diff(shingles.offsets)
+    # Too few shingles: an empty signature keeps the file out of the bands.
+    sig[n_shingles < config.min_shingles] = minhash.EMPTY_HASH
+    stats["tokens"] += len(tokens.hashes)
+    stats["empty_signatures"] += int(np.count_nonzero(n_shingles < config.min_shingles))
+    docs = pa.table(
+        {
+            "doc_index": np.arange(first_doc, first_doc + piece.num_rows, dtype=np.int64),
+            "source_id": piece["source_id"].combine_chunks(),
+            "path": piece["path"].combine_chunks(),
+            "exact_key": exact_key,
+            "n_shingles": n_shingles,
+            "shingle_offset": shingle_offset + shingles.offsets[:-1],
+        },
+        schema=_DOCS_SCHEMA,
+    )
+    return sig, shingles, docs
+
+
+def _write_band_rows(
+    work: _Workdir, config: DedupConfig, name: str, sig: minhash.U64, doc_index: minhash.I64
+) -> None:
+    """(band, band_hash, doc_index) rows, sorted by band so that a band's reader touches
+    only its own row groups. On a distributed executor the same rows would be written as
+    band=<b>/part-<shard>.parquet, one folder per band, and each band stage task reads one
+    folder: bands never need each other until union-find."""
+    live = ~np.all(sig == minhash.EMPTY_HASH, axis=1)
+    if not config.near or not live.any():
+        return
+    hashes = minhash.band_hashes(sig[live], config.bands, config.rows)  # (docs, bands)
+    n_live = hashes.shape[0]
+    pq.write_table(
+        pa.table(
+            {
+                "band": np.repeat(np.arange(config.bands, dtype=np.int16), n_live),
+                "band_hash": hashes.T.reshape(-1),
+                "doc_index": np.tile(doc_index[live], config.bands),
+            }
+        ),
+        work.bands / name,
+        row_group_size=max(n_live, 1),
+    )
+
+
+def _exact_representatives(docs: pl.DataFrame, n_docs: int) -> minhash.I64:
+    """Stage 2: for every doc, the lowest doc_index with the same exact key."""
+    if n_docs == 0:
+        return np.empty(0, dtype=np.int64)
+    rep = docs.select(pl.col("doc_index").min().over("exact_key").alias("rep"), "doc_index").sort(
+        "doc_index"
+    )
+    return rep["rep"].to_numpy().astype(np.int64)
+
+
+def _near_pairs(
+    work: _Workdir,
+    config: DedupConfig,
+    docs: pl.DataFrame,
+    exact_rep: minhash.I64,
+    sig: np.memmap,
+    stats: Counter[str],
+) -> tuple[minhash.I64, minhash.I64]:
+    """Stage 4: candidate pairs band by band, then the similarity check."""
+    band_files = sorted(work.bands.glob("*.parquet"))
+    if not band_files:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    # Exact duplicates follow their representative through the exact edges: only
+    # representatives need to meet in buckets.
+    reps = pl.DataFrame({"doc_index": np.flatnonzero(exact_rep == np.arange(len(exact_rep)))})
+    # Buckets are keyed by (band, band_hash): bands never meet, so on a distributed executor
+    # each band is one task running this same query over its own band=<b>/ folder, and only
+    # the (doc, root) pairs travel to the union-find. Here one query does all bands on
+    # polars' streaming engine (a window min, not list aggregation: half the peak memory).
+    candidates = (
+        pl.scan_parquet(band_files)
+        .join(reps.lazy(), on="doc_index", how="semi")
+        .with_columns(pl.col("doc_index").min().over("band", "band_hash").alias("root"))
+        .filter(pl.col("doc_index") != pl.col("root"))
+        .select("doc_index", "root")
+        .unique()
+        .sort("doc_index", "root")
+        .collect(engine="streaming")
+    )
+    u = candidates["doc_index"].to_numpy().astype(np.int64)
+    v = candidates["root"].to_numpy().astype(np.int64)
+    stats["candidate_pairs"] += len(u)
+    if config.verify_candidates:
+        similar = _true_jaccard(work, docs, u, v) >= config.threshold
+    else:
+        similar = _estimated_jaccard(sig, u, v) >= config.threshold
+    stats["similar_pairs"] += int(np.count_nonzero(similar))
+    return u[similar], v[similar]
+
+
+def _estimated_jaccard(sig: np.memmap, u: minhash.I64, v: minhash.I64) -> npt.NDArray[np.float32]:
+    out = np.empty(len(u), dtype=np.float32)
+    step = 4096  # bounded: step x num_perm x 8 bytes per side
+    for s in range(0, len(u), step):
+        out[s : s + step] = minhash.estimated_jaccard(sig[u[s : s + step]], sig[v[s : s + step]])
+    return out
+
+
+def _true_jaccard(
+    work: _Workdir, docs: pl.DataFrame, u: minhash.I64, v: minhash.I64
+) -> npt.NDArray[np.float32]:
+    offsets = docs.sort("doc_index")["shingle_offset"].to_numpy()
+    counts = docs.sort("doc_index")["n_shingles"].to_numpy()
+    store = np.memmap(work.shingles, dtype=np.uint64, mode="r")
+    out = np.empty(len(u), dtype=np.float32)
+    # One pair at a time: each pair's sets are small and read straight from the memmap.
+    for i, (x, y) in enumerate(zip(u.tolist(), v.tolist(), strict=True)):
+        out[i] = minhash.jaccard(
+            store[offsets[x] : offsets[x] + counts[x]], store[offsets[y] : offsets[y] + counts[y]]
+        )
+    return out
+
+
+def _component_representatives(u: minhash.I64, v: minhash.I64, n_docs: int) -> minhash.I64:
+    """Stage 5: union-find over doc ids; each component's representative is its lowest id."""
+    if n_docs == 0:
+        return np.empty(0, dtype=np.int64)
+    graph = coo_matrix((np.ones(len(u), dtype=np.int8), (u, v)), shape=(n_docs, n_docs))
+    _, label = connected_components(graph, directed=False)
+    lowest = np.full(label.max() + 1, n_docs, dtype=np.int64)
+    np.minimum.at(lowest, label, np.arange(n_docs, dtype=np.int64))
+    return lowest[label]
+
+
+def _similarity_to_representative(
+    work: _Workdir, config: DedupConfig, n_docs: int, representative: minhash.I64
+) -> npt.NDArray[np.float32]:
+    sim = np.full(n_docs, np.nan, dtype=np.float32)
+    members = np.flatnonzero(representative != np.arange(n_docs))
+    if len(members) == 0:
+        return sim
+    sig = np.memmap(work.signatures, dtype=np.uint64, mode="r", shape=(n_docs, config.num_perm))
+    sim[members] = _estimated_jaccard(sig, members, representative[members])
+    return sim
+
+
+def _decisions(
+    docs: pl.DataFrame,
+    exact_rep: minhash.I64,
+    representative: minhash.I64,
+    similarity: npt.NDArray[np.float32],
+) -> pa.Table:
+    n = len(representative)
+    index = np.arange(n, dtype=np.int64)
+    ordered = docs.sort("doc_index")
+    source_id = ordered["source_id"].to_arrow().cast(pa.string())
+    path = ordered["path"].to_arrow().cast(pa.string())
+    dropped = representative != index
+    # A file identical to an earlier one is an exact duplicate even when that earlier copy
+    # is itself a near duplicate; dup_of always names the file that is kept.
+    reason = pa.array(
+        np.where(
+            exact_rep != index, str(DropReason.EXACT_DUPLICATE), str(DropReason.NEAR_DUPLICATE)
+        ),
+        pa.string(),
+        mask=~dropped,
+    )
+    cluster_size = np.bincount(representative, minlength=n)[representative]
+    in_cluster = cluster_size > 1
+    keys = pc.binary_join_element_wise(source_id, path, ":")
+    dup_of = pc.if_else(pa.array(dropped), pc.take(keys, pa.array(representative)), None)
+    return pa.table(
+        {
+            "source_id": source_id,
+            "path": path,
+            "doc_index": index,
+            "status": pa.array(np.where(dropped, "dropped", "kept"), pa.string()),
+            "reason": reason,
+            "dup_of": dup_of.cast(pa.string()),
+            "cluster_id": pa.array(representative, pa.int64(), mask=~in_cluster),
+            "similarity": pa.array(similarity, pa.float32(), mask=~dropped),
+        },
+        schema=DECISIONS_SCHEMA,
+    )
+
+
+def _clusters(decisions: pa.Table) -> pa.Table:
+    frame = pl.from_arrow(decisions)
+    assert isinstance(frame, pl.DataFrame)
+    grouped = (
+        frame.filter(pl.col("cluster_id").is_not_null())
+        .with_columns(key=pl.col("source_id") + ":" + pl.col("path"))
+        .sort("doc_index")
+        .group_by("cluster_id", maintain_order=True)
+        .agg(
+            size=pl.len().cast(pl.Int64),
+            exact=(pl.col("reason") == str(DropReason.EXACT_DUPLICATE)).sum().cast(pl.Int64),
+            near=(pl.col("reason") == str(DropReason.NEAR_DUPLICATE)).sum().cast(pl.Int64),
+            representative=pl.col("key").first(),
+            members_sample=pl.col("key").slice(1, MEMBERS_SAMPLE),
+        )
+        .sort(["size", "cluster_id"], descending=[True, False])
+    )
+    return grouped.to_arrow().cast(CLUSTERS_SCHEMA)
+
+
+def markdown_top_clusters(result: DedupResult, n: int = 10) -> str:
+    """The n biggest clusters as a markdown table (for the asset's UI metadata)."""
+    top = result.clusters.slice(0, n).to_pylist()
+    lines = [
+        f"{result.stats['dropped_exact_duplicate']} exact and "
+        f"{result.stats['dropped_near_duplicate']} near duplicates in "
+        f"{result.clusters.num_rows} clusters; the {len(top)} biggest:",
+        "",
+        "| cluster | files | exact | near | kept | sample of dropped |",
+        "|---:|---:|---:|---:|---|---|",
+    ]
+    for row in top:
+        sample = "<br>".join(f"`{m}`" for m in row["members_sample"])
+        more = row["size"] - 1 - len(row["members_sample"])
+        if more > 0:
+            sample += f"<br>… and {more} more"
+        lines.append(
+            f"| {row['cluster_id']} | {row['size']} | {row['exact']} | {row['near']} "
+            f"| `{row['representative']}` | {sample} |"
+        )
+    return "\n".join(lines)
+
+
+def ledger_rows(decisions: pa.Table, include_kept: bool = False) -> pa.Table:
+    """Ledger rows (ledger.LEDGER_SCHEMA, Stage.DEDUP) for the dropped files, with dup_of,
+    and for every file when `include_kept`. Cluster id and estimated similarity ride in
+    `detail` ("cluster 12; estimated jaccard 0.91") until the ledger has columns for them."""
+    rows = decisions
+    if not include_kept:
+        rows = decisions.filter(pc.equal(decisions["status"], "dropped"))
+    cluster = pc.cast(rows["cluster_id"], pa.string())
+    dropped_detail = pc.binary_join_element_wise(
+        "cluster ",
+        cluster,
+        "; estimated jaccard ",
+        pc.cast(pc.round(rows["similarity"], 3), pa.string()),
+        "",
+    )
+    kept_detail = pc.binary_join_element_wise("representative of cluster ", cluster, "")
+    detail = pc.if_else(pc.equal(rows["status"], "dropped"), dropped_detail, kept_detail)
+    return pa.table(
+        {
+            "source_id": rows["source_id"],
+            "path": rows["path"],
+            "stage": pa.array([str(Stage.DEDUP)] * rows.num_rows, pa.string()),
+            "status": rows["status"],
+            "reason": rows["reason"],
+            "detail": detail,
+            "dup_of": rows["dup_of"],
+            "license_expression": pa.nulls(rows.num_rows, pa.string()),
+        },
+        schema=LEDGER_SCHEMA,
+    )
+
+
+def kept_rows(shard: pa.Table, decisions: pa.Table) -> pa.Table:
+    """The rows of one shard that dedup keeps, in their original order."""
+    kept = decisions.filter(pc.equal(decisions["status"], "kept"))
+    kept_keys = pc.binary_join_element_wise(kept["source_id"], kept["path"], "\x00")
+    shard_keys = pc.binary_join_element_wise(shard["source_id"], shard["path"], "\x00")
+    return shard.filter(pc.is_in(shard_keys, value_set=kept_keys))

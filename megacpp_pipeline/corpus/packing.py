@@ -1,0 +1,563 @@
+"""The packed_rows stage: documents become BOS + tokens + EOS, are cut into pieces of at most
+`seq_len`, and the pieces are placed into fixed-length rows (best-fit decreasing over a
+bounded window of documents by default). Seed rules: every row starts at a piece start
+(BOS-aligned), no target crosses a document boundary, train and validation never share a
+row, and the same inputs and seed give byte-identical rows.
+
+Only the placement of pieces into rows is a Python loop (one step per piece); everything per
+token -- building the BOS/EOS/FIM stream, cutting, and filling the rows -- is numpy array work.
+
+pack_id: rows are numbered sequentially per split in output order, starting at the split's
+base in PACK_ID_BASE (train from 0, validation from 2**40), so an id never depends on the
+other split and never collides with it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from megacpp_pipeline.corpus.tokenizer import SpecialIds
+from megacpp_pipeline.snapshot.packed_rows import (
+    IGNORE_INDEX,
+    PAD_DOC_ID,
+    PIECES_SCHEMA,
+    packed_rows_schema,
+)
+
+SPLITS = ("train", "validation")
+PACK_ID_BASE = {"train": 0, "validation": 1 << 40}
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_INPUT_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.int32()),
+        pa.field("token_ids", pa.list_(pa.int32())),
+        pa.field("chunk_kind", pa.list_(pa.uint8())),
+    ]
+)
+
+
+class PackingPolicy(StrEnum):
+    BEST_FIT = "best_fit"  # best-fit decreasing over a bounded window of documents
+    PACKED_ROWS = "packed_rows"  # greedy sequential: next piece, or close the row
+    SINGLE_DOC = "single_doc"  # one piece per row, padded
+
+
+class FimMode(StrEnum):
+    RANDOM = "random"  # two uniform cut points (at token boundaries) per document
+    STRUCTURED = "structured"  # the middle is one whole chunk-kind run, e.g. a function body
+
+
+class PackingInputError(ValueError):
+    """A document table breaks the packer's input contract; names the doc and the column."""
+
+
+class PackingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq_len: int = Field(default=2048, ge=8)
+    policy: PackingPolicy = PackingPolicy.BEST_FIT
+    # Documents (per split) packed together; bounds memory to one window, and a wider window
+    # leaves fewer partly filled rows at its end.
+    window_docs: int = Field(default=1024, ge=1)
+    fim_rate: float = Field(default=0.0, ge=0.0, le=1.0)  # train split only
+    fim_mode: FimMode = FimMode.RANDOM
+    # Chunk kinds a structured middle may be (enrich.CHUNK_KINDS ids; 2 = func_body, so the
+    # model learns to write a body between its signature and what follows); empty means any
+    # kind except 0 ("other").
+    fim_structured_kinds: tuple[int, ...] = (2,)
+    seed: int = 0
+    packing_telemetry: bool = False
+    histogram_bins: int = Field(default=20, ge=1)
+
+
+class PackingTelemetry(BaseModel):
+    """Additive counters of one packing run (merge() sums them); ratios are derived."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str
+    seq_len: int
+    rows: int = 0
+    valid_tokens: int = 0
+    docs: int = 0
+    pieces: int = 0
+    cropped_docs: int = 0  # documents cut into more than one piece
+    doc_tokens: int = 0  # the documents' own tokens (without BOS/EOS/FIM)
+    fim_docs: int = 0
+    # Row-utilization histogram: counts over equal bins of [0, 1] (last bin includes 1.0).
+    histogram: list[int] = Field(default_factory=list)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def utilization(self) -> float:
+        return self.valid_tokens / (self.rows * self.seq_len) if self.rows else 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def docs_per_row(self) -> float:
+        return self.pieces / self.rows if self.rows else 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def avg_doc_tokens(self) -> float:
+        return self.doc_tokens / self.docs if self.docs else 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def cropped_doc_frac(self) -> float:
+        return self.cropped_docs / self.docs if self.docs else 0.0
+
+    def histogram_edges(self) -> np.ndarray:
+        return np.linspace(0.0, 1.0, len(self.histogram) + 1)
+
+    def merge(self, other: PackingTelemetry) -> PackingTelemetry:
+        if (self.policy, self.seq_len) != (other.policy, other.seq_len):
+            raise ValueError("telemetry of different policies or seq_len does not add up")
+        hist = other.histogram if not self.histogram else self.histogram
+        if self.histogram and other.histogram:
+            hist = [a + b for a, b in zip(self.histogram, other.histogram, strict=True)]
+        return PackingTelemetry(
+            policy=self.policy,
+            seq_len=self.seq_len,
+            rows=self.rows + other.rows,
+            valid_tokens=self.valid_tokens + other.valid_tokens,
+            docs=self.docs + other.docs,
+            pieces=self.pieces + other.pieces,
+            cropped_docs=self.cropped_docs + other.cropped_docs,
+            doc_tokens=self.doc_tokens + other.doc_tokens,
+            fim_docs=self.fim_docs + other.fim_docs,
+            histogram=list(hist),
+        )
+
+
+@dataclass
+class PackedBatch:
+    split: str
+    rows: pa.Table  # packed_rows_schema(seq_len)
+    pieces: pa.Table  # PIECES_SCHEMA
+    telemetry: PackingTelemetry | None = None
+
+
+def _excl_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(x.size, dtype=np.int64)
+    if x.size > 1:
+        np.cumsum(x[:-1], out=out[1:])
+    return out
+
+
+def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices start[0]..start[0]+len[0]-1, start[1]..., as one array (no Python loop)."""
+    lengths = lengths.astype(np.int64)
+    total = int(lengths.sum())
+    return np.arange(total, dtype=np.int64) + np.repeat(
+        starts.astype(np.int64) - _excl_cumsum(lengths), lengths
+    )
+
+
+def _uniform(seed: int, doc_ids: np.ndarray, stream: int) -> np.ndarray:
+    """splitmix64 of (seed, doc id, stream): a per-document uniform in [0, 1) that does not
+    depend on window boundaries or input order."""
+    with np.errstate(over="ignore"):
+        x = (
+            doc_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            + np.uint64(
+                (seed * 0x632BE59BD9B4E019 + stream * 0xD1B54A32D192ED03) & 0xFFFFFFFFFFFFFFFF
+            )
+        ) & _MASK64
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _fim_cuts(
+    config: PackingConfig,
+    doc_ids: np.ndarray,
+    n_tok: np.ndarray,
+    kinds: np.ndarray,
+    tok_offsets: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(is_fim, a, b) per document: the middle is tokens [a, b) of the document."""
+    n_docs = doc_ids.size
+    is_fim = (_uniform(config.seed, doc_ids, 0) < config.fim_rate) & (n_tok > 0)
+    a = n_tok.astype(np.int64).copy()
+    b = n_tok.astype(np.int64).copy()
+    u1 = _uniform(config.seed, doc_ids, 1)
+    u2 = _uniform(config.seed, doc_ids, 2)
+    if config.fim_mode == FimMode.RANDOM:
+        lo = np.minimum(u1, u2)
+        hi = np.maximum(u1, u2)
+        a_r = np.minimum((lo * (n_tok + 1)).astype(np.int64), n_tok)
+        b_r = np.minimum((hi * (n_tok + 1)).astype(np.int64), n_tok)
+        a = np.where(is_fim, a_r, a)
+        b = np.where(is_fim, b_r, b)
+        return is_fim, a, b
+    # Structured: runs of equal chunk kind inside a document; eligible runs are the wanted
+    # kinds; one is picked per document by u2. Documents without one get no FIM.
+    total = kinds.size
+    if total == 0:
+        return np.zeros(n_docs, dtype=bool), a, b
+    tok_doc = np.repeat(np.arange(n_docs), n_tok)
+    change = np.ones(total, dtype=bool)
+    change[1:] = (kinds[1:] != kinds[:-1]) | (tok_doc[1:] != tok_doc[:-1])
+    run_start = np.flatnonzero(change)
+    run_end = np.append(run_start[1:], total)
+    run_kind = kinds[run_start]
+    if config.fim_structured_kinds:
+        eligible = np.isin(run_kind, np.array(config.fim_structured_kinds, dtype=np.uint8))
+    else:
+        eligible = run_kind != 0
+    run_start, run_end = run_start[eligible], run_end[eligible]
+    run_doc = tok_doc[run_start]
+    per_doc = np.bincount(run_doc, minlength=n_docs)
+    first_run = _excl_cumsum(per_doc)
+    is_fim &= per_doc > 0
+    pick = first_run + np.minimum((u2 * per_doc).astype(np.int64), np.maximum(per_doc - 1, 0))
+    pick = np.minimum(pick, max(run_start.size - 1, 0))
+    if run_start.size:
+        a = np.where(is_fim, run_start[pick] - tok_offsets[:-1], a)
+        b = np.where(is_fim, run_end[pick] - tok_offsets[:-1], b)
+    return is_fim, a, b
+
+
+def _fim_bodies(
+    tokens: np.ndarray,
+    kinds: np.ndarray,
+    n_tok: np.ndarray,
+    is_fim: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    special: SpecialIds,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Document bodies in PSM order for FIM documents (PRE prefix SUF suffix MID middle),
+    unchanged for the others; BOS/EOS are added by the row fill. Returns tokens, kinds and
+    body lengths. Every document is six (start, length) segments into `tokens` extended by
+    the three FIM ids, so one gather builds the whole window."""
+    t = tokens.size
+    fim_ids = [special.fim_prefix, special.fim_suffix, special.fim_middle]
+    ext_tokens = np.concatenate([tokens, np.array(fim_ids, dtype=np.int32)])
+    ext_kinds = np.concatenate([kinds, np.zeros(3, dtype=np.uint8)])
+    s = _excl_cumsum(n_tok)
+    f = is_fim.astype(np.int64)
+    n = n_tok.astype(np.int64)
+    seg_start = np.stack(
+        [
+            np.full_like(n, t),  # FIM prefix
+            s,  # prefix (the whole document without FIM)
+            np.full_like(n, t + 1),  # FIM suffix
+            s + b,  # suffix
+            np.full_like(n, t + 2),  # FIM middle
+            s + a,  # middle
+        ],
+        axis=1,
+    ).ravel()
+    seg_len = np.stack([f, a, f, n - b, f, b - a], axis=1).ravel()
+    idx = _concat_ranges(seg_start, seg_len)
+    return ext_tokens[idx], ext_kinds[idx], n + 3 * f
+
+
+def _place_best_fit(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best-fit decreasing: longest piece first, each into the open row whose free space is
+    the smallest that still holds it. Returns (row, offset) per piece."""
+    order = np.lexsort((np.arange(lengths.size), -lengths))
+    row = np.empty(lengths.size, dtype=np.int64)
+    offset = np.empty(lengths.size, dtype=np.int64)
+    fill: list[int] = []
+    # Open rows keyed by free << 32 | row, kept sorted: bisect finds the best fit.
+    free_keys: list[int] = []
+    for i, length in zip(order.tolist(), lengths[order].tolist(), strict=True):
+        pos = bisect.bisect_left(free_keys, length << 32)
+        if pos < len(free_keys):
+            key = free_keys.pop(pos)
+            r = key & 0xFFFFFFFF
+            free = (key >> 32) - length
+        else:
+            r = len(fill)
+            fill.append(0)
+            free = seq_len - length
+        row[i] = r
+        offset[i] = fill[r]
+        fill[r] += length
+        if free > 0:
+            bisect.insort(free_keys, (free << 32) | r)
+    return row, offset
+
+
+def _place_sequential(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    row = np.empty(lengths.size, dtype=np.int64)
+    offset = np.empty(lengths.size, dtype=np.int64)
+    r, fill = -1, seq_len
+    for i, length in enumerate(lengths.tolist()):
+        if fill + length > seq_len:
+            r, fill = r + 1, 0
+        row[i] = r
+        offset[i] = fill
+        fill += length
+    return row, offset
+
+
+def _fixed(values: np.ndarray, arrow_type: pa.DataType, seq_len: int) -> pa.FixedSizeListArray:
+    return pa.FixedSizeListArray.from_arrays(pa.array(values, type=arrow_type), seq_len)
+
+
+@dataclass
+class _Placement:
+    """Pieces sorted by (row, offset): where each piece of the window goes."""
+
+    row: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    doc: np.ndarray  # index of the document in the window
+    index: np.ndarray  # piece index within its document
+    n_rows: int
+
+
+@dataclass
+class _RowColumns:
+    input_ids: np.ndarray  # flat [n_rows * seq_len]
+    target_ids: np.ndarray
+    loss_mask: np.ndarray
+    doc_ids: np.ndarray
+    chunk_kind: np.ndarray
+    valid: np.ndarray  # [n_rows]
+    num_docs: np.ndarray
+
+
+def _fill_rows(
+    placed: _Placement,
+    body: np.ndarray,
+    body_kinds: np.ndarray,
+    n_body: np.ndarray,
+    doc_ids: np.ndarray,
+    seq_len: int,
+    special: SpecialIds,
+) -> _RowColumns:
+    """The token columns of the window's rows, each in one vectorized pass.
+
+    The rows, read in order, are segments -- each row's pieces, then its pad run -- gathered
+    from `ext` = body ++ seq_len pads with one index array. Stream position j of a document
+    is body[start + j - 1]; j = 0 (BOS) and j = last (EOS) read a neighbour or a pad and are
+    overwritten afterwards, which keeps the gather branch-free."""
+    n_rows, p_len, p_index = placed.n_rows, placed.length, placed.index
+    valid = np.bincount(placed.row, weights=p_len, minlength=n_rows).astype(np.int64)
+    num_docs = np.bincount(placed.row, minlength=n_rows).astype(np.int32)
+    t = body.size
+    ext = np.concatenate([body, np.full(seq_len, special.pad, dtype=np.int32)])
+    ext_kinds = np.concatenate([body_kinds, np.zeros(seq_len, dtype=np.uint8)])
+    n_seg = p_len.size + n_rows
+    seg_pos = np.arange(p_len.size) + placed.row  # each row's pad segment follows its pieces
+    pad_pos = np.cumsum(num_docs) + np.arange(n_rows)
+    seg_src = np.empty(n_seg, dtype=np.int64)
+    seg_len = np.empty(n_seg, dtype=np.int64)
+    seg_doc = np.empty(n_seg, dtype=np.int32)
+    seg_src[seg_pos] = _excl_cumsum(n_body)[placed.doc] + p_index * seq_len - 1
+    seg_len[seg_pos], seg_doc[seg_pos] = p_len, doc_ids[placed.doc]
+    seg_src[pad_pos], seg_len[pad_pos], seg_doc[pad_pos] = t, seq_len - valid, PAD_DOC_ID
+    idx = _concat_ranges(seg_src, seg_len)
+    idx[idx < 0] = t  # the first document's BOS slot
+    input_ids = ext[idx]
+    chunk_kind = ext_kinds[idx]
+    piece_out = _excl_cumsum(seg_len)[seg_pos]
+    piece_last = piece_out + p_len - 1
+    first = piece_out[p_index == 0]
+    eos = piece_last[(p_index + 1) * seq_len >= n_body[placed.doc] + 2]
+    input_ids[first], chunk_kind[first] = special.bos, 0
+    input_ids[eos], chunk_kind[eos] = special.eos, 0
+    row_doc_ids = np.repeat(seg_doc, seg_len)
+
+    target_ids = np.empty(n_rows * seq_len, dtype=np.int32)
+    target_ids[:-1] = input_ids[1:]
+    target_ids[piece_last] = IGNORE_INDEX  # a piece's last slot has no target
+    target_ids[row_doc_ids == PAD_DOC_ID] = IGNORE_INDEX
+    return _RowColumns(
+        input_ids=input_ids,
+        target_ids=target_ids,
+        loss_mask=(target_ids != IGNORE_INDEX).view(np.uint8),
+        doc_ids=row_doc_ids,
+        chunk_kind=chunk_kind,
+        valid=valid,
+        num_docs=num_docs,
+    )
+
+
+class _SplitPacker:
+    """Packs one split's windows; owns that split's pack_id counter."""
+
+    def __init__(self, split: str, config: PackingConfig, special: SpecialIds) -> None:
+        self.split = split
+        self.config = config
+        self.special = special
+        self.next_pack_id = PACK_ID_BASE[split]
+        self.pending: list[pa.Table] = []
+        self.pending_docs = 0
+
+    def add(self, table: pa.Table) -> Iterator[PackedBatch]:
+        self.pending.append(table)
+        self.pending_docs += table.num_rows
+        while self.pending_docs >= self.config.window_docs:
+            merged = pa.concat_tables(self.pending)
+            window = merged.slice(0, self.config.window_docs)
+            rest = merged.slice(self.config.window_docs)
+            self.pending = [rest] if rest.num_rows else []
+            self.pending_docs = rest.num_rows
+            yield self.pack_window(window)
+
+    def flush(self) -> Iterator[PackedBatch]:
+        if self.pending_docs:
+            window = pa.concat_tables(self.pending)
+            self.pending, self.pending_docs = [], 0
+            yield self.pack_window(window)
+
+    def pack_window(self, window: pa.Table) -> PackedBatch:
+        config, seq_len = self.config, self.config.seq_len
+        doc_ids = window.column("doc_id").to_numpy().astype(np.int32)
+        if doc_ids.size and doc_ids.min() < 0:
+            # -1 marks pads in doc_ids; a negative document id would read as padding.
+            raise PackingInputError(f"doc_id {int(doc_ids.min())}: document ids must be >= 0")
+        token_col = window.column("token_ids").combine_chunks()
+        kind_col = window.column("chunk_kind").combine_chunks()
+        n_tok = pc.list_value_length(token_col).to_numpy(zero_copy_only=False).astype(np.int64)
+        n_kind = pc.list_value_length(kind_col).to_numpy(zero_copy_only=False).astype(np.int64)
+        if not np.array_equal(n_tok, n_kind):
+            bad = int(doc_ids[np.flatnonzero(n_tok != n_kind)[0]])
+            raise PackingInputError(f"doc_id {bad}: chunk_kind length differs from token_ids")
+        tokens = pc.list_flatten(token_col).to_numpy(zero_copy_only=False)
+        kinds = pc.list_flatten(kind_col).to_numpy(zero_copy_only=False)
+        tok_offsets = np.concatenate([[0], np.cumsum(n_tok)])
+
+        if self.split == "train" and config.fim_rate > 0:
+            is_fim, a, b = _fim_cuts(config, doc_ids, n_tok, kinds, tok_offsets)
+            body, body_kinds, n_body = _fim_bodies(tokens, kinds, n_tok, is_fim, a, b, self.special)
+        else:
+            is_fim = np.zeros(n_tok.size, dtype=bool)
+            body, body_kinds, n_body = tokens, kinds, n_tok
+        n_stream = n_body + 2  # BOS + body + EOS
+
+        # Cut each document stream into pieces of at most seq_len.
+        n_pieces = -(-n_stream // seq_len)
+        piece_doc = np.repeat(np.arange(n_stream.size), n_pieces)
+        piece_index = np.arange(piece_doc.size) - np.repeat(_excl_cumsum(n_pieces), n_pieces)
+        piece_len = np.minimum(seq_len, n_stream[piece_doc] - piece_index * seq_len)
+
+        if config.policy == PackingPolicy.BEST_FIT:
+            row, offset = _place_best_fit(piece_len, seq_len)
+        elif config.policy == PackingPolicy.PACKED_ROWS:
+            row, offset = _place_sequential(piece_len, seq_len)
+        else:
+            row, offset = np.arange(piece_len.size), np.zeros(piece_len.size, dtype=np.int64)
+        order = np.lexsort((offset, row))
+        placed = _Placement(
+            row=row[order],
+            offset=offset[order],
+            length=piece_len[order],
+            doc=piece_doc[order],
+            index=piece_index[order],
+            n_rows=int(row.max()) + 1 if row.size else 0,
+        )
+        cols = _fill_rows(placed, body, body_kinds, n_body, doc_ids, seq_len, self.special)
+        pack_ids = self.next_pack_id + np.arange(placed.n_rows, dtype=np.int64)
+        self.next_pack_id += placed.n_rows
+
+        rows = pa.Table.from_arrays(
+            [
+                pa.array(pack_ids, pa.int64()),
+                _fixed(cols.input_ids, pa.int32(), seq_len),
+                _fixed(cols.target_ids, pa.int32(), seq_len),
+                _fixed(cols.loss_mask, pa.uint8(), seq_len),
+                _fixed(cols.doc_ids, pa.int32(), seq_len),
+                pa.array(cols.valid.astype(np.int32), pa.int32()),
+                pa.array(cols.num_docs, pa.int32()),
+                _fixed(cols.chunk_kind, pa.uint8(), seq_len),
+            ],
+            schema=packed_rows_schema(seq_len),
+        )
+        pieces = pa.Table.from_arrays(
+            [
+                pa.array(doc_ids[placed.doc], pa.int32()),
+                pa.array(placed.index.astype(np.int32), pa.int32()),
+                pa.array(pack_ids[placed.row], pa.int64()),
+                pa.array(placed.offset.astype(np.int32), pa.int32()),
+                pa.array(placed.length.astype(np.int32), pa.int32()),
+                pa.repeat(pa.scalar(self.split, pa.string()), placed.row.size),
+            ],
+            schema=PIECES_SCHEMA,
+        )
+        telemetry = None
+        if config.packing_telemetry:
+            utilization = cols.valid / seq_len
+            hist, _ = np.histogram(utilization, bins=config.histogram_bins, range=(0.0, 1.0))
+            telemetry = PackingTelemetry(
+                policy=str(config.policy),
+                seq_len=seq_len,
+                rows=placed.n_rows,
+                valid_tokens=int(cols.valid.sum()),
+                docs=int(n_tok.size),
+                pieces=int(placed.length.size),
+                cropped_docs=int((n_pieces > 1).sum()),
+                doc_tokens=int(n_tok.sum()),
+                fim_docs=int(is_fim.sum()),
+                histogram=[int(c) for c in hist],
+            )
+        return PackedBatch(split=self.split, rows=rows, pieces=pieces, telemetry=telemetry)
+
+
+def pack(
+    docs: Iterable[pa.Table], config: PackingConfig, special: SpecialIds
+) -> Iterator[PackedBatch]:
+    """Packed rows, one split per batch, one batch per window of `window_docs` documents.
+
+    Each input table has doc_id (int32), token_ids (list<int32>), chunk_kind (list<uint8>)
+    and split; documents are taken in input order, so the output does not depend on how the
+    input is cut into tables."""
+    packers = {split: _SplitPacker(split, config, special) for split in SPLITS}
+    for table in docs:
+        missing = {"doc_id", "token_ids", "chunk_kind", "split"} - set(table.column_names)
+        if missing:
+            raise PackingInputError(f"document table lacks columns {sorted(missing)}")
+        if table.num_rows == 0:
+            continue
+        split_col = table.column("split")
+        unknown = set(pc.unique(split_col).to_pylist()) - set(SPLITS)
+        if unknown:
+            raise PackingInputError(f"split: unknown values {sorted(map(str, unknown))}")
+        columns = table.select(["doc_id", "token_ids", "chunk_kind"]).cast(_INPUT_SCHEMA)
+        # Zero-copy slices of each run of one split (Arrow's filter/take copy list columns
+        # slowly); the window concatenation later makes them contiguous.
+        is_train = pc.equal(split_col, "train").to_numpy(zero_copy_only=False)
+        run_starts = np.flatnonzero(np.diff(is_train, prepend=~is_train[:1])).tolist()
+        for lo, hi in zip(run_starts, [*run_starts[1:], table.num_rows], strict=True):
+            packer = packers["train" if is_train[lo] else "validation"]
+            yield from packer.add(columns.slice(lo, hi - lo))
+    for packer in packers.values():
+        yield from packer.flush()
+
+
+def restore_fim_order(stream: np.ndarray, special: SpecialIds) -> np.ndarray:
+    """A document's packed stream in reading order: BOS PRE p SUF s MID m EOS becomes
+    BOS p m s EOS; a stream without FIM comes back unchanged. For readers that rebuild a
+    document from its pieces (the round-trip check). Control ids never come from text, so
+    the first SUF and MID are the markers."""
+    stream = np.asarray(stream)
+    if stream.size < 5 or stream[1] != special.fim_prefix:
+        return stream
+    suf = int(np.flatnonzero(stream == special.fim_suffix)[0])
+    mid = int(np.flatnonzero(stream == special.fim_middle)[0])
+    return np.concatenate(
+        [stream[:1], stream[2:suf], stream[mid + 1 : -1], stream[suf + 1 : mid], stream[-1:]]
+    )
+
+
+def merge_telemetry(batches: Iterable[PackedBatch]) -> PackingTelemetry | None:
+    total: PackingTelemetry | None = None
+    for batch in batches:
+        if batch.telemetry is not None:
+            total = batch.telemetry if total is None else total.merge(batch.telemetry)
+    return total

@@ -1,0 +1,255 @@
+"""The tokenized_docs gate: token ids per document, a per-token chunk kind from one offline
+alignment of the enrichment spans, and a deterministic train/validation split. Seed rules:
+decode(encode(text)) == text for every kept document (failures are dropped and named), and
+structure reaches the tokens through offsets, never through a per-token Python loop.
+
+Alignment: enrichment spans are UTF-8 byte offsets. Instead of converting the encodings'
+character offsets, the gate uses the fact that a byte-level BPE token always stands for the
+same bytes: a vocab-sized table of token byte lengths, cumulated per document, gives every
+token's byte offset directly (exact even where a token splits a multibyte character, where
+character offsets are ambiguous). A per-document check that the token bytes add up to the
+text's bytes guards the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
+from tokenizers import Tokenizer
+
+from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.ledger import DropReason, Stage, drops, empty_ledger
+
+SPLITS = ("train", "validation")
+
+
+class TokenizerNotByteLevelError(ValueError):
+    """The alignment needs a byte-level decoder: each token must stand for fixed bytes."""
+
+
+class TokenizeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    validation_fraction: float = Field(default=0.02, ge=0.0, le=1.0)
+    # Changing the salt reshuffles the split; keep it fixed across snapshots so a document
+    # never moves from validation into train.
+    split_salt: str = "megacpp-split-v1"
+    # Bytes of text encoded at once: the Encoding objects of one batch are what costs memory.
+    batch_bytes: int = Field(default=1024 * 1024, ge=1)
+
+
+def assign_split(
+    source_ids: list[str] | pa.Array | pa.ChunkedArray,
+    paths: list[str] | pa.Array | pa.ChunkedArray,
+    config: TokenizeConfig,
+) -> list[str]:
+    """`validation` when hash(salt, source id, path) falls under the fraction, else `train`."""
+    if not isinstance(source_ids, list):
+        source_ids = source_ids.to_pylist()
+    if not isinstance(paths, list):
+        paths = paths.to_pylist()
+    threshold = int(config.validation_fraction * (1 << 64))
+    key = config.split_salt.encode("utf-8")[:64]
+    out = []
+    for source_id, path in zip(source_ids, paths, strict=True):
+        digest = hashlib.blake2b(f"{source_id}\0{path}".encode(), digest_size=8, key=key).digest()
+        out.append("validation" if int.from_bytes(digest, "little") < threshold else "train")
+    return out
+
+
+def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
+    """Bytes each token id decodes to, for a byte-level tokenizer (one char = one byte)."""
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    if decoder.get("type") != "ByteLevel":
+        raise TokenizerNotByteLevelError(
+            f"tokenizer decoder is {decoder.get('type')!r}; the alignment needs 'ByteLevel'"
+        )
+    lengths = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), dtype=np.int64)
+    for token, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
+        lengths[token_id] = len(token)
+    for token_id, added in tokenizer.get_added_tokens_decoder().items():
+        lengths[token_id] = len(added.content.encode("utf-8"))
+    return lengths
+
+
+def align_chunk_kinds(
+    token_doc: np.ndarray,
+    token_start: np.ndarray,
+    doc_base: np.ndarray,
+    doc_bytes: np.ndarray,
+    chunks: pa.Table,
+) -> np.ndarray:
+    """Per-token chunk kind: the kind of the span holding the token's first byte (0 outside).
+
+    `token_start` is each token's byte offset in its document; `chunks` holds the
+    documents' chunk_starts/chunk_ends/chunk_kinds list columns. Everything is lifted into one
+    global byte space (doc_base + offset) so a single searchsorted serves the whole batch.
+    """
+    starts_col = chunks.column("chunk_starts").combine_chunks()
+    span_doc = pc.list_parent_indices(starts_col).to_numpy()
+    span_start = pc.list_flatten(starts_col).to_numpy().astype(np.int64)
+    span_end = pc.list_flatten(chunks.column("chunk_ends").combine_chunks()).to_numpy()
+    span_kind = pc.list_flatten(chunks.column("chunk_kinds").combine_chunks()).to_numpy()
+    if span_start.size == 0:
+        return np.zeros(token_start.size, dtype=np.uint8)
+    # A span reaching past its text must not claim the next document's tokens.
+    span_end = np.minimum(span_end.astype(np.int64), doc_bytes[span_doc])
+    g_span_start = span_start + doc_base[span_doc]
+    g_span_end = span_end + doc_base[span_doc]
+    g_token = token_start + doc_base[token_doc]
+    j = np.searchsorted(g_span_start, g_token, side="right") - 1
+    jc = np.maximum(j, 0)
+    inside = (j >= 0) & (g_token < g_span_end[jc])
+    return np.where(inside, span_kind[jc], 0).astype(np.uint8)
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _tokenize_batch(
+    table: pa.Table, tokenizer: Tokenizer, byte_len: np.ndarray, config: TokenizeConfig
+) -> GateResult:
+    stats: Counter[str] = Counter()
+    texts: list[str] = table.column("text").to_pylist()
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    ids = [e.ids for e in encodings]
+    decoded = tokenizer.decode_batch(ids, skip_special_tokens=False)
+
+    ids_arr = pa.array(ids, type=pa.list_(pa.int32()))
+    flat = ids_arr.values.to_numpy()
+    offsets = ids_arr.offsets.to_numpy()
+    n_tokens = np.diff(offsets)
+    doc_bytes = pc.binary_length(table.column("text")).to_numpy().astype(np.int64)
+
+    token_doc = np.repeat(np.arange(len(texts)), n_tokens)
+    token_len = byte_len[flat]
+    # Exclusive cumulative bytes over the batch's tokens: a token's byte offset inside its
+    # document, and the bytes each document's tokens add up to (must equal the text's own
+    # byte length for the alignment to be trusted).
+    cum = np.zeros(flat.size + 1, dtype=np.int64)
+    np.cumsum(token_len, out=cum[1:])
+    token_start = cum[:-1] - cum[offsets[:-1]][token_doc]
+    covered = cum[offsets[1:]] - cum[offsets[:-1]]
+
+    doc_base = np.cumsum(doc_bytes) - doc_bytes
+    kinds = align_chunk_kinds(token_doc, token_start, doc_base, doc_bytes, table)
+
+    reasons: list[DropReason] = []
+    details: list[str] = []
+    dropped_rows: list[int] = []
+    keep = np.ones(len(texts), dtype=bool)
+    source_ids = table.column("source_id").to_pylist()
+    paths = table.column("path").to_pylist()
+    for i, (text, back) in enumerate(zip(texts, decoded, strict=True)):
+        reason: DropReason | None = None
+        if n_tokens[i] == 0:
+            reason, detail = DropReason.EMPTY_AFTER_TOKENIZE, "no tokens"
+        elif back != text:
+            at = _first_difference(text, back)
+            reason = DropReason.ROUND_TRIP_FAILED
+            detail = f"decode(encode(text)) != text from character {at}"
+        elif covered[i] != doc_bytes[i]:
+            reason = DropReason.ROUND_TRIP_FAILED
+            detail = f"token bytes cover {covered[i]} of {doc_bytes[i]} text bytes"
+        if reason is not None:
+            keep[i] = False
+            dropped_rows.append(i)
+            reasons.append(reason)
+            details.append(f"{source_ids[i]}:{paths[i]}: {detail}")
+            stats[f"dropped_{reason}"] += 1
+
+    kinds_arr = pa.ListArray.from_arrays(ids_arr.offsets, pa.array(kinds, pa.uint8()))
+    kept_src, kept_ids, kept_kinds = table, ids_arr, kinds_arr
+    if not keep.all():  # Arrow's filter copies list columns slowly; the usual case skips it
+        mask = pa.array(keep)
+        kept_src, kept_ids, kept_kinds = (
+            table.filter(mask),
+            ids_arr.filter(mask),
+            kinds_arr.filter(mask),
+        )
+    kept = pa.table(
+        {
+            "source_id": kept_src.column("source_id"),
+            "path": kept_src.column("path"),
+            "revision": kept_src.column("revision"),
+            "blob_sha": kept_src.column("blob_sha"),
+            "size": kept_src.column("size"),
+            "content_sha256": kept_src.column("content_sha256"),
+            "license_expression": kept_src.column("license_expression"),
+            "license_source": kept_src.column("license_source"),
+            "structure_source": kept_src.column("structure_source"),
+            "split": pa.array(
+                assign_split(kept_src.column("source_id"), kept_src.column("path"), config),
+                pa.string(),
+            ),
+            "num_tokens": pa.array(n_tokens[keep].astype(np.int32), pa.int32()),
+            "token_ids": kept_ids,
+            "chunk_kind": kept_kinds,
+        },
+        schema=schemas.TOKENIZED_DOCS,
+    )
+    dropped = (
+        drops(
+            [source_ids[i] for i in dropped_rows],
+            [paths[i] for i in dropped_rows],
+            Stage.TOKENIZE,
+            reasons,
+            details,
+        )
+        if dropped_rows
+        else empty_ledger()
+    )
+    stats["docs_in"] += len(texts)
+    stats["docs_kept"] += int(keep.sum())
+    stats["bytes_in"] += int(doc_bytes.sum())
+    stats["tokens_kept"] += int(n_tokens[keep].sum())
+    for split in SPLITS:
+        stats[f"docs_{split}"] += int(pc.sum(pc.equal(kept.column("split"), split)).as_py() or 0)
+    return GateResult(kept=kept, dropped=dropped, stats=stats)
+
+
+def _byte_batches(table: pa.Table, batch_bytes: int) -> list[tuple[int, int]]:
+    sizes = pc.binary_length(table.column("text")).to_numpy().astype(np.int64)
+    bounds: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes.tolist()):
+        acc += size
+        if acc >= batch_bytes:
+            bounds.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(sizes):
+        bounds.append((start, len(sizes)))
+    return bounds
+
+
+def run(table: pa.Table, tokenizer: Tokenizer, config: TokenizeConfig) -> GateResult:
+    """schemas.ENRICHED_FILES rows in, schemas.TOKENIZED_DOCS rows out (no BOS/EOS here)."""
+    # Literal "<|eos|>" in a source file is text, not a control token (not serialized).
+    tokenizer.encode_special_tokens = True
+    byte_len = token_byte_lengths(tokenizer)
+    parts = [
+        _tokenize_batch(table.slice(lo, hi - lo), tokenizer, byte_len, config)
+        for lo, hi in _byte_batches(table, config.batch_bytes)
+    ]
+    if not parts:
+        return GateResult(kept=schemas.TOKENIZED_DOCS.empty_table())
+    stats: Counter[str] = Counter()
+    for part in parts:
+        stats.update(part.stats)
+    return GateResult(
+        kept=pa.concat_tables([p.kept for p in parts]),
+        dropped=pa.concat_tables([p.dropped for p in parts]),
+        stats=stats,
+    )

@@ -1,0 +1,1 @@
+"""The stage registry and running stages without Dagster."""

@@ -1,0 +1,413 @@
+"""Megatron-LM's MMIDIDX `.bin`/`.idx` pair: the writer, the snapshot export and our own reader.
+
+Decides how a snapshot becomes Megatron input: one sequence per document, its tokens in piece
+order, in the dtype megatron-core itself picks for the vocabulary. Seed rule: promotion must
+prove that a consumer nobody here wrote can read the snapshot, so the bytes follow
+megatron-core's `indexed_dataset` exactly: magic, version 1, dtype code, sequence count,
+document count, int32 sequence lengths, int64 byte pointers, int64 document indices.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+
+INDEX_MAGIC = b"MMIDIDX\x00\x00"
+INDEX_VERSION = 1
+_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, documents
+# megatron.core.datasets.indexed_dataset.DType
+DTYPE_CODES: dict[np.dtype[Any], int] = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
+_DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+class IndexedDatasetFormatError(Exception):
+    def __init__(self, path: Path, field: str, rule: str) -> None:
+        super().__init__(f"{path}: {field}: {rule}")
+        self.path = path
+        self.field = field
+        self.rule = rule
+
+
+class MegatronExportError(Exception):
+    def __init__(self, source: Path, field: str, rule: str) -> None:
+        super().__init__(f"{source}: {field}: {rule}")
+        self.source = source
+        self.field = field
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class IndexedDatasetSummary:
+    prefix: Path
+    dtype: str
+    sequences: int
+    documents: int
+    tokens: int
+    bin_bytes: int
+
+
+def megatron_token_dtype(vocab_size: int | None) -> np.dtype[Any]:
+    """The token dtype megatron-core's `DType.optimal_dtype` picks for this vocabulary."""
+    if vocab_size is not None and vocab_size < 65500:
+        return np.dtype(np.uint16)
+    return np.dtype(np.int32)
+
+
+def _dtype_code(dtype: np.dtype[Any], where: Path) -> int:
+    if dtype not in DTYPE_CODES:
+        raise MegatronExportError(where, "dtype", f"{dtype} has no Megatron dtype code")
+    return DTYPE_CODES[dtype]
+
+
+def _check_token_range(tokens: np.ndarray, dtype: np.dtype[Any], where: Path, field: str) -> None:
+    if not tokens.size or dtype.kind == "f":
+        return
+    info = np.iinfo(dtype)
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < info.min or high > info.max:
+        raise MegatronExportError(where, field, f"ids span [{low}, {high}], beyond {dtype}")
+
+
+def _write_index(
+    idx_path: Path,
+    dtype: np.dtype[Any],
+    sequence_lengths: np.ndarray,
+    document_indices: np.ndarray,
+) -> None:
+    lengths = np.ascontiguousarray(sequence_lengths, dtype="<i4")
+    pointers = np.zeros(len(lengths), dtype="<i8")
+    np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+    with idx_path.open("wb") as out:
+        out.write(
+            _HEADER.pack(
+                INDEX_MAGIC,
+                INDEX_VERSION,
+                _dtype_code(dtype, idx_path),
+                len(lengths),
+                len(document_indices),
+            )
+        )
+        out.write(lengths.tobytes(order="C"))
+        out.write(pointers.tobytes(order="C"))
+        out.write(np.ascontiguousarray(document_indices, dtype="<i8").tobytes(order="C"))
+
+
+def _tmp(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a killed export leaves its <pid>.tmp behind: remove those of dead processes
+    for stale in path.parent.glob(f"{path.name}.*.tmp"):
+        pid = stale.name[len(path.name) + 1 : -len(".tmp")]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def _promote(bin_tmp: Path, idx_tmp: Path, prefix: Path) -> None:
+    # .bin first: an .idx only ever appears next to the data it describes
+    os.replace(bin_tmp, prefix.with_name(prefix.name + ".bin"))
+    os.replace(idx_tmp, prefix.with_name(prefix.name + ".idx"))
+
+
+def write_indexed_dataset(
+    prefix: str | os.PathLike[str],
+    sequences: Iterable[np.ndarray],
+    dtype: np.dtype[Any] | type[np.number[Any]] = np.int32,
+) -> IndexedDatasetSummary:
+    """Stream sequences (one per document) into `prefix.bin` / `prefix.idx`, atomically."""
+    prefix = Path(prefix)
+    dtype = np.dtype(dtype)
+    _dtype_code(dtype, prefix)
+    bin_tmp = _tmp(prefix.with_name(prefix.name + ".bin"))
+    idx_tmp = _tmp(prefix.with_name(prefix.name + ".idx"))
+    lengths = np.empty(1024, dtype=np.int64)
+    count = 0
+    try:
+        with bin_tmp.open("wb") as out:
+            for number, sequence in enumerate(sequences):
+                array = np.asarray(sequence)
+                _check_token_range(array, dtype, prefix, f"sequence {number}")
+                out.write(np.ascontiguousarray(array, dtype=dtype.newbyteorder("<")).tobytes())
+                if count == len(lengths):
+                    lengths = np.resize(lengths, 2 * count)
+                lengths[count] = array.size
+                count += 1
+        lengths = lengths[:count]
+        _write_index(idx_tmp, dtype, lengths, np.arange(count + 1, dtype=np.int64))
+        _promote(bin_tmp, idx_tmp, prefix)
+    finally:
+        bin_tmp.unlink(missing_ok=True)
+        idx_tmp.unlink(missing_ok=True)
+    return IndexedDatasetSummary(
+        prefix, dtype.name, count, count, int(lengths.sum()), int(lengths.sum()) * dtype.itemsize
+    )
+
+
+def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(values), dtype=np.int64)
+    np.cumsum(values[:-1], out=out[1:])
+    return out
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(start, start + length) for each pair, without a Python loop."""
+    lengths = lengths.astype(np.int64)
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
+        _exclusive_cumsum(lengths), lengths
+    )
+    return np.repeat(starts.astype(np.int64), lengths) + within
+
+
+def export_snapshot(
+    snapshot_dir: str | os.PathLike[str],
+    out_prefix: str | os.PathLike[str],
+    split: str = "train",
+    dtype: np.dtype[Any] | type[np.number[Any]] | None = None,
+) -> IndexedDatasetSummary:
+    """Write one Megatron sequence per document of `split`, in doc_id order.
+
+    Two passes: `pieces.parquet` fixes where every piece lands in the output, then each row
+    group's `input_ids` is scattered into a memory-mapped `.bin`, so a document whose pieces
+    sit in different rows or shards comes out whole without holding the corpus in memory.
+    """
+    root = Path(snapshot_dir)
+    prefix = Path(out_prefix)
+    manifest = read_snapshot_manifest(root)
+    seq_len = int(manifest["seq_len"])
+    dtype = np.dtype(dtype) if dtype is not None else megatron_token_dtype(manifest["vocab_size"])
+    _dtype_code(dtype, prefix)
+    shards = split_shards(manifest, split, root)
+
+    docs = pq.read_table(root / "documents.parquet", columns=["doc_id", "num_tokens", "split"])
+    docs = docs.filter(pc.equal(docs.column("split"), split)).sort_by("doc_id")
+    doc_ids = docs.column("doc_id").to_numpy().astype(np.int64)
+    doc_tokens = docs.column("num_tokens").to_numpy().astype(np.int64)
+    pieces = pq.read_table(root / "pieces.parquet")
+    pieces = pieces.filter(pc.equal(pieces.column("split"), split))
+    pieces = pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
+    piece_doc = pieces.column("doc_id").to_numpy().astype(np.int64)
+    piece_index = pieces.column("piece_index").to_numpy().astype(np.int64)
+    piece_pack = pieces.column("pack_id").to_numpy().astype(np.int64)
+    piece_offset = pieces.column("row_offset").to_numpy().astype(np.int64)
+    piece_length = pieces.column("length").to_numpy().astype(np.int64)
+
+    pieces_path = root / "pieces.parquet"
+    if len(np.unique(doc_ids)) != len(doc_ids):
+        raise MegatronExportError(root / "documents.parquet", "doc_id", "duplicate doc_id")
+    known = np.isin(piece_doc, doc_ids)
+    if not known.all():
+        doc = int(piece_doc[~known][0])
+        raise MegatronExportError(pieces_path, f"doc_id {doc}", "not in documents.parquet")
+    first_piece = np.ones(len(piece_doc), dtype=bool)
+    first_piece[1:] = piece_doc[1:] != piece_doc[:-1]
+    expected_index = np.arange(len(piece_doc)) - np.maximum.accumulate(
+        np.where(first_piece, np.arange(len(piece_doc)), 0)
+    )
+    if (bad := np.flatnonzero(piece_index != expected_index)).size:
+        doc = int(piece_doc[bad[0]])
+        raise MegatronExportError(pieces_path, f"doc_id {doc}", "piece_index not 0, 1, 2, ...")
+    if (bad := np.flatnonzero((piece_offset < 0) | (piece_offset + piece_length > seq_len))).size:
+        doc = int(piece_doc[bad[0]])
+        raise MegatronExportError(pieces_path, f"doc_id {doc}", "piece runs outside its row")
+    placed_tokens = np.bincount(
+        np.searchsorted(doc_ids, piece_doc), weights=piece_length, minlength=len(doc_ids)
+    ).astype(np.int64)
+    if (bad := np.flatnonzero(placed_tokens != doc_tokens)).size:
+        doc = int(doc_ids[bad[0]])
+        raise MegatronExportError(
+            pieces_path,
+            f"doc_id {doc}",
+            f"pieces hold {int(placed_tokens[bad[0]])} tokens, documents.parquet says "
+            f"{int(doc_tokens[bad[0]])}",
+        )
+    # pieces are sorted by (doc, piece) and documents by doc, so each piece's destination is
+    # the running total of the lengths before it
+    piece_dest = _exclusive_cumsum(piece_length)
+    total = int(piece_length.sum())
+    by_pack = np.argsort(piece_pack, kind="stable")
+    sorted_pack = piece_pack[by_pack]
+    placed = np.zeros(len(piece_pack), dtype=np.int64)
+
+    bin_tmp = _tmp(prefix.with_name(prefix.name + ".bin"))
+    idx_tmp = _tmp(prefix.with_name(prefix.name + ".idx"))
+    try:
+        bin_tmp.write_bytes(b"")
+        out = np.memmap(bin_tmp, dtype=dtype, mode="w+", shape=(total,)) if total else None
+        for relpath in shards:
+            parquet = pq.ParquetFile(root / relpath, memory_map=True)
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group, columns=["pack_id", "input_ids"])
+                rows = table.column("pack_id").to_numpy()
+                tokens = fixed_list_to_numpy(table.column("input_ids"), seq_len).reshape(-1)
+                lo = np.searchsorted(sorted_pack, rows, side="left")
+                hi = np.searchsorted(sorted_pack, rows, side="right")
+                if not (hi - lo).any():
+                    continue
+                chosen = by_pack[_ranges(lo, hi - lo)]
+                row_of_piece = np.repeat(np.arange(len(rows)), hi - lo)
+                src = _ranges(row_of_piece * seq_len + piece_offset[chosen], piece_length[chosen])
+                values = tokens[src]
+                _check_token_range(values, dtype, root / relpath, "input_ids")
+                assert out is not None
+                out[_ranges(piece_dest[chosen], piece_length[chosen])] = values
+                np.add.at(placed, chosen, 1)
+        if out is not None:
+            out.flush()
+            del out
+        if (bad := np.flatnonzero(placed != 1)).size:
+            doc, pack = int(piece_doc[bad[0]]), int(piece_pack[bad[0]])
+            raise MegatronExportError(
+                pieces_path,
+                f"doc_id {doc}",
+                f"row pack_id {pack} found {int(placed[bad[0]])} times in split {split!r}",
+            )
+        _write_index(idx_tmp, dtype, doc_tokens, np.arange(len(doc_ids) + 1, dtype=np.int64))
+        _promote(bin_tmp, idx_tmp, prefix)
+    finally:
+        bin_tmp.unlink(missing_ok=True)
+        idx_tmp.unlink(missing_ok=True)
+    return IndexedDatasetSummary(
+        prefix, dtype.name, len(doc_ids), len(doc_ids), total, total * dtype.itemsize
+    )
+
+
+class IndexedDatasetReader:
+    """Our own reader of an MMIDIDX pair, written from the format, not from megatron-core.
+
+    Every length, pointer and document index is checked against the file sizes when it
+    opens, so a truncated or foreign file fails here with the field that is wrong.
+    """
+
+    def __init__(self, prefix: str | os.PathLike[str]) -> None:
+        self.prefix = Path(prefix)
+        self.idx_path = self.prefix.with_name(self.prefix.name + ".idx")
+        self.bin_path = self.prefix.with_name(self.prefix.name + ".bin")
+        idx = self.idx_path.read_bytes()
+        if len(idx) < _HEADER.size:
+            raise IndexedDatasetFormatError(self.idx_path, "header", "file is shorter than it")
+        magic, version, code, sequences, documents = _HEADER.unpack_from(idx)
+        if magic != INDEX_MAGIC:
+            raise IndexedDatasetFormatError(self.idx_path, "magic", f"{magic!r} is not MMIDIDX")
+        if version != INDEX_VERSION:
+            raise IndexedDatasetFormatError(self.idx_path, "version", f"{version} is not 1")
+        if code not in _DTYPES_BY_CODE:
+            raise IndexedDatasetFormatError(self.idx_path, "dtype code", f"unknown code {code}")
+        self.dtype = _DTYPES_BY_CODE[code]
+        body = _HEADER.size + sequences * (4 + 8) + documents * 8
+        if len(idx) not in (body, body + sequences):  # + one int8 mode each when multimodal
+            raise IndexedDatasetFormatError(
+                self.idx_path, "size", f"{len(idx)} bytes, counts in the header need {body}"
+            )
+        offset = _HEADER.size
+        self.sequence_lengths = np.frombuffer(idx, "<i4", sequences, offset)
+        offset += 4 * sequences
+        self.sequence_pointers = np.frombuffer(idx, "<i8", sequences, offset)
+        offset += 8 * sequences
+        self.document_indices = np.frombuffer(idx, "<i8", documents, offset)
+
+        if (self.sequence_lengths < 0).any():
+            raise IndexedDatasetFormatError(self.idx_path, "sequence lengths", "negative length")
+        expected = _exclusive_cumsum(self.sequence_lengths.astype(np.int64) * self.dtype.itemsize)
+        if not np.array_equal(self.sequence_pointers, expected):
+            raise IndexedDatasetFormatError(
+                self.idx_path, "sequence pointers", "not the running sum of the lengths"
+            )
+        di = self.document_indices
+        if not len(di) or di[0] != 0 or di[-1] != sequences or (np.diff(di) < 0).any():
+            raise IndexedDatasetFormatError(
+                self.idx_path, "document indices", f"must rise from 0 to {sequences}"
+            )
+        self.total_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        bin_bytes = self.bin_path.stat().st_size
+        if bin_bytes != self.total_tokens * self.dtype.itemsize:
+            raise IndexedDatasetFormatError(
+                self.bin_path,
+                "size",
+                f"{bin_bytes} bytes, the index describes {self.total_tokens * self.dtype.itemsize}",
+            )
+        self._file = self.bin_path.open("rb")
+        self._data: mmap.mmap | bytes = (
+            mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if bin_bytes else b""
+        )
+
+    @property
+    def document_count(self) -> int:
+        return len(self.document_indices) - 1
+
+    def __len__(self) -> int:
+        return len(self.sequence_lengths)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sequence {index} of {len(self)}")
+        index %= len(self)
+        return np.frombuffer(
+            self._data,
+            self.dtype,
+            int(self.sequence_lengths[index]),
+            int(self.sequence_pointers[index]),
+        )
+
+    def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens offset..offset+length of one sequence, as megatron-core's
+        `IndexedDataset.get` reads a training sample out of a document; a zero-copy view."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sequence {index} of {len(self)}")
+        index %= len(self)
+        size = int(self.sequence_lengths[index])
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(f"tokens {offset}..{offset + length} of sequence {index} ({size})")
+        start = int(self.sequence_pointers[index]) + offset * self.dtype.itemsize
+        return np.frombuffer(self._data, self.dtype, length, start)
+
+    def document(self, index: int) -> np.ndarray:
+        lo, hi = int(self.document_indices[index]), int(self.document_indices[index + 1])
+        if hi - lo == 1:
+            return self[lo]
+        return np.concatenate([self[i] for i in range(lo, hi)] or [np.empty(0, self.dtype)])
+
+    def close(self) -> None:
+        if isinstance(self._data, mmap.mmap):
+            try:
+                self._data.close()
+            except BufferError:  # arrays handed out still view it; the map dies with them
+                pass
+        self._file.close()
+
+    def __enter__(self) -> IndexedDatasetReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

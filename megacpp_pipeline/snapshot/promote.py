@@ -1,0 +1,411 @@
+"""Promotion: a snapshot directory is built beside its final place and renamed into it, so
+no reader ever sees half of one; `_COMPLETE` is written last and its absence means "not a
+snapshot". The snapshot id is a hash of the content, so the same inputs, config and code give
+the same id (seed: a snapshot either survives promotion checks or it does not).
+
+Layout (DESIGN section 4): manifest.json, tokenizer.json, documents.parquet, pieces.parquet,
+ledger.parquet, train/part-*.parquet, validation/part-*.parquet, _COMPLETE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
+
+SNAPSHOT_SCHEMA_VERSION = 1
+COMPLETE = "_COMPLETE"
+MANIFEST = "manifest.json"
+SPLITS = ("train", "validation")
+# The quality report is derived after promotion and is not part of the training contract:
+# it lives in this folder, outside the manifest's file list.
+REPORT_DIR = "report"
+_CHUNK = 1 << 20
+
+
+class SnapshotError(Exception):
+    """A snapshot could not be built or read; the message names the file and the rule."""
+
+
+class SnapshotConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Round-trip every document up to this many; above it, a seeded sample of this size.
+    round_trip_sample: int = Field(default=5000, ge=1)
+    smoke_batches: int = Field(default=4, ge=1)
+    smoke_batch_size: int = Field(default=8, ge=1)
+    seed: int = 0
+    keep_snapshots: int = Field(default=3, ge=1)
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    sha256: str
+    bytes: int
+    rows: int | None = None
+
+
+class SplitEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rows: int
+    documents: int
+    tokens: int  # valid (non-pad) tokens in the split's rows
+    shards: list[str]
+
+
+class SnapshotManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SNAPSHOT_SCHEMA_VERSION
+    packed_schema_version: str = PACKED_SCHEMA_VERSION
+    snapshot_id: str
+    name: str
+    created_at: str
+    code_version: str
+    config_hash: str
+    seq_len: int
+    vocab_size: int
+    tokenizer: dict[str, Any]
+    splits: dict[str, SplitEntry]
+    documents: int
+    ledger: dict[str, dict[str, int]]  # source -> {collected, kept, dropped}
+    inputs: dict[str, str]  # upstream asset manifests' sha256
+    files: list[FileEntry]  # every file but manifest.json and _COMPLETE
+
+
+@dataclass
+class SnapshotParts:
+    """Everything a snapshot is made of, as streams the builder consumes once."""
+
+    name: str
+    seq_len: int
+    vocab_size: int
+    tokenizer_json: bytes
+    tokenizer_info: dict[str, Any]
+    rows: dict[str, list[Path]]  # split -> packed-row parquet files, in order
+    documents: pa.Table  # tokens.DOCUMENTS rows, all of them (metadata only: small)
+    pieces: Iterable[pa.Table]
+    ledger: Iterable[pa.Table]  # ledger rows of every stage, collect first
+    inputs: dict[str, str]
+    code_version: str
+    config_hash: str
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    if pq.read_metadata(tmp).num_rows != table.num_rows:
+        raise SnapshotError(f"{path}: did not read back")
+    os.replace(tmp, path)
+
+
+def final_ledger(ledger_parts: Iterable[pa.Table], documents: pa.Table) -> pa.Table:
+    """One row per collected file: kept (it reached documents.parquet) or dropped at the stage
+    that dropped it, with the reason and dup_of. The collect ledger lists every file seen;
+    later stages list only their drops."""
+    frames = [pl.DataFrame(t) for t in ledger_parts if t.num_rows]
+    if not frames:
+        return LEDGER_SCHEMA.empty_table()
+    everything = pl.concat(frames, how="vertical_relaxed")
+    collected = everything.filter(pl.col("stage") == "raw_files")
+    later = everything.filter(pl.col("stage") != "raw_files").unique(
+        subset=["source_id", "path"], keep="first", maintain_order=True
+    )
+    docs = pl.DataFrame(documents.select(["source_id", "path", "license_expression"])).with_columns(
+        pl.lit(True).alias("in_documents")
+    )
+    merged = (
+        collected.join(later, on=["source_id", "path"], how="left", suffix="_later")
+        .join(docs, on=["source_id", "path"], how="left", suffix="_doc")
+        .with_columns(
+            pl.when(pl.col("stage_later").is_not_null())
+            .then(pl.col("stage_later"))
+            .when(pl.col("status") == "kept")
+            .then(pl.lit("snapshot"))
+            .otherwise(pl.col("stage"))
+            .alias("stage"),
+            pl.when(pl.col("stage_later").is_not_null())
+            .then(pl.lit("dropped"))
+            .when((pl.col("status") == "kept") & pl.col("in_documents").is_null())
+            .then(pl.lit("dropped"))
+            .otherwise(pl.col("status"))
+            .alias("status"),
+            pl.coalesce("reason_later", "reason").alias("reason"),
+            pl.coalesce("detail_later", "detail").alias("detail"),
+            pl.coalesce("dup_of_later", "dup_of").alias("dup_of"),
+            pl.coalesce("license_expression_doc", "license_expression_later").alias(
+                "license_expression"
+            ),
+        )
+    )
+    # a collected file that reached no document and no drop row: say so instead of hiding it
+    merged = merged.with_columns(
+        pl.when(
+            (pl.col("status") == "dropped")
+            & pl.col("reason").is_null()
+            & pl.col("stage_later").is_null()
+        )
+        .then(pl.lit("unaccounted"))
+        .otherwise(pl.col("reason"))
+        .alias("reason")
+    )
+    out = merged.select(LEDGER_SCHEMA.names).to_arrow()
+    return out.cast(LEDGER_SCHEMA)
+
+
+def ledger_summary(ledger: pa.Table) -> dict[str, dict[str, int]]:
+    df = pl.DataFrame(ledger)
+    summary: dict[str, dict[str, int]] = {}
+    for row in (
+        df.group_by("source_id")
+        .agg(
+            pl.len().alias("collected"),
+            (pl.col("status") == "kept").sum().alias("kept"),
+            (pl.col("status") == "dropped").sum().alias("dropped"),
+        )
+        .sort("source_id")
+        .iter_rows(named=True)
+    ):
+        summary[row["source_id"]] = {
+            "collected": int(row["collected"]),
+            "kept": int(row["kept"]),
+            "dropped": int(row["dropped"]),
+        }
+    return summary
+
+
+def build_snapshot(
+    root: Path,
+    parts: SnapshotParts,
+    keep: int = 3,
+    gate: Callable[[Path], list[str]] | None = None,
+) -> Path:
+    """Write the snapshot under `root/snapshots/`, atomically; returns its directory.
+
+    `gate` runs the promotion checks on the finished build directory (it already has its
+    `_COMPLETE`, so real consumers can open it there) and returns failures; any failure
+    removes the build and raises, so a snapshot that fails a check is never promoted."""
+    snapshots = root / "snapshots"
+    snapshots.mkdir(parents=True, exist_ok=True)
+    _clean_stale(snapshots)
+    work = snapshots / f".building-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    work.mkdir()
+    try:
+        files: list[FileEntry] = []
+
+        def add(rel: str, rows: int | None = None) -> None:
+            p = work / rel
+            files.append(
+                FileEntry(path=rel, sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows)
+            )
+
+        (work / "tokenizer.json").write_bytes(parts.tokenizer_json)
+        add("tokenizer.json")
+
+        pieces = pa.concat_tables(
+            [PIECES_SCHEMA.empty_table()] + [t.cast(PIECES_SCHEMA) for t in parts.pieces]
+        )
+        pieces = pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
+        # num_tokens: the document's tokens as packed (BOS + text + EOS, FIM sentinels),
+        # i.e. what its pieces hold; text_tokens: what the tokenizer gave for the text alone.
+        counts = (
+            pl.DataFrame(pieces.select(["doc_id", "length"]))
+            .group_by("doc_id")
+            .agg(
+                pl.len().cast(pl.Int32).alias("num_pieces"),
+                pl.col("length").sum().cast(pl.Int32).alias("num_tokens"),
+            )
+        )
+        documents = (
+            pl.DataFrame(parts.documents)
+            .rename({"num_tokens": "text_tokens"})
+            .join(counts, on="doc_id", how="left")
+            .with_columns(pl.col("num_pieces").fill_null(0), pl.col("num_tokens").fill_null(0))
+            .sort("doc_id")
+            .to_arrow()
+        )
+        _write_parquet(documents, work / "documents.parquet")
+        add("documents.parquet", documents.num_rows)
+        _write_parquet(pieces, work / "pieces.parquet")
+        add("pieces.parquet", pieces.num_rows)
+        ledger = final_ledger(parts.ledger, parts.documents)
+        _write_parquet(ledger, work / "ledger.parquet")
+        add("ledger.parquet", ledger.num_rows)
+
+        splits: dict[str, SplitEntry] = {}
+        for split in SPLITS:
+            (work / split).mkdir()
+            shards: list[str] = []
+            rows = tokens = 0
+            for i, src in enumerate(parts.rows.get(split, [])):
+                rel = f"{split}/part-{i:05d}.parquet"
+                shutil.copyfile(src, work / rel)
+                meta = pq.read_metadata(work / rel)
+                col = pq.read_table(work / rel, columns=["valid_token_count"])
+                tokens += int(pa.compute.sum(col["valid_token_count"]).as_py() or 0)
+                rows += meta.num_rows
+                shards.append(rel)
+                add(rel, meta.num_rows)
+            split_docs = int(
+                pa.compute.sum(pa.compute.equal(documents["split"], split)).as_py() or 0
+            )
+            splits[split] = SplitEntry(
+                rows=rows, documents=split_docs, tokens=tokens, shards=shards
+            )
+
+        content = hashlib.sha256()
+        for f in sorted(files, key=lambda f: f.path):
+            content.update(f"{f.path}\0{f.sha256}\n".encode())
+        content.update(f"{parts.code_version}\0{parts.config_hash}\0{parts.seq_len}".encode())
+        snapshot_id = f"{parts.name}-{content.hexdigest()[:16]}"
+        manifest = SnapshotManifest(
+            snapshot_id=snapshot_id,
+            name=parts.name,
+            created_at=datetime.now(UTC).isoformat(),
+            code_version=parts.code_version,
+            config_hash=parts.config_hash,
+            seq_len=parts.seq_len,
+            vocab_size=parts.vocab_size,
+            tokenizer=parts.tokenizer_info,
+            splits=splits,
+            documents=documents.num_rows,
+            ledger=ledger_summary(ledger),
+            inputs=parts.inputs,
+            files=files,
+        )
+        raw = manifest.model_dump_json(indent=2).encode()
+        (work / MANIFEST).write_bytes(raw)
+        # the marker holds the manifest's sha256, so a changed manifest byte is caught too
+        (work / COMPLETE).write_text(f"{snapshot_id} {hashlib.sha256(raw).hexdigest()}\n")
+        if gate is not None:
+            failures = gate(work)
+            if failures:
+                raise SnapshotError("promotion refused: " + "; ".join(failures))
+        final = snapshots / snapshot_id
+        if (final / COMPLETE).exists():
+            # the same content is already promoted: keep the existing one, drop ours
+            shutil.rmtree(work)
+            return final
+        if final.exists() and not (final / COMPLETE).exists():
+            shutil.rmtree(final)  # an unfinished leftover without _COMPLETE
+        try:
+            os.replace(work, final)
+        except OSError:
+            if not (final / COMPLETE).exists():
+                raise
+            # a concurrent run promoted the same content meanwhile: keep it, drop ours
+            shutil.rmtree(work)
+            return final
+        _prune(snapshots, parts.name, keep, final)
+        return final
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _clean_stale(snapshots: Path) -> None:
+    """Build directories of a dead run (killed between mkdir and rename) go away."""
+    for d in snapshots.glob(".building-*"):
+        parts = d.name.split("-")  # .building-<pid>-<id>
+        if len(parts) == 3 and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+            shutil.rmtree(d, ignore_errors=True)
+            continue
+        try:
+            age = datetime.now(UTC).timestamp() - d.stat().st_mtime
+        except OSError:
+            continue
+        if age > 3600 or not any(d.iterdir()):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def manifest_sha256_recorded(snapshot_dir: Path) -> str | None:
+    """The manifest sha256 `_COMPLETE` holds (None for a marker written before it did)."""
+    marker = (snapshot_dir / COMPLETE).read_text().split()
+    return marker[1] if len(marker) > 1 else None
+
+
+def _prune(snapshots: Path, name: str, keep: int, current: Path) -> None:
+    done = sorted(
+        (d for d in snapshots.glob(f"{name}-*") if (d / COMPLETE).exists() and d != current),
+        key=lambda d: (d / COMPLETE).stat().st_mtime,
+    )
+    for d in done[: max(0, len(done) - (keep - 1))]:
+        (d / COMPLETE).unlink(missing_ok=True)  # unreadable first, then gone
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def read_manifest(snapshot_dir: Path) -> SnapshotManifest:
+    if not (snapshot_dir / COMPLETE).exists():
+        raise SnapshotError(f"{snapshot_dir}: no {COMPLETE}; not a snapshot")
+    try:
+        return SnapshotManifest.model_validate_json((snapshot_dir / MANIFEST).read_bytes())
+    except (OSError, ValueError) as e:
+        raise SnapshotError(f"{snapshot_dir / MANIFEST}: unreadable manifest ({e})") from e
+
+
+def latest_snapshot(root: Path, name: str | None = None) -> Path | None:
+    snaps = root / "snapshots"
+    if not snaps.is_dir():
+        return None
+    done = [
+        d
+        for d in snaps.iterdir()
+        if d.is_dir() and (d / COMPLETE).exists() and (name is None or d.name.startswith(name))
+    ]
+    return max(done, key=lambda d: (d / COMPLETE).stat().st_mtime) if done else None
+
+
+def manifest_summary(manifest: SnapshotManifest) -> str:
+    lines = [
+        f"snapshot   {manifest.snapshot_id}",
+        f"created    {manifest.created_at}",
+        f"seq_len    {manifest.seq_len}   vocab {manifest.vocab_size}"
+        f"   tokenizer sha256 {str(manifest.tokenizer.get('sha256', ''))[:16]}",
+        f"documents  {manifest.documents}",
+    ]
+    for split, s in manifest.splits.items():
+        lines.append(
+            f"{split:<10} {s.rows} rows, {s.documents} documents, {s.tokens} tokens, "
+            f"{len(s.shards)} shards"
+        )
+    lines.append("ledger     source: collected = kept + dropped")
+    for source, c in manifest.ledger.items():
+        lines.append(f"  {source:<16} {c['collected']} = {c['kept']} + {c['dropped']}")
+    lines.append(f"files      {len(manifest.files)}, {sum(f.bytes for f in manifest.files)} bytes")
+    return "\n".join(lines)
+
+
+def manifest_json(manifest: SnapshotManifest) -> str:
+    return json.dumps(manifest.model_dump(mode="json"), indent=2)

@@ -1,0 +1,502 @@
+"""The promotion checks, runnable from disk alone (no Dagster): file sha256s, the packed-row
+schema contract, token ranges, document consistency, round-trip decode, ledger
+completeness, a consumer smoke read through the loader and a Megatron read-back.
+
+Seed rule: schema-valid parquet is not enough; promotion must prove one real downstream
+consumer read. `megacpp verify` runs the from-disk checks; the snapshot asset runs all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from megacpp_pipeline.snapshot.packed_rows import (
+    IGNORE_INDEX,
+    OPTIONAL_TOKEN_COLUMNS,
+    PAD_DOC_ID,
+    REQUIRED_COLUMNS,
+    fixed_list_to_numpy,
+    packed_rows_schema,
+)
+from megacpp_pipeline.snapshot.promote import (
+    COMPLETE,
+    MANIFEST,
+    REPORT_DIR,
+    SnapshotConfig,
+    SnapshotManifest,
+    manifest_sha256_recorded,
+    manifest_summary,
+    read_manifest,
+    sha256_file,
+)
+
+
+@dataclass
+class CheckOutcome:
+    name: str
+    passed: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def fail(self, problem: str) -> None:
+        self.passed = False
+        if len(self.problems) < 50:
+            self.problems.append(problem)
+
+
+def _shards(snap: Path, manifest: SnapshotManifest) -> list[tuple[str, Path]]:
+    return [(split, snap / rel) for split, s in manifest.splits.items() for rel in s.shards]
+
+
+def check_files(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+    """Every listed file exists with its bytes and sha256; nothing unlisted lies around."""
+    out = CheckOutcome("file_checksums", True)
+    listed = {f.path for f in manifest.files}
+    recorded = manifest_sha256_recorded(snap)
+    if recorded is not None and sha256_file(snap / MANIFEST) != recorded:
+        out.fail(f"{snap / MANIFEST}: sha256 differs from the one {COMPLETE} recorded")
+    for f in manifest.files:
+        p = snap / f.path
+        if not p.is_file():
+            out.fail(f"{p}: missing")
+        elif p.stat().st_size != f.bytes:
+            out.fail(f"{p}: {p.stat().st_size} bytes, manifest says {f.bytes}")
+        elif sha256_file(p) != f.sha256:
+            out.fail(f"{p}: sha256 mismatch")
+    for p in snap.rglob("*"):
+        rel = p.relative_to(snap).as_posix()
+        if rel.startswith(f"{REPORT_DIR}/"):
+            continue
+        if p.is_file() and rel not in listed and rel not in (MANIFEST, COMPLETE):
+            out.fail(f"{p}: not listed in the manifest")
+    out.metrics["files"] = len(manifest.files)
+    return out
+
+
+def check_schema(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+    """The seven required columns with their exact Arrow types at length seq_len; optional
+    columns only if this schema version knows them."""
+    out = CheckOutcome("schema_contract", True)
+    expected = packed_rows_schema(manifest.seq_len)
+    for _split, path in _shards(snap, manifest):
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowInvalid) as e:
+            out.fail(f"{path}: not readable parquet ({e})")
+            continue
+        for name in REQUIRED_COLUMNS:
+            if name not in schema.names:
+                out.fail(f"{path}: required column {name!r} missing")
+            elif schema.field(name).type != expected.field(name).type:
+                out.fail(
+                    f"{path}: column {name!r} is {schema.field(name).type}, "
+                    f"contract says {expected.field(name).type}"
+                )
+        for name in schema.names:
+            if name in REQUIRED_COLUMNS:
+                continue
+            if name not in OPTIONAL_TOKEN_COLUMNS:
+                out.fail(f"{path}: column {name!r} is not known to the schema version")
+            elif schema.field(name).type != expected.field(name).type:
+                out.fail(f"{path}: optional column {name!r} has type {schema.field(name).type}")
+    out.metrics["shards"] = len(_shards(snap, manifest))
+    return out
+
+
+def check_token_ranges(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+    """Every id in [0, vocab_size); targets in range or ignored; pads only after
+    valid_token_count (there: loss masked, doc_ids -1)."""
+    out = CheckOutcome("token_range_and_pads", True)
+    vocab, seq = manifest.vocab_size, manifest.seq_len
+    rows = 0
+    for _split, path in _shards(snap, manifest):
+        t = pq.read_table(
+            path, columns=["input_ids", "target_ids", "loss_mask", "doc_ids", "valid_token_count"]
+        )
+        rows += t.num_rows
+        ids = fixed_list_to_numpy(t["input_ids"], seq)
+        tgt = fixed_list_to_numpy(t["target_ids"], seq)
+        mask = fixed_list_to_numpy(t["loss_mask"], seq)
+        docs = fixed_list_to_numpy(t["doc_ids"], seq)
+        valid = t["valid_token_count"].to_numpy()
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            out.fail(f"{path}: input_ids outside [0, {vocab}): min {ids.min()} max {ids.max()}")
+        bad_tgt = (tgt != IGNORE_INDEX) & ((tgt < 0) | (tgt >= vocab))
+        if bad_tgt.any():
+            out.fail(f"{path}: {int(bad_tgt.sum())} target_ids outside the vocabulary")
+        if ((valid < 1) | (valid > seq)).any():
+            out.fail(f"{path}: valid_token_count outside [1, {seq}]")
+        pad = np.arange(seq)[None, :] >= valid[:, None]
+        if (docs[pad] != PAD_DOC_ID).any():
+            out.fail(f"{path}: doc_ids on pad positions are not {PAD_DOC_ID}")
+        if (docs[~pad] < 0).any():
+            out.fail(f"{path}: a pad doc id inside the valid prefix")
+        if mask[pad].any():
+            out.fail(f"{path}: loss counted on pad positions")
+        if ((mask == 1) & (tgt == IGNORE_INDEX)).any():
+            out.fail(f"{path}: loss counted where the target is ignored")
+    out.metrics.update(rows=rows, vocab_size=vocab)
+    return out
+
+
+def _pieces(snap: Path) -> pa.Table:
+    return pq.read_table(snap / "pieces.parquet")
+
+
+def check_documents(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+    """doc_ids in the rows agree with pieces.parquet and documents.parquet; every document's
+    pieces are all present, in order; no target crosses a document boundary."""
+    out = CheckOutcome("document_consistency", True)
+    seq = manifest.seq_len
+    docs = pl.DataFrame(pq.read_table(snap / "documents.parquet"))
+    pieces = pl.DataFrame(_pieces(snap))
+    per_doc = pieces.group_by("doc_id").agg(
+        pl.len().alias("n"),
+        pl.col("piece_index").min().alias("lo"),
+        pl.col("piece_index").max().alias("hi"),
+        pl.col("piece_index").n_unique().alias("distinct"),
+        pl.col("split").first().alias("piece_split"),
+    )
+    joined = docs.join(per_doc, on="doc_id", how="full", coalesce=True)
+    missing = joined.filter(pl.col("n").is_null())
+    orphan = joined.filter(pl.col("source_id").is_null())
+    gaps = joined.filter(
+        pl.col("n").is_not_null()
+        & (
+            (pl.col("lo") != 0)
+            | (pl.col("hi") != pl.col("n") - 1)
+            | (pl.col("distinct") != pl.col("n"))
+        )
+    )
+    wrong_count = joined.filter(pl.col("n").is_not_null() & (pl.col("n") != pl.col("num_pieces")))
+    wrong_split = joined.filter(
+        pl.col("n").is_not_null() & (pl.col("piece_split") != pl.col("split"))
+    )
+    for frame, what in (
+        (missing, "has no pieces"),
+        (orphan, "has pieces but is not in documents.parquet"),
+        (gaps, "pieces are not 0..n-1"),
+        (wrong_count, "num_pieces disagrees with pieces.parquet"),
+        (wrong_split, "pieces are in another split than the document"),
+    ):
+        for doc_id in frame["doc_id"].head(5).to_list():
+            out.fail(f"documents.parquet: doc {doc_id} {what}")
+    by_pack = pieces.sort(["pack_id", "row_offset"]).partition_by("pack_id", as_dict=True)
+    rows = 0
+    for split, path in _shards(snap, manifest):
+        t = pq.read_table(
+            path, columns=["pack_id", "doc_ids", "target_ids", "num_docs", "valid_token_count"]
+        )
+        doc_ids = fixed_list_to_numpy(t["doc_ids"], seq)
+        tgt = fixed_list_to_numpy(t["target_ids"], seq)
+        valid = t["valid_token_count"].to_numpy()
+        num_docs = t["num_docs"].to_numpy()
+        for r, pack_id in enumerate(t["pack_id"].to_pylist()):
+            rows += 1
+            ps = by_pack.get((pack_id,))
+            if ps is None:
+                out.fail(f"{path}: row pack_id {pack_id} has no pieces")
+                continue
+            expected = np.full(seq, PAD_DOC_ID, dtype=np.int32)
+            ends = []
+            for doc_id, off, length in ps.select(["doc_id", "row_offset", "length"]).iter_rows():
+                expected[off : off + length] = doc_id
+                ends.append(off + length - 1)
+            if not np.array_equal(expected, doc_ids[r]):
+                out.fail(f"{path}: pack_id {pack_id} doc_ids disagree with pieces.parquet")
+            if len(ps) != num_docs[r] or int(expected.__ne__(PAD_DOC_ID).sum()) != valid[r]:
+                out.fail(f"{path}: pack_id {pack_id} num_docs/valid_token_count disagree")
+            if any(tgt[r, e] != IGNORE_INDEX for e in ends):
+                out.fail(f"{path}: pack_id {pack_id} a target crosses a document boundary")
+        _ = split
+    out.metrics.update(documents=docs.height, pieces=pieces.height, rows=rows)
+    return out
+
+
+def check_round_trip(
+    snap: Path, manifest: SnapshotManifest, sample: int, seed: int = 0
+) -> CheckOutcome:
+    """Rebuild documents from their pieces, strip BOS/EOS, decode with the snapshot's own
+    tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256)."""
+    from tokenizers import Tokenizer
+
+    from megacpp_pipeline.corpus.packing import restore_fim_order
+    from megacpp_pipeline.corpus.tokenizer import SpecialIds
+
+    out = CheckOutcome("round_trip_decode", True)
+    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    special = manifest.tokenizer.get("special_tokens", {})
+    bos, eos = int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
+    docs = pl.DataFrame(pq.read_table(snap / "documents.parquet"))
+    if docs.height > sample:
+        docs = docs.sample(n=sample, seed=seed)
+    wanted = set(docs["doc_id"].to_list())
+    pieces = pl.DataFrame(_pieces(snap)).filter(pl.col("doc_id").is_in(list(wanted)))
+    by_pack = pieces.partition_by("pack_id", as_dict=True)
+    parts: dict[int, dict[int, np.ndarray]] = {}
+    for _split, path in _shards(snap, manifest):
+        t = pq.read_table(path, columns=["pack_id", "input_ids"])
+        ids = fixed_list_to_numpy(t["input_ids"], manifest.seq_len)
+        for r, pack_id in enumerate(t["pack_id"].to_pylist()):
+            ps = by_pack.get((pack_id,))
+            if ps is None:
+                continue
+            for doc_id, idx, off, length in ps.select(
+                ["doc_id", "piece_index", "row_offset", "length"]
+            ).iter_rows():
+                # a copy, so the shard's token matrix is freed once this shard is done
+                parts.setdefault(doc_id, {})[idx] = ids[r, off : off + length].copy()
+    sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
+    path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
+    ids_list: list[list[int]] = []
+    order: list[int] = []
+    checked = pending_tokens = 0
+
+    def decode_and_compare() -> None:
+        # Python int lists cost ~36 bytes a token: decode in bounded batches
+        texts = tok.decode_batch(ids_list, skip_special_tokens=False)
+        for doc_id, text in zip(order, texts, strict=True):
+            if hashlib.sha256(text.encode("utf-8")).hexdigest() != sha_by_doc[doc_id]:
+                out.fail(
+                    f"doc {doc_id} ({path_by_doc[doc_id]}): decoded text differs from the source"
+                )
+        ids_list.clear()
+        order.clear()
+
+    for doc_id in sorted(wanted):
+        pieces_of = parts.pop(doc_id, None)
+        if not pieces_of:
+            out.fail(f"doc {doc_id} ({path_by_doc[doc_id]}): no tokens found in the rows")
+            continue
+        tokens = np.concatenate([pieces_of[i] for i in sorted(pieces_of)])
+        if tokens[0] != bos or tokens[-1] != eos:
+            out.fail(f"doc {doc_id} ({path_by_doc[doc_id]}): not framed by BOS ... EOS")
+            continue
+        tokens = restore_fim_order(tokens, SpecialIds())  # FIM rows hold PRE/SUF/MID order
+        ids_list.append(tokens[1:-1].tolist())
+        order.append(doc_id)
+        checked += 1
+        pending_tokens += tokens.size
+        if pending_tokens >= _DECODE_BATCH_TOKENS:
+            decode_and_compare()
+            pending_tokens = 0
+    if ids_list:
+        decode_and_compare()
+    out.metrics.update(documents_checked=checked, sampled=len(wanted) < manifest.documents)
+    return out
+
+
+_DECODE_BATCH_TOKENS = 1 << 20
+
+
+def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+    """Per source: collected == kept + dropped, kept == documents, nothing unaccounted."""
+    out = CheckOutcome("ledger_completeness", True)
+    ledger = pl.DataFrame(pq.read_table(snap / "ledger.parquet"))
+    docs = pl.DataFrame(pq.read_table(snap / "documents.parquet", columns=["source_id"]))
+    doc_counts = dict(docs.group_by("source_id").len().iter_rows())
+    per_source = ledger.group_by("source_id").agg(
+        pl.len().alias("collected"),
+        (pl.col("status") == "kept").sum().alias("kept"),
+        (pl.col("status") == "dropped").sum().alias("dropped"),
+        (pl.col("reason") == "unaccounted").sum().alias("unaccounted"),
+        (pl.col("status") == "dropped").and_(pl.col("reason").is_null()).sum().alias("no_reason"),
+    )
+    for row in per_source.iter_rows(named=True):
+        src = row["source_id"]
+        if row["collected"] != row["kept"] + row["dropped"]:
+            out.fail(f"ledger.parquet: {src}: collected {row['collected']} != kept + dropped")
+        if row["kept"] != doc_counts.get(src, 0):
+            out.fail(
+                f"ledger.parquet: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} documents"
+            )
+        if row["unaccounted"] or row["no_reason"]:
+            out.fail(
+                f"ledger.parquet: {src}: {row['unaccounted'] + row['no_reason']} files "
+                "dropped without a reason"
+            )
+        listed = manifest.ledger.get(src)
+        if listed and listed != {k: row[k] for k in ("collected", "kept", "dropped")}:
+            out.fail(f"manifest.json: ledger summary for {src} disagrees with ledger.parquet")
+    out.metrics.update(
+        collected=int(ledger.height),
+        kept=int((ledger["status"] == "kept").sum()),
+        dropped=int((ledger["status"] == "dropped").sum()),
+    )
+    return out
+
+
+def check_consumer_smoke(snap: Path, config: SnapshotConfig) -> CheckOutcome:
+    """A real consumer read: the loader gives static-shape batches with sane receipts."""
+    from megacpp_pipeline.loader import PackedRowsLoader
+
+    out = CheckOutcome("consumer_smoke_read", True)
+    manifest = read_manifest(snap)
+    with tempfile.TemporaryDirectory(prefix="megacpp-smoke-") as cache:
+        for split, entry in manifest.splits.items():
+            if entry.rows == 0:
+                continue
+            batch_size = min(config.smoke_batch_size, entry.rows)
+            loader = PackedRowsLoader(
+                snap, split=split, batch_size=batch_size, seed=config.seed, cache_dir=cache
+            )
+            shapes = set()
+            batches = 0
+            try:
+                for batch in loader:
+                    shapes.add(tuple(batch["input_ids"].shape))
+                    if batch["input_ids"].dtype != np.int32:
+                        out.fail(f"{split}: input_ids dtype {batch['input_ids'].dtype}")
+                    batches += 1
+                    if batches >= config.smoke_batches:
+                        break
+            finally:
+                loader.close()
+            if shapes != {(batch_size, manifest.seq_len)}:
+                out.fail(f"{split}: batch shapes {sorted(shapes)}, want one static shape")
+            for rec in list(loader.receipts)[:batches]:
+                fields = rec.model_dump()
+                timings = [v for k, v in fields.items() if k.endswith("_s")]
+                if any((not isinstance(v, float)) or v < 0 for v in timings):
+                    out.fail(f"{split}: a receipt has a negative or missing timing: {fields}")
+            out.metrics[f"{split}_batches"] = batches
+    return out
+
+
+def check_megatron(snap: Path) -> CheckOutcome:
+    """The .bin/.idx export read back by an independent reader: same documents and tokens."""
+    from megacpp_pipeline.snapshot import megatron
+
+    out = CheckOutcome("megatron_read_back", True)
+    manifest = read_manifest(snap)
+    with tempfile.TemporaryDirectory(prefix="megacpp-megatron-") as tmp:
+        for split, entry in manifest.splits.items():
+            if entry.rows == 0:
+                continue
+            prefix = Path(tmp) / split
+            megatron.export_snapshot(snap, prefix, split=split)
+            reader = megatron.IndexedDatasetReader(prefix)
+            docs = len(reader)
+            tokens = int(sum(len(reader[i]) for i in range(docs)))
+            if docs != entry.documents:
+                out.fail(f"{prefix}.idx: {docs} sequences, snapshot {split} has {entry.documents}")
+            if tokens != entry.tokens:
+                out.fail(f"{prefix}.bin: {tokens} tokens, snapshot {split} has {entry.tokens}")
+            out.metrics[f"{split}_documents"] = docs
+            out.metrics[f"{split}_tokens"] = tokens
+    return out
+
+
+FROM_DISK: dict[str, Callable[[Path, SnapshotManifest, SnapshotConfig, bool], CheckOutcome]] = {
+    "file_checksums": lambda s, m, c, full: check_files(s, m),
+    "schema_contract": lambda s, m, c, full: check_schema(s, m),
+    "token_range_and_pads": lambda s, m, c, full: check_token_ranges(s, m),
+    "document_consistency": lambda s, m, c, full: check_documents(s, m),
+    "round_trip_decode": lambda s, m, c, full: check_round_trip(
+        s, m, m.documents if full else c.round_trip_sample, c.seed
+    ),
+    "ledger_completeness": lambda s, m, c, full: check_ledger(s, m),
+}
+
+
+ALL_CHECKS = [*FROM_DISK, "consumer_smoke_read", "megatron_read_back"]
+
+
+def run_check(name: str, snap: Path, config: SnapshotConfig, full: bool = False) -> CheckOutcome:
+    """One promotion check; an exception becomes a failed outcome naming the snapshot."""
+    try:
+        if name == "consumer_smoke_read":
+            return check_consumer_smoke(snap, config)
+        if name == "megatron_read_back":
+            return check_megatron(snap)
+        manifest = read_manifest(snap)
+        return FROM_DISK[name](snap, manifest, config, full)
+    except Exception as e:  # a check that crashes is a failed check, reported as such
+        return CheckOutcome(name, False, problems=[f"{snap}: {type(e).__name__}: {e}"])
+
+
+def verify_snapshot(
+    snap: Path, config: SnapshotConfig | None = None, full: bool = False
+) -> list[CheckOutcome]:
+    config = config or SnapshotConfig()
+    return [run_check(name, snap, config, full) for name in FROM_DISK]
+
+
+def _table(outcomes: list[CheckOutcome]) -> str:
+    width = max(len(o.name) for o in outcomes)
+    lines = []
+    for o in outcomes:
+        metrics = ", ".join(f"{k}={v}" for k, v in o.metrics.items())
+        lines.append(f"{'PASS' if o.passed else 'FAIL'}  {o.name:<{width}}  {metrics}")
+        lines.extend(f"      - {p}" for p in o.problems[:10])
+    return "\n".join(lines)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    snap = Path(args.snapshot_dir)
+    outcomes = verify_snapshot(snap, full=args.full)
+    print(_table(outcomes))
+    failed = [o for o in outcomes if not o.passed]
+    if failed:
+        first = failed[0]
+        problem = first.problems[0].splitlines()[0]  # one line, even for a parser's message
+        print(f"megacpp verify: FAILED {first.name}: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    print(manifest_summary(read_manifest(Path(args.snapshot_dir))))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from megacpp_pipeline.snapshot import megatron
+
+    snap = Path(args.snapshot_dir)
+    read_manifest(snap)
+    for split in args.split:
+        prefix = Path(f"{args.out}_{split}" if len(args.split) > 1 else args.out)
+        summary = megatron.export_snapshot(snap, prefix, split=split)
+        print(f"{prefix}.bin/.idx: {summary}")
+    return 0
+
+
+def _register_verify(p: argparse.ArgumentParser) -> None:
+    p.description = "re-run the promotion checks and every file's sha256 from disk alone"
+    p.add_argument("snapshot_dir")
+    p.add_argument("--full", action="store_true", help="round-trip every document")
+    p.set_defaults(func=_cmd_verify)
+
+
+def _register_inspect(p: argparse.ArgumentParser) -> None:
+    p.description = "print the snapshot manifest's summary"
+    p.add_argument("snapshot_dir")
+    p.set_defaults(func=_cmd_inspect)
+
+
+def _register_export(p: argparse.ArgumentParser) -> None:
+    p.description = "write a Megatron MMIDIDX .bin/.idx pair, one sequence per document"
+    p.add_argument("snapshot_dir")
+    p.add_argument("--out", required=True, help="output prefix")
+    p.add_argument("--split", nargs="+", default=["train"], choices=["train", "validation"])
+    p.set_defaults(func=_cmd_export)
+
+
+COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "verify": _register_verify,
+    "inspect": _register_inspect,
+    "export-megatron": _register_export,
+}

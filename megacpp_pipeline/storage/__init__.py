@@ -1,0 +1,1 @@
+"""Where stage outputs live: versioned shard folders and the per-file result cache."""

@@ -1,0 +1,148 @@
+"""The benchmark harness (bench/): the scaled-up corpus keeps dedup honest (mutated copies are
+neither exact nor near duplicates, comments and licence lines intact), pass/miss follows the
+targets, the growth exponent is a least-squares fit, and one measured `megacpp run` yields
+per-stage times, peak memory and the tokens it promoted."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from bench import endtoend, harness, scaleup, stages
+from megacpp_pipeline.corpus.dedup import DedupConfig, find_duplicates
+from tests.fixtures import dedup_labelled
+
+CPP = """\
+// SPDX-License-Identifier: MIT
+// Copyright the_authors of ring_buffer
+#include <vector>
+#define RING_CAPACITY 64
+
+namespace ring {
+/* a fixed ring of slots */
+template <class T>
+class RingBuffer {
+ public:
+  bool push(const T& value) {
+    if (count_ == RING_CAPACITY) return false;
+    slots_[head_] = value;
+    head_ = (head_ + 1) % RING_CAPACITY;
+    ++count_;
+    const char* label = "push into ring_buffer";
+    return label != nullptr && 0x1fULL;
+  }
+ private:
+  std::vector<T> slots_;
+  unsigned head_ = 0, count_ = 0;
+};
+}  // namespace ring
+"""
+
+
+def test_a_mutated_copy_renames_code_identifiers_and_nothing_else() -> None:
+    out = scaleup.mutate(CPP, random.Random(0), rate=1.0)
+    assert out != CPP
+    kept = (
+        "// SPDX-License-Identifier: MIT",
+        "// Copyright the_authors of ring_buffer",
+        "#include <vector>",
+        "/* a fixed ring of slots */",
+        '"push into ring_buffer"',
+        "0x1fULL",
+        "// namespace ring",
+    )
+    for piece in kept:
+        assert piece in out, piece
+    for keyword in ("template <class", "bool ", "return false;", "const char*", "nullptr"):
+        assert keyword in out, keyword
+    assert "#define RING_CAPACITY_" in out  # directive name kept, the macro's name renamed
+    assert "RingBuffer {" not in out and "slots_[head_]" not in out
+
+
+def test_mutation_is_reproducible_from_its_seed() -> None:
+    a = scaleup.mutate(CPP, random.Random("0:1:src:a.hpp"), rate=0.3)
+    b = scaleup.mutate(CPP, random.Random("0:1:src:a.hpp"), rate=0.3)
+    c = scaleup.mutate(CPP, random.Random("0:2:src:a.hpp"), rate=0.3)
+    assert a == b
+    assert a != c
+
+
+def test_mutated_copies_survive_the_dedup_gate_as_distinct_files(tmp_path: Path) -> None:
+    originals = [
+        f for f in dedup_labelled.build(families=0, unrelated=40, seed=3) if f.kind == "unrelated"
+    ]
+    copies = [
+        (f.path, scaleup.mutate(f.text, random.Random(f"0:1:{f.path}"), rate=0.3))
+        for f in originals
+    ]
+    jaccards = [
+        dedup_labelled.true_jaccard(f.text, text)
+        for f, (_, text) in zip(originals, copies, strict=True)
+    ]
+    assert max(jaccards) < 0.8, sorted(jaccards)[-5:]
+    rows = [("a-upstream", f.path, f.text) for f in originals]
+    rows += [("b-copy", path, text) for path, text in copies]
+    result = find_duplicates([dedup_labelled.scrubbed_table(rows)], DedupConfig(), tmp_path)
+    statuses = result.decisions.column("status").to_pylist()
+    assert statuses.count("dropped") == 0
+
+
+def test_a_ratio_below_its_target_is_a_miss_and_above_it_a_pass() -> None:
+    miss = stages._ratio_line("enrich", "gate vs bare", 1.0, 4.0, 0.5, "cmd", files_per_mb=100)
+    hit = stages._ratio_line("enrich", "gate vs bare", 3.0, 4.0, 0.5, "cmd", files_per_mb=100)
+    info = stages._ratio_line("scrub", "gate vs floor", 3.0, 4.0, None, "cmd")
+    assert (miss.ratio, miss.passed, miss.gate_files_s) == (0.25, False, 100.0)
+    assert (hit.ratio, hit.passed) == (0.75, True)
+    assert info.passed is None and info.target == ""
+
+
+def test_growth_exponent_is_the_log_log_slope() -> None:
+    xs = [27.0, 108.0, 432.0]
+    assert harness.fit_exponent(xs, [3.0 * x**1.25 for x in xs]) == pytest.approx(1.25)
+    assert harness.fit_exponent([27.0], [1.0]) is None
+
+
+def test_a_scale_that_would_overrun_the_budget_is_not_started(tmp_path: Path) -> None:
+    done = harness.Scale(1, files=10, mb_in=1.0)
+    done.run = {"returncode": 0, "wall_s": 100.0, "peak_rss_mb": 500.0}
+    fits = harness.scaling_fits([done, harness.Scale(16, skipped="not started")])
+    rss = next(f for f in fits if f.what.startswith("peak RSS growth"))
+    assert rss.passed is None and "not measured" in rss.note
+
+
+def test_the_next_scale_is_predicted_by_the_power_law_through_the_last_two() -> None:
+    def measured(scale: int, wall_s: float) -> harness.Scale:
+        s = harness.Scale(scale)
+        s.run = {"returncode": 0, "wall_s": wall_s}
+        return s
+
+    assert harness.predict_seconds([], 4) is None
+    one = harness.predict_seconds([measured(1, 50.0)], 4)
+    assert one is not None and one[0] == pytest.approx(200.0)  # linear from one point
+    two = harness.predict_seconds([measured(1, 68.0), measured(4, 189.0)], 16)
+    assert two is not None and two[0] == pytest.approx(
+        189.0 * 4 ** (math.log(189 / 68) / math.log(4))
+    )
+    flat = harness.predict_seconds([measured(1, 100.0), measured(4, 101.0)], 16)
+    assert flat is not None and flat[0] == pytest.approx(101.0 * 4**0.6)  # exponent floor
+
+
+@pytest.mark.slow
+def test_one_measured_run_reports_stage_times_memory_and_tokens(tmp_path: Path) -> None:
+    from tests.fixtures.pipeline_corpus import write_catalog
+
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    run = endtoend.run(catalog, tmp_path / "run", "tiny", timeout_s=900, interval_s=0.1)
+    assert run.returncode == 0, run.error
+    assert run.tokens_out and run.tokens_out > 0
+    assert run.peak_rss_mb > 50
+    assert run.cpu_s > 1
+    names = [g.name for g in run.stages]
+    assert names[0] == "source_catalog"
+    assert "raw_files, normalized_files, licensed_files, scrubbed_files" in names
+    per_source = next(g for g in run.stages if g.name.startswith("raw_files"))
+    assert set(per_source.partitions) == {"tree", "repo"}
+    assert all(g.seconds > 0 for g in run.stages)

@@ -1,0 +1,279 @@
+"""Collection at a pinned revision: git commits, verified archives, hashed dirs; hostile
+archive members are refused one by one while every good file of the source is kept."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from megacpp_pipeline import collect
+from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.schemas import git_blob_sha
+
+VECTOR_H = b"""// SPDX-License-Identifier: MIT
+#pragma once
+#include <cstddef>
+namespace demo {
+template <class T> class small_vector {
+ public:
+  std::size_t size() const noexcept { return size_; }
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+}  // namespace demo
+"""
+MAIN_CC = b'#include "vector.h"\nint main() { demo::small_vector<int> v; return (int)v.size(); }\n'
+
+
+def _files(spec: SourceSpec, uri: str, tmp: Path, **kw: object) -> dict[str, collect.Entry]:
+    sf = collect.open_source(spec, uri, cache_dir=tmp / "cache", limits=CollectLimits(**kw))  # type: ignore[arg-type]
+    return {e.path: e for e in sf.entries()}
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    out = subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
+    return out.stdout.decode().strip()
+
+
+@pytest.fixture
+def two_commit_repo(tmp_path: Path) -> tuple[Path, str, str]:
+    repo = tmp_path / "repo"
+    (repo / "include").mkdir(parents=True)
+    _git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    (repo / "include" / "vector.h").write_bytes(VECTOR_H)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "first")
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "include" / "vector.h").write_bytes(VECTOR_H.replace(b"size_ = 0", b"size_ = 1"))
+    (repo / "main.cc").write_bytes(MAIN_CC)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "second")
+    second = _git(repo, "rev-parse", "HEAD")
+    return repo, first, second
+
+
+def test_git_collects_the_older_pinned_commit_not_head(
+    two_commit_repo: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    repo, first, _second = two_commit_repo
+    spec = SourceSpec(id="demo", kind="git", uri=str(repo), revision=first)
+    sf = collect.open_source(spec, str(repo), cache_dir=tmp_path / "c", limits=CollectLimits())
+    files = {e.path: e for e in sf.entries()}
+    assert sf.revision == first
+    assert set(files) == {"include/vector.h"}
+    assert files["include/vector.h"].content == VECTOR_H
+    blob = _git(repo, "rev-parse", f"{first}:include/vector.h")
+    assert git_blob_sha(VECTOR_H) == blob
+
+
+def test_git_from_a_file_url_uses_a_bare_mirror_at_the_pinned_commit(
+    two_commit_repo: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    repo, _first, second = two_commit_repo
+    spec = SourceSpec(id="demo", kind="git", uri=f"file://{repo}", revision=second)
+    files = _files(spec, f"file://{repo}", tmp_path)
+    assert set(files) == {"include/vector.h", "main.cc"}
+
+
+def test_git_pinned_commit_that_does_not_exist_is_a_clear_error(
+    two_commit_repo: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    repo, _first, _second = two_commit_repo
+    spec = SourceSpec(id="demo", kind="git", uri=str(repo), revision="0" * 40)
+    with pytest.raises(collect.CollectError, match="pinned commit 0{40} does not exist"):
+        _files(spec, str(repo), tmp_path)
+
+
+def test_git_branch_is_resolved_to_a_commit_for_tracked_sources(
+    two_commit_repo: tuple[Path, str, str],
+) -> None:
+    repo, _first, second = two_commit_repo
+    assert collect.resolve_branch(str(repo), "main") == second
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_archive_with_a_wrong_sha256_is_refused_before_reading(tmp_path: Path) -> None:
+    archive = tmp_path / "src.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("vector.h", VECTOR_H)
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256="a" * 64)
+    with pytest.raises(collect.CollectError, match="does not match the pinned"):
+        _files(spec, str(archive), tmp_path)
+
+
+def test_hostile_tar_members_are_refused_and_good_files_kept(tmp_path: Path) -> None:
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+
+        def add(name: str, data: bytes = b"int x;\n", **attrs: object) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            for k, v in attrs.items():
+                setattr(info, k, v)
+            tf.addfile(info, io.BytesIO(data) if info.isreg() else None)
+
+        add("include/vector.h", VECTOR_H)
+        add("../escape.h")
+        add("/etc/evil.h")
+        add("include/passwd.h", b"", type=tarfile.SYMTYPE, linkname="/etc/passwd")
+        add("include/up.h", b"", type=tarfile.SYMTYPE, linkname="../../../etc/shadow")
+        add("include/inside.h", b"", type=tarfile.SYMTYPE, linkname="vector.h")
+        add("include/dev.h", b"", type=tarfile.CHRTYPE)
+        add("src/main.cc", MAIN_CC)
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    files = _files(spec, str(archive), tmp_path)
+    assert files["include/vector.h"].content == VECTOR_H
+    assert files["src/main.cc"].content == MAIN_CC
+    assert files["../escape.h"].reason == DropReason.UNSAFE_PATH
+    assert files["/etc/evil.h"].reason == DropReason.UNSAFE_PATH
+    assert files["include/passwd.h"].reason == DropReason.UNSAFE_PATH
+    assert files["include/up.h"].reason == DropReason.UNSAFE_PATH
+    assert files["include/inside.h"].reason == DropReason.SYMLINK
+    assert files["include/dev.h"].reason == DropReason.UNSAFE_PATH
+    assert not (tmp_path / "escape.h").exists()
+
+
+def test_zip_bomb_member_is_refused_and_the_rest_kept(tmp_path: Path) -> None:
+    archive = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("include/vector.h", VECTOR_H)
+        zf.writestr("include/bomb.h", b"\0" * (64 << 20))  # 64 MiB of zeros, ~64 KiB packed
+        zf.writestr("../../zipslip.h", b"int y;\n")
+        zf.writestr("src/main.cc", MAIN_CC)
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    files = _files(spec, str(archive), tmp_path)
+    assert files["include/bomb.h"].reason == DropReason.ARCHIVE_LIMIT
+    assert "compression ratio" in (files["include/bomb.h"].detail or "")
+    assert files["../../zipslip.h"].reason == DropReason.UNSAFE_PATH
+    assert files["include/vector.h"].content == VECTOR_H
+    assert files["src/main.cc"].content == MAIN_CC
+
+
+def test_total_uncompressed_budget_bounds_an_archive(tmp_path: Path) -> None:
+    archive = tmp_path / "many.tar"
+    with tarfile.open(archive, "w") as tf:
+        for i in range(5):
+            data = VECTOR_H
+            info = tarfile.TarInfo(f"f{i}.h")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    files = _files(spec, str(archive), tmp_path, max_total_bytes=len(VECTOR_H) * 3)
+    kept = [p for p, e in files.items() if e.content is not None]
+    limited = [p for p, e in files.items() if e.reason == DropReason.ARCHIVE_LIMIT]
+    assert len(kept) == 3 and len(limited) == 2
+
+
+def test_tar_zst_archives_are_read(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tf:
+        info = tarfile.TarInfo("vector.h")
+        info.size = len(VECTOR_H)
+        tf.addfile(info, io.BytesIO(VECTOR_H))
+    archive = tmp_path / "src.tar.zst"
+    archive.write_bytes(zstandard.ZstdCompressor().compress(raw.getvalue()))
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    assert _files(spec, str(archive), tmp_path)["vector.h"].content == VECTOR_H
+
+
+def test_dir_revision_is_a_tree_hash_that_changes_with_content(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "vector.h").write_bytes(VECTOR_H)
+    (root / "README.md").write_text("not C++\n")
+    (root / "include" / "link.h").symlink_to("/etc/passwd")
+    spec = SourceSpec(id="demo", kind="dir", uri=str(root))
+    sf = collect.open_source(spec, str(root), cache_dir=tmp_path, limits=CollectLimits())
+    files = {e.path: e for e in sf.entries()}
+    assert files["include/vector.h"].content == VECTOR_H
+    assert files["README.md"].reason == DropReason.NOT_INCLUDED
+    assert files["include/link.h"].reason == DropReason.SYMLINK
+    first = sf.revision
+    (root / "include" / "vector.h").write_bytes(VECTOR_H + b"\n")
+    again = collect.open_source(spec, str(root), cache_dir=tmp_path, limits=CollectLimits())
+    assert again.revision != first and len(first) == 64
+
+
+def test_subdir_and_exclude_globs_scope_the_source(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    for rel in ("lib/include/a.h", "lib/include/detail/b.hpp", "lib/test/t.cc", "other/c.h"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(VECTOR_H)
+    spec = SourceSpec(id="demo", kind="dir", uri=str(root), subdir="lib", exclude=["test/**"])
+    files = _files(spec, str(root), tmp_path)
+    kept = sorted(p for p, e in files.items() if e.content is not None)
+    assert kept == ["include/a.h", "include/detail/b.hpp"]
+    assert files["test/t.cc"].reason == DropReason.NOT_INCLUDED
+
+
+def test_globs_match_at_any_depth_including_the_root() -> None:
+    match = collect.PathFilter(["**/*.h", "include/c++/v1/*"], [])
+    assert match("a.h") and match("x/y/a.h") and match("include/c++/v1/vector")
+    assert not match("a.py") and not match("include/c++/v1/sub/vector")
+
+
+def test_collect_batches_ledger_accounts_for_every_file_seen(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "a.h").write_bytes(VECTOR_H)
+    (root / "b.cc").write_bytes(MAIN_CC)
+    (root / "notes.txt").write_text("x")
+    (root / "REUSE.toml").write_text("version = 1\n")
+    spec = SourceSpec(id="demo", kind="dir", uri=str(root))
+    sf = collect.open_source(
+        spec,
+        str(root),
+        cache_dir=tmp_path,
+        limits=CollectLimits(),
+        keep_also=lambda p: p == "REUSE.toml",
+    )
+    batches = list(collect.collect_batches(spec, sf, is_metadata=lambda p: p == "REUSE.toml"))
+    kept = sum(b.kept.num_rows for b in batches)
+    ledger = [r for b in batches for r in b.ledger.to_pylist()]
+    meta = [r for b in batches for r in b.metadata.to_pylist()]
+    assert kept == 2 and len(ledger) == 4
+    assert sum(r["status"] == "kept" for r in ledger) == kept
+    assert [m["path"] for m in meta] == ["REUSE.toml"]
+    assert batches[0].kept["revision"][0].as_py() == sf.revision
+
+
+def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: Path) -> None:
+    import json
+
+    export = tmp_path / "export.jsonl"
+    lines = [
+        json.dumps({"path": "include/vector.h", "content": VECTOR_H.decode()}),
+        '{"path": "src/broken.cc", "content": 42}',
+        "not json at all",
+        json.dumps({"path": "../escape.h", "content": "int x;"}),
+        json.dumps({"path": "src/main.cc", "content": MAIN_CC.decode(), "license": "MIT"}),
+    ]
+    export.write_text("\n".join(lines) + "\n")
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
+    files = _files(spec, str(export), tmp_path)
+    assert files["include/vector.h"].content == VECTOR_H
+    assert files["src/main.cc"].content == MAIN_CC
+    assert files["../escape.h"].reason == DropReason.UNSAFE_PATH
+    malformed = [e for e in files.values() if e.reason == DropReason.MALFORMED_RECORD]
+    assert len(malformed) == 2
+    assert any("export.jsonl:2: field 'content'" in (e.detail or "") for e in malformed)

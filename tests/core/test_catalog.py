@@ -1,0 +1,100 @@
+"""sources.yaml: a wrong, missing or unknown field fails before any work, naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megacpp_pipeline.core.catalog import CatalogError, load_catalog
+
+GOOD = """
+snapshot: demo
+seq_len: 2048
+sources:
+  - id: pybind11
+    kind: archive
+    uri: wheels/pybind11.whl
+    sha256: {sha}
+    declared_license: BSD-3-Clause
+  - id: fmt
+    kind: git
+    uri: https://example.invalid/fmt.git
+    revision: {rev}
+    role: catalog
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sources.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_good_catalog_resolves_relative_uris_against_its_folder(tmp_path: Path) -> None:
+    cat = load_catalog(_write(tmp_path, GOOD.format(sha="a" * 64, rev="b" * 40)))
+    assert [s.id for s in cat.operational] == ["pybind11"]
+    assert cat.resolve_uri(cat.sources[0]) == str(tmp_path / "wheels" / "pybind11.whl")
+    assert cat.resolve_uri(cat.sources[1]).startswith("https://")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GOOD.format(sha="a" * 63, rev="b" * 40), "source 'pybind11': field sha256"),
+        (GOOD.format(sha="a" * 64, rev="main"), "source 'fmt': field revision: .*exact"),
+        (
+            GOOD.format(sha="a" * 64, rev="b" * 40).replace("declared_license", "declared_licence"),
+            "source 'pybind11': field declared_licence: unknown key",
+        ),
+        (
+            GOOD.format(sha="a" * 64, rev="b" * 40).replace("id: fmt", "id: pybind11"),
+            "duplicate source id 'pybind11'",
+        ),
+        (
+            GOOD.format(sha="a" * 64, rev="b" * 40).replace("kind: archive", "kind: tarball"),
+            "source 'pybind11': field kind",
+        ),
+        (
+            GOOD.format(sha="a" * 64, rev="b" * 40).replace("id: fmt", "id: Fmt!"),
+            "field id",
+        ),
+        ("snapshot: demo\nseq_len: 2048\nsources: []\n", "field sources"),
+        ("snapshot: demo\nseqlen: 2048\nsources: []\n", "field seqlen: unknown key"),
+    ],
+)
+def test_bad_catalogs_name_the_source_and_the_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(CatalogError, match=message):
+        load_catalog(_write(tmp_path, text))
+
+
+def test_archive_without_sha256_is_refused(tmp_path: Path) -> None:
+    text = "snapshot: d\nsources:\n  - id: a\n    kind: archive\n    uri: a.zip\n"
+    with pytest.raises(CatalogError, match="source 'a'.*archive sources need sha256"):
+        load_catalog(_write(tmp_path, text))
+
+
+def test_operational_git_source_needs_an_exact_commit(tmp_path: Path) -> None:
+    text = "snapshot: d\nsources:\n  - id: a\n    kind: git\n    uri: x\n"
+    with pytest.raises(CatalogError, match="need revision"):
+        load_catalog(_write(tmp_path, text))
+
+
+def test_subdir_may_not_leave_the_source(tmp_path: Path) -> None:
+    text = "snapshot: d\nsources:\n  - id: a\n    kind: dir\n    uri: x\n    subdir: ../etc\n"
+    with pytest.raises(CatalogError, match="field subdir"):
+        load_catalog(_write(tmp_path, text))
+
+
+def test_missing_file_and_bad_yaml_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="no such file"):
+        load_catalog(tmp_path / "nope.yaml")
+    with pytest.raises(CatalogError, match="not valid YAML"):
+        load_catalog(_write(tmp_path, "sources: [\n"))
+
+
+def test_the_demo_catalog_is_valid() -> None:
+    cat = load_catalog(Path(__file__).resolve().parents[2] / "examples/demo/sources.yaml")
+    assert {s.id for s in cat.operational} == {"pythran", "pybind11", "nanobind"}

@@ -1,0 +1,385 @@
+"""The normalize gate, specified by the files it keeps, how it decodes them, and the ledger
+reason every other file gets."""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
+from megacpp_pipeline.gates import normalize as normalize_gate
+from megacpp_pipeline.gates.normalize import NormalizeConfig, NormalizeInputError, run
+
+HEADER = """\
+// Copyright (c) 2024 Example Authors
+// Distributed under the Boost Software License, Version 1.0.
+
+#ifndef EXAMPLE_SPAN_HPP
+#define EXAMPLE_SPAN_HPP
+
+#include <cstddef>
+
+namespace example {
+
+template <class T>
+class span {
+ public:
+  constexpr span(T* data, std::size_t size) noexcept : data_(data), size_(size) {}
+  constexpr std::size_t size() const noexcept { return size_; }
+  constexpr T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  T* data_;
+  std::size_t size_;
+};
+
+}  // namespace example
+
+#endif  // EXAMPLE_SPAN_HPP
+"""
+
+
+# bytes that exercise every per-file count: letters, LF, CR, controls, multi-byte UTF-8
+_PIECES = [
+    b"a", b"Z", b"7", b" ", b"\n", b"\r\n", b"\r", b"\t", b"\x01", b"\x7f", b"\xc3\xa9", b";;",
+]  # fmt: skip
+
+
+def raw_table(files: dict[str, bytes], source_id: str = "demo") -> pa.Table:
+    rows = [
+        {
+            "source_id": source_id,
+            "path": path,
+            "revision": "0" * 40,
+            "blob_sha": schemas.git_blob_sha(content),
+            "size": len(content),
+            "content": content,
+        }
+        for path, content in files.items()
+    ]
+    return pa.Table.from_pylist(rows, schema=schemas.RAW_FILES)
+
+
+def normalize(files: dict[str, bytes], **config: object) -> tuple[dict, dict]:
+    """(kept rows by path, (reason, detail) by dropped path)."""
+    result = run(raw_table(files), NormalizeConfig(**config))  # type: ignore[arg-type]
+    assert result.kept.schema.equals(schemas.NORMALIZED_FILES)
+    assert result.dropped.schema.equals(LEDGER_SCHEMA)
+    kept = {row["path"]: row for row in result.kept.to_pylist()}
+    dropped = {row["path"]: (row["reason"], row["detail"]) for row in result.dropped.to_pylist()}
+    assert len(kept) + len(dropped) == len(files), "every file is kept or in the ledger"
+    return kept, dropped
+
+
+def test_plain_utf8_header_is_kept_unchanged_with_its_hash():
+    kept, _ = normalize({"include/span.hpp": HEADER.encode()})
+    row = kept["include/span.hpp"]
+    assert row["text"] == HEADER
+    assert row["encoding"] == "utf-8"
+    assert row["content_sha256"] == schemas.text_sha256(HEADER)
+    assert row["blob_sha"] == schemas.git_blob_sha(HEADER.encode())
+
+
+def test_utf8_bom_is_stripped_and_recorded():
+    kept, _ = normalize({"a.h": codecs.BOM_UTF8 + HEADER.encode()})
+    assert kept["a.h"]["text"] == HEADER
+    assert kept["a.h"]["encoding"] == "utf-8-sig"
+    assert kept["a.h"]["content_sha256"] == schemas.text_sha256(HEADER)
+
+
+@pytest.mark.parametrize(
+    ("bom", "codec"), [(codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")]
+)
+def test_utf16_with_bom_decodes_despite_its_nul_bytes(bom, codec):
+    text = HEADER.replace("Example Authors", "Exämple Authörs")
+    kept, _ = normalize({"win/span.h": bom + text.encode(codec)})
+    assert kept["win/span.h"]["text"] == text
+    assert kept["win/span.h"]["encoding"] == codec
+
+
+def test_latin1_comment_falls_back_to_cp1252_and_is_recorded():
+    raw = HEADER.replace("Example Authors", "José Müller").encode("latin-1")
+    kept, _ = normalize({"legacy.cpp": raw})
+    assert kept["legacy.cpp"]["encoding"] == "cp1252"
+    assert "José Müller" in kept["legacy.cpp"]["text"]
+
+
+def test_byte_undefined_in_cp1252_falls_through_to_latin1():
+    raw = HEADER.encode() + b"// control \x81 byte from an old editor\n"
+    kept, _ = normalize({"old.c": raw})
+    assert kept["old.c"]["encoding"] == "latin-1"
+
+
+def test_without_fallbacks_invalid_utf8_is_undecodable():
+    _, dropped = normalize({"old.c": HEADER.encode() + b"// caf\xe9\n"}, fallback_encodings=[])
+    assert dropped["old.c"][0] == DropReason.UNDECODABLE
+
+
+def test_crlf_and_lone_cr_become_lf_and_the_hash_follows_the_text():
+    dos = HEADER.replace("\n", "\r\n").encode()
+    mac = HEADER.replace("\n", "\r").encode()
+    kept, _ = normalize({"dos.cpp": dos, "mac.cpp": mac})
+    for path in ("dos.cpp", "mac.cpp"):
+        assert kept[path]["text"] == HEADER
+        assert kept[path]["content_sha256"] == schemas.text_sha256(HEADER)
+        assert kept[path]["blob_sha"] != schemas.git_blob_sha(HEADER.encode())  # raw bytes id
+
+
+def test_nul_containing_blob_named_h_is_binary():
+    blob = b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4
+    _, dropped = normalize({"include/blob.h": blob})
+    assert dropped["include/blob.h"] == (DropReason.BINARY, "NUL byte in raw content")
+
+
+def test_control_characters_without_nul_are_binary():
+    junk = bytes([1, 2, 3, 4, 5, 6, 0x1B, ord("a")]) * 200
+    _, dropped = normalize({"junk.cpp": junk})
+    reason, detail = dropped["junk.cpp"]
+    assert reason == DropReason.BINARY
+    assert "max_non_text_ratio" in detail
+
+
+def test_five_megabyte_single_line_table_is_too_large_before_decoding():
+    table = b"static const int t[] = {" + b"1," * (5 * (1 << 20) // 2 - 13) + b"};"
+    assert len(table) == 5 * (1 << 20)
+    _, dropped = normalize({"gen/table.cpp": table})
+    assert dropped["gen/table.cpp"] == (
+        DropReason.TOO_LARGE,
+        "size 5242880 > 1048576 (max_file_bytes)",
+    )
+
+
+def test_five_megabyte_single_line_table_has_too_long_lines_when_size_allows():
+    table = b"static const int t[] = {" + b"1," * (5 * (1 << 20) // 2 - 13) + b"};"
+    _, dropped = normalize({"gen/table.cpp": table}, max_file_bytes=8 << 20)
+    assert dropped["gen/table.cpp"] == (
+        DropReason.LONG_LINES,
+        "max line 5242880 > 1000 (max_line_length)",
+    )
+
+
+def test_line_length_counts_characters_not_utf8_bytes():
+    line = "// " + "é" * 900 + "\n"  # 903 characters, 1803 bytes
+    kept, _ = normalize({"intl.cpp": (HEADER + line).encode()})
+    assert "intl.cpp" in kept
+
+
+def test_wide_but_short_lines_fail_the_mean_line_length():
+    wide = "".join(f"#define MACRO_{i}(x) " + "x + " * 40 + "x\n" for i in range(30))
+    _, dropped = normalize({"macros.hpp": wide.encode()})
+    reason, detail = dropped["macros.hpp"]
+    assert reason == DropReason.MEAN_LINE_LENGTH
+    assert detail.startswith("mean line ") and detail.endswith("> 100.0 (max_mean_line_length)")
+
+
+def test_punctuation_heavy_data_table_has_low_alnum_fraction():
+    data = "static const int lut[][3] = {\n" + "  {-1, -1, -1},\n" * 200 + "};\n"
+    _, dropped = normalize({"lut.inc": data.encode()})
+    reason, detail = dropped["lut.inc"]
+    assert reason == DropReason.LOW_ALNUM
+    assert "< 0.25 (min_alnum_fraction)" in detail
+
+
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        (
+            "proto/msg.h",
+            "// Generated by the protocol buffer compiler.  DO NOT EDIT!\n// source: msg.proto\n",
+        ),
+        ("src/config.h", "/* This file was generated by configure. */\n#define HAVE_X 1\n"),
+        ("gui/window.cpp", "/****\n** Meta object code from reading C++ file 'window.h'\n****/\n"),
+    ],
+)
+def test_generated_marker_in_the_head_drops_the_file(path, text):
+    _, dropped = normalize({path: (text + HEADER).encode()})
+    assert dropped[path][0] == DropReason.GENERATED_FILE
+    assert dropped[path][1].startswith("marker ")
+
+
+@pytest.mark.parametrize(
+    "path", ["proto/msg.pb.h", "proto/msg.pb.cc", "gui/moc_window.cpp", "gui/ui_dialog.h"]
+)
+def test_generated_file_names_drop_the_file(path):
+    _, dropped = normalize({path: HEADER.encode()})
+    assert dropped[path][0] == DropReason.GENERATED_FILE
+    assert dropped[path][1].startswith("path matches ")
+
+
+def test_a_marker_deep_in_the_file_does_not_count():
+    text = HEADER * 40 + "// DO NOT EDIT the table below by hand\n"
+    kept, _ = normalize({"span.hpp": text.encode()})
+    assert "span.hpp" in kept
+
+
+def test_markers_are_looked_for_in_the_first_characters_not_bytes():
+    # 25 lines of 80 characters: the marker starts at character 2000 of both files, which
+    # is byte 2000 of the ASCII one and byte 3900 of the accented one
+    ascii_lines = ("// " + "x" * 76 + "\n") * 25
+    accented_lines = ("// " + "\u00e9" * 76 + "\n") * 25
+    marker = "// DO NOT EDIT\n"
+    _, dropped = normalize(
+        {
+            "ascii.h": (ascii_lines + marker + HEADER).encode(),
+            "accented.h": (accented_lines + marker + HEADER).encode(),
+        }
+    )
+    assert dropped["ascii.h"][0] == DropReason.GENERATED_FILE
+    assert dropped["accented.h"][0] == DropReason.GENERATED_FILE
+
+
+def test_a_marker_cut_by_the_scan_limit_does_not_count():
+    text = ("// " + "x" * 76 + "\n") * 25 + "// " + "y" * 42 + "DO NOT EDIT\n" + HEADER
+    kept, _ = normalize({"cut.h": text.encode()})  # "DO NOT EDIT" starts at character 2045
+    assert "cut.h" in kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(st.sampled_from("ab\u00e9\u20ac\U0001f600 \n"), min_size=1, max_size=60),
+    st.integers(1, 12),
+)
+def test_longest_line_is_measured_in_characters(text, limit):
+    _, dropped = normalize({"t.h": ("x" + text).encode()}, max_line_length=limit)
+    longest = max(len(line) for line in ("x" + text).split("\n"))
+    if longest > limit:
+        assert dropped["t.h"] == (
+            DropReason.LONG_LINES,
+            f"max line {longest} > {limit} (max_line_length)",
+        )
+    else:
+        assert dropped.get("t.h", (None,))[0] != DropReason.LONG_LINES
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(_PIECES)).map(b"".join), max_size=10),
+    st.sampled_from([1, 5, 64]),
+)
+def test_results_do_not_depend_on_how_texts_are_batched_for_counting(contents, batch_bytes):
+    files = {f"d{i}/f.h": content for i, content in enumerate(contents)}
+    config = NormalizeConfig(max_line_length=6, max_mean_line_length=4.0)
+    whole = run(raw_table(files), config)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(normalize_gate, "_BATCH_BYTES", batch_bytes)
+        batched = run(raw_table(files), config)
+    assert batched.kept.equals(whole.kept)
+    assert batched.dropped.equals(whole.dropped)
+    assert batched.stats == whole.stats
+
+
+@pytest.mark.parametrize("path", ["setup.py", "README.md", "CMakeLists.txt", "docs/.clang-format"])
+def test_non_cpp_extensions_are_dropped(path):
+    _, dropped = normalize({path: b"print('hello')\n"})
+    assert dropped[path][0] == DropReason.NOT_CPP
+
+
+def test_uppercase_and_unusual_cpp_extensions_are_kept():
+    files = {p: HEADER.encode() for p in ["a.HPP", "b.C", "c.ipp", "d.inl", "e.tcc", "f.cxx"]}
+    kept, dropped = normalize(files)
+    assert not dropped
+    assert set(kept) == set(files)
+
+
+def test_extensionless_libcxx_style_header_is_kept():
+    vector = "// -*- C++ -*-\n//===----------------------------------===//\n" + HEADER
+    kept, _ = normalize({"include/c++/v1/vector": vector.encode()})
+    assert "include/c++/v1/vector" in kept
+
+
+def test_extensionless_non_cpp_files_are_not_cpp():
+    files = {
+        "LICENSE": b"Permission is hereby granted, free of charge, to any person\n" * 5,
+        "configure": b"#!/bin/sh\necho configuring\n",
+    }
+    _, dropped = normalize(files)
+    assert {reason for reason, _ in dropped.values()} == {DropReason.NOT_CPP}
+
+
+def test_extensionless_headers_can_be_refused_by_config():
+    vector = "// -*- C++ -*-\n" + HEADER
+    _, dropped = normalize({"v1/vector": vector.encode()}, allow_extensionless_cpp=False)
+    assert dropped["v1/vector"][0] == DropReason.NOT_CPP
+
+
+def test_empty_and_whitespace_only_files_are_empty():
+    _, dropped = normalize({"empty.h": b"", "blank.h": b"  \n\t\n\n", "bom.h": codecs.BOM_UTF8})
+    assert dropped["empty.h"] == (DropReason.EMPTY, "0 bytes")
+    assert dropped["blank.h"] == (DropReason.EMPTY, "whitespace only")
+    assert dropped["bom.h"][0] == DropReason.EMPTY
+
+
+def test_stats_count_reasons_encodings_and_kept_bytes():
+    files = {
+        "ok.hpp": HEADER.encode(),
+        "win.hpp": codecs.BOM_UTF16_LE + HEADER.encode("utf-16-le"),
+        "blob.h": b"\0\1\2",
+        "notes.txt": b"hello\n",
+    }
+    result = run(raw_table(files), NormalizeConfig())
+    assert result.stats["files_in"] == 4
+    assert result.stats["files_kept"] == 2
+    assert result.stats["dropped:binary"] == 1
+    assert result.stats["dropped:not_cpp"] == 1
+    assert result.stats["encoding:utf-16-le"] == 1
+    assert result.stats["bytes_kept"] == 2 * len(HEADER.encode())
+    assert result.stats["bytes_in"] == sum(len(v) for v in files.values())
+
+
+def test_ledger_rows_carry_source_stage_and_rule():
+    result = run(raw_table({"x.py": b"print()\n"}, source_id="pythran"), NormalizeConfig())
+    (row,) = result.dropped.to_pylist()
+    assert row["source_id"] == "pythran"
+    assert row["stage"] == "normalized_files"
+    assert row["status"] == "dropped"
+    assert row["detail"] == "extension of '.py' is not a C/C++ source extension"
+
+
+def test_empty_table_gives_empty_results():
+    result = run(raw_table({}), NormalizeConfig())
+    assert result.kept.num_rows == 0
+    assert result.dropped.num_rows == 0
+
+
+def test_a_table_without_the_content_column_is_refused_by_name():
+    table = raw_table({"a.h": HEADER.encode()}).drop_columns(["content"])
+    with pytest.raises(NormalizeInputError, match="content"):
+        run(table, NormalizeConfig())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("fallback_encodings", ["no-such-codec"]),
+        ("cpp_extensions", ["hpp"]),
+        ("max_line_length", 0),
+        ("min_alnum_fraction", 1.5),
+        ("generated_path_patterns", ["(unclosed"]),
+        ("max_line_lenght", 10),
+    ],
+)
+def test_bad_config_fails_naming_the_field(field, value):
+    with pytest.raises(ValidationError, match=field):
+        NormalizeConfig(**{field: value})
+
+
+LIBCXX = Path("/usr/lib/llvm-14/include/c++/v1")
+
+
+@pytest.mark.skipif(not LIBCXX.is_dir(), reason="Debian libc++-14-dev headers not installed")
+def test_debian_libcxx_extensionless_headers_are_kept():
+    files = {
+        p.relative_to(LIBCXX).as_posix(): p.read_bytes()
+        for p in sorted(LIBCXX.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+    kept, _ = normalize(files)
+    for header in ("vector", "string", "map", "algorithm", "type_traits"):
+        assert header in kept, header

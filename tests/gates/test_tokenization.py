@@ -1,0 +1,235 @@
+"""The tokenized_docs gate: every kept document round-trips, failures are named in the
+ledger, the per-token chunk kind follows the byte spans of enrichment (also across
+multibyte UTF-8), and the split is a deterministic function of source id and path."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer, normalizers
+
+from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.corpus.tokenizer import SPECIAL_TOKENS, TokenizerConfig, train_tokenizer
+from megacpp_pipeline.gates.enrich import CHUNK_KINDS
+from megacpp_pipeline.gates.tokenization import (
+    TokenizeConfig,
+    TokenizerNotByteLevelError,
+    assign_split,
+    run,
+)
+
+OTHER, FUNC_SIGNATURE, FUNC_BODY, COMMENT = (
+    CHUNK_KINDS[k] for k in ("other", "func_signature", "func_body", "comment")
+)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's byte <-> printable-char table, written out independently as the test oracle.
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+CHAR_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_bytes(tok: Tokenizer, token_id: int) -> bytes:
+    token = tok.id_to_token(token_id)
+    assert token is not None
+    if token in SPECIAL_TOKENS:
+        return token.encode()
+    return bytes(CHAR_TO_BYTE[c] for c in token)
+
+
+def spans_of(text: str, pieces: list[tuple[str, int]]) -> tuple[list[int], list[int], list[int]]:
+    """A flat partition of `text` in UTF-8 byte offsets: each (substring, kind) in order."""
+    data = text.encode()
+    starts, ends, kinds = [], [], []
+    cursor = 0
+    for sub, kind in pieces:
+        at = data.index(sub.encode(), cursor)
+        starts.append(at)
+        ends.append(at + len(sub.encode()))
+        kinds.append(kind)
+        cursor = ends[-1]
+    return starts, ends, kinds
+
+
+def enriched(
+    docs: list[tuple[str, str]], spans: list[tuple[list[int], list[int], list[int]]] | None = None
+) -> pa.Table:
+    n = len(docs)
+    spans = spans or [([], [], [])] * n
+    rows = {
+        "source_id": ["demo"] * n,
+        "path": [p for p, _ in docs],
+        "revision": ["0" * 40] * n,
+        "blob_sha": [schemas.git_blob_sha(t.encode()) for _, t in docs],
+        "size": [len(t.encode()) for _, t in docs],
+        "encoding": ["utf-8"] * n,
+        "text": [t for _, t in docs],
+        "content_sha256": [schemas.text_sha256(t) for _, t in docs],
+        "license_expression": ["MIT"] * n,
+        "license_source": ["file"] * n,
+        "license_decision": ["allowed"] * n,
+        "license_detail": [None] * n,
+        "scrub_replacements": [0] * n,
+        "chunk_starts": [s[0] for s in spans],
+        "chunk_ends": [s[1] for s in spans],
+        "chunk_kinds": [s[2] for s in spans],
+        "chunk_depths": [[0] * len(s[0]) for s in spans],
+        "chunk_names": [[""] * len(s[0]) for s in spans],
+        "parse_error_ratio": [0.0] * n,
+        "n_functions": [0] * n,
+        "n_classes": [0] * n,
+        "comment_ratio": [0.0] * n,
+        "max_nesting": [0] * n,
+        "structure_source": ["syntax"] * n,
+        "build_context": [None] * n,
+    }
+    return pa.Table.from_pydict(rows, schema=schemas.ENRICHED_FILES)
+
+
+MULTIBYTE = "// Größe: 世界 — naïve 🚀\nint área(int ñ) {\n    return ñ * 2;  // doppelt ü\n}\n"
+MULTIBYTE_SPANS = [
+    ("// Größe: 世界 — naïve 🚀\n", COMMENT),
+    ("int área(int ñ) ", FUNC_SIGNATURE),
+    ("{\n    return ñ * 2;  ", FUNC_BODY),
+    ("// doppelt ü\n", COMMENT),
+    ("}\n", FUNC_BODY),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    texts = [MULTIBYTE, "int main() { return 0; }\n", "// 世界 Größe ü ñ\n"] * 40
+    return train_tokenizer(texts, TokenizerConfig(vocab_size=400))
+
+
+def test_every_kept_document_decodes_back_to_its_text(tokenizer: Tokenizer) -> None:
+    docs = [
+        ("a.hpp", MULTIBYTE),
+        ("b.cpp", '#include <cstdio>\nint main() {\r\n\tputs("<|eos|>");\n}\n'),
+        ("c.h", "// mail <EMAIL> or <IP_ADDRESS>\n"),
+    ]
+    result = run(enriched(docs), tokenizer, TokenizeConfig())
+    assert result.kept.schema == schemas.TOKENIZED_DOCS
+    assert result.kept.column("path").to_pylist() == ["a.hpp", "b.cpp", "c.h"]
+    for (_, text), ids in zip(docs, result.kept.column("token_ids").to_pylist(), strict=True):
+        assert tokenizer.decode(ids, skip_special_tokens=False) == text
+        assert SPECIAL_TOKENS.index("<|bos|>") not in ids  # the packer adds BOS/EOS
+    assert result.kept.column("num_tokens").to_pylist() == [
+        len(ids) for ids in result.kept.column("token_ids").to_pylist()
+    ]
+    assert result.dropped.num_rows == 0
+    assert result.stats["docs_kept"] == 3
+
+
+def test_chunk_kind_of_each_token_is_the_span_holding_its_first_byte_across_multibyte_utf8(
+    tokenizer: Tokenizer,
+) -> None:
+    starts, ends, kinds = spans_of(MULTIBYTE, MULTIBYTE_SPANS)
+    result = run(
+        enriched([("m.cpp", MULTIBYTE)], [(starts, ends, kinds)]), tokenizer, TokenizeConfig()
+    )
+    ids = result.kept.column("token_ids")[0].as_py()
+    got = result.kept.column("chunk_kind")[0].as_py()
+    # Oracle: a per-token walk over each token's own bytes.
+    expected, pos = [], 0
+    for token_id in ids:
+        kind = next((k for s, e, k in zip(starts, ends, kinds, strict=True) if s <= pos < e), 0)
+        expected.append(kind)
+        pos += len(token_bytes(tokenizer, token_id))
+    assert pos == len(MULTIBYTE.encode())
+    assert got == expected
+    assert set(got) == {COMMENT, FUNC_SIGNATURE, FUNC_BODY}
+
+
+def test_tokens_outside_every_span_are_kind_other(tokenizer: Tokenizer) -> None:
+    text = "int x;\n// note\nint y;\n"
+    starts, ends, kinds = spans_of(text, [("// note\n", COMMENT)])
+    result = run(enriched([("g.h", text)], [(starts, ends, kinds)]), tokenizer, TokenizeConfig())
+    got = result.kept.column("chunk_kind")[0].as_py()
+    assert got[0] == OTHER and got[-1] == OTHER and COMMENT in got
+
+
+def test_a_span_reaching_past_its_text_does_not_leak_into_the_next_document(
+    tokenizer: Tokenizer,
+) -> None:
+    first, second = "int a;\n", "int b;\n"
+    table = enriched([("a.h", first), ("b.h", second)], [([0], [10_000], [COMMENT]), ([], [], [])])
+    result = run(table, tokenizer, TokenizeConfig())
+    assert set(result.kept.column("chunk_kind")[1].as_py()) == {OTHER}
+
+
+def test_empty_document_is_dropped_as_empty_after_tokenize(tokenizer: Tokenizer) -> None:
+    result = run(enriched([("empty.h", ""), ("ok.h", "int x;\n")]), tokenizer, TokenizeConfig())
+    assert result.kept.column("path").to_pylist() == ["ok.h"]
+    dropped = result.dropped.to_pylist()
+    assert [(d["path"], d["reason"], d["stage"]) for d in dropped] == [
+        ("empty.h", DropReason.EMPTY_AFTER_TOKENIZE, "tokenized_docs")
+    ]
+
+
+def test_a_document_that_does_not_round_trip_is_dropped_naming_the_file(
+    tokenizer: Tokenizer,
+) -> None:
+    lossy = Tokenizer.from_str(tokenizer.to_str())
+    lossy.normalizer = normalizers.Lowercase()  # a pinned artifact with a lossy normalizer
+    docs = [("Upper.hpp", "#define MAX_SIZE 10\n"), ("lower.hpp", "int x;\n")]
+    result = run(enriched(docs), lossy, TokenizeConfig())
+    assert result.kept.column("path").to_pylist() == ["lower.hpp"]
+    (drop,) = result.dropped.to_pylist()
+    assert drop["reason"] == DropReason.ROUND_TRIP_FAILED
+    assert "demo:Upper.hpp" in drop["detail"] and "character 8" in drop["detail"]
+
+
+def test_a_tokenizer_without_byte_level_decoder_is_refused(tokenizer: Tokenizer) -> None:
+    from tokenizers import decoders
+
+    other = Tokenizer.from_str(tokenizer.to_str())
+    other.decoder = decoders.WordPiece()
+    with pytest.raises(TokenizerNotByteLevelError, match="ByteLevel"):
+        run(enriched([("a.h", "int x;\n")]), other, TokenizeConfig())
+
+
+def test_small_batches_give_the_same_rows_as_one_batch(tokenizer: Tokenizer) -> None:
+    docs = [(f"f{i}.h", f"int v{i} = {i};  // 世界 {i}\n") for i in range(25)]
+    spans = [spans_of(text, [(f"// 世界 {i}\n", COMMENT)]) for i, (_, text) in enumerate(docs)]
+    one = run(enriched(docs, spans), tokenizer, TokenizeConfig())
+    many = run(enriched(docs, spans), tokenizer, TokenizeConfig(batch_bytes=40))
+    assert one.kept.equals(many.kept)
+    assert all(COMMENT in kinds for kinds in many.kept.column("chunk_kind").to_pylist())
+
+
+def test_split_is_a_stable_hash_of_source_and_path_near_the_configured_fraction() -> None:
+    paths = [f"include/lib/file_{i}.hpp" for i in range(4000)]
+    config = TokenizeConfig(validation_fraction=0.1)
+    splits = assign_split(["demo"] * 4000, paths, config)
+    assert splits == assign_split(["demo"] * 4000, paths, config)
+    assert 300 < splits.count("validation") < 500
+    # The same path in another source is an independent draw; another salt reshuffles.
+    assert splits != assign_split(["other"] * 4000, paths, config)
+    assert splits != assign_split(
+        ["demo"] * 4000, paths, TokenizeConfig(validation_fraction=0.1, split_salt="other-salt")
+    )
+    assert set(
+        assign_split(["demo"] * 50, paths[:50], TokenizeConfig(validation_fraction=0.0))
+    ) == {"train"}
+
+
+def test_split_is_recorded_per_document(tokenizer: Tokenizer) -> None:
+    docs = [(f"f{i}.h", f"int v{i};\n") for i in range(40)]
+    config = TokenizeConfig(validation_fraction=0.5)
+    result = run(enriched(docs), tokenizer, config)
+    expected = assign_split(["demo"] * 40, [p for p, _ in docs], config)
+    assert result.kept.column("split").to_pylist() == expected
+    assert result.stats["docs_train"] + result.stats["docs_validation"] == 40

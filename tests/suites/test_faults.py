@@ -1,0 +1,445 @@
+"""Faults the store and the runner must survive: `megacpp run` SIGKILLed anywhere, one flipped
+byte in any file, a full disk, an unwritable data dir and two writers at once. After each, a
+reader sees only complete, verifying versions and a plain re-run gives the same snapshot."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+from megacpp_pipeline import cli
+from megacpp_pipeline.storage.store import ShardStore, StoreError
+from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.run_helpers import (
+    REPO,
+    Baseline,
+    Workspace,
+    baseline,
+    completed_snapshot,
+    kill_points,
+    leftovers,
+    manifest_without_run_identity,
+    megacpp,
+    new_workspace,
+    run,
+    run_and_kill,
+    snapshot_files,
+    unsound_readable_dirs,
+)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
+    return baseline(tmp_path_factory)
+
+
+# kill anywhere ----------------------------------------------------------------------------
+# Each trial costs a killed run plus a whole re-run (a re-run re-materializes every asset).
+DEFAULT_TRIALS = 3
+
+
+def _kill_then_rerun(base: Baseline, ws: Workspace, kills: list[dict]) -> list[dict]:
+    """For each kill: SIGKILL a run there, check what a reader sees, re-run, compare."""
+    want_files = snapshot_files(base.snapshot)
+    want_manifest = manifest_without_run_identity(base.snapshot)
+    report = []
+    for kill in kills:
+        killed = run_and_kill(ws, **kill)
+        after_kill = unsound_readable_dirs(ws.data) if ws.data.exists() else []
+        snap = completed_snapshot(run(ws))
+        record = {
+            **kill,
+            "killed": killed.killed,
+            "at": killed.last_line[-120:],
+            "unsound_after_kill": after_kill,
+            "unsound_after_rerun": unsound_readable_dirs(ws.data),
+            "leftovers": leftovers(ws.data),
+            "same_files": snapshot_files(snap) == want_files,
+            "same_manifest": manifest_without_run_identity(snap) == want_manifest,
+        }
+        report.append(record)
+        print(json.dumps(record), flush=True)  # shown with -s: one line per trial
+        assert record["unsound_after_kill"] == [], record
+        assert record["unsound_after_rerun"] == [], record
+        assert record["same_files"] and record["same_manifest"], record
+        # bounded, not a pile: a kill between a version's mkdir and its _WRITER record leaves
+        # one empty directory that a concurrent-safe cleaner keeps for a minute
+        assert record["leftovers"]["incomplete_versions"] <= 1, record
+        assert {k: v for k, v in record["leftovers"].items() if k != "incomplete_versions"} == {
+            "tmp_files": 0,
+            "building_dirs": 0,
+            "incomplete_snapshots": 0,
+        }, record
+    return report
+
+
+def test_a_run_killed_at_seeded_random_moments_reruns_to_the_same_snapshot(
+    base: Baseline, tmp_path: Path
+) -> None:
+    ws = new_workspace(tmp_path / "killed", base.catalog)
+    kills = [
+        {"after_lines": line, "delay": delay}
+        for line, delay in kill_points(
+            seed=11, trials=DEFAULT_TRIALS, total_lines=base.stderr_lines
+        )
+    ]
+    report = _kill_then_rerun(base, ws, kills)
+    assert sum(r["killed"] for r in report) >= 2, report  # the kills did land mid-run
+
+
+# Every stage group's start line and every asset's first step: kills that hit each stage.
+STAGE_MARKERS = [
+    "-> source_catalog",
+    "raw_files - STEP_START",
+    "normalized_files - STEP_START",
+    "licensed_files - STEP_START",
+    "scrubbed_files - STEP_START",
+    "deduped_files - STEP_START",
+    "enriched_files - STEP_START",
+    "tokenizer - STEP_START",
+    "tokenized_docs - STEP_START",
+    "packed_rows - STEP_START",
+    "snapshot - STEP_START",
+    "promotion check megatron_read_back",
+    "megatron_dataset - STEP_START",
+    "quality_report - STEP_START",
+]
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_every_stage_and_at_twenty_random_moments_always_recovers(
+    base: Baseline, tmp_path: Path
+) -> None:
+    ws = new_workspace(tmp_path / "killed", base.catalog)
+    kills = [{"on_text": marker, "delay": 0.2} for marker in STAGE_MARKERS]
+    kills += [
+        {"after_lines": line, "delay": delay}
+        for line, delay in kill_points(seed=2026, trials=20, total_lines=base.stderr_lines)
+    ]
+    report = _kill_then_rerun(base, ws, kills)
+    assert sum(r["killed"] for r in report) >= 30
+
+
+# one flipped byte -------------------------------------------------------------------------
+CREATED_AT = b'"created_at": "2'
+
+
+def _flip(path: Path, needle: bytes | None = None) -> None:
+    """One bit of one byte: the middle one, or the last byte of `needle`'s first match (a
+    timestamp digit: the file stays valid JSON and only its bytes say it changed)."""
+    data = bytearray(path.read_bytes())
+    at = len(data) // 2 if needle is None else data.index(needle) + len(needle) - 1
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+SNAPSHOT_FILES = [
+    ("train/part-00000.parquet", None),
+    ("validation/part-00000.parquet", None),
+    ("documents.parquet", None),
+    ("pieces.parquet", None),
+    ("ledger.parquet", None),
+    ("tokenizer.json", None),
+    ("manifest.json", None),
+    ("manifest.json", CREATED_AT),
+]
+
+
+@pytest.mark.parametrize(
+    ("rel", "needle"),
+    SNAPSHOT_FILES,
+    ids=[f"{r}{'-created_at' * bool(n)}" for r, n in SNAPSHOT_FILES],
+)
+def test_megacpp_verify_names_the_snapshot_file_with_a_flipped_byte(
+    base: Baseline, tmp_path: Path, rel: str, needle: bytes | None
+) -> None:
+    copy = tmp_path / base.snapshot.name
+    shutil.copytree(base.snapshot, copy)
+    _flip(copy / rel, needle)
+    code, stderr = _megacpp_in_process(["verify", str(copy)])
+    assert code == 1, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("megacpp verify: FAILED") and f"{copy / rel}" in last, stderr
+
+
+def _megacpp_in_process(argv: list[str]) -> tuple[int, str]:
+    """The `megacpp` entry point without a new interpreter: exit code and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, err.getvalue()
+
+
+def test_megacpp_verify_passes_the_untouched_snapshot(base: Baseline) -> None:
+    assert _megacpp_in_process(["verify", str(base.snapshot)]) == (0, "")
+
+
+# Flip a byte in the latest version of an asset, then run the asset's blocking checks together
+# with a downstream asset in one Dagster run: the check must fail naming the file and the
+# downstream asset must not materialize. All cases run in one process (one Dagster import).
+_CORRUPT_THEN_RUN = """
+import json, os, sys, warnings
+warnings.filterwarnings("ignore")
+from pathlib import Path
+import dagster as dg
+from assets.runner import prepare_instance_home
+prepare_instance_home()
+import definitions
+from megacpp_pipeline.storage.store import ShardStore
+st = ShardStore(os.environ["MEGACPP_DATA_DIR"])
+for asset, partition, target, downstream, needle in json.loads(sys.argv[1]):
+    partition = None if partition == "_" else partition
+    m = st.latest(asset, partition)
+    vdir = Path(st.version_dir(m))
+    path = vdir / (m.tables[target].shards[0].path if target in m.tables else target)
+    data = bytearray(path.read_bytes())
+    at = len(data) // 2 if needle == "-" else data.index(needle.encode()) + len(needle) - 1
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    before = st.latest(downstream, partition).version
+    result = dg.materialize(
+        [*definitions.all_assets, *definitions.all_checks],
+        selection=dg.AssetSelection.checks_for_assets(asset)
+        | dg.AssetSelection.assets(downstream),
+        partition_key=partition, instance=dg.DagsterInstance.get(),
+        resources=definitions.default_resources(), raise_on_error=False,
+    )
+    failed = {e.check_name: e.description or "" for e in result.get_asset_check_evaluations()
+              if not e.passed}
+    for ev in result.all_events:
+        if ev.event_type_value == "STEP_FAILURE" and ev.step_failure_data:
+            err = ev.step_failure_data.error
+            failed[ev.step_key] = (err.cause.message if err.cause else err.message) or ""
+    ran = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
+    same = before == st.latest(downstream, partition).version
+    print(json.dumps({"path": str(path), "failed": failed, "ran": ran, "same": same}))
+"""
+
+IN_RUN_CASES = [
+    # (asset, partition, a table's first shard or a file, downstream asset, where: "-" middle)
+    ("normalized_files", "tree", "data", "licensed_files", "-"),
+    ("licensed_files", "tree", "manifest.json", "scrubbed_files", "-"),
+    ("licensed_files", "repo", "manifest.json", "scrubbed_files", CREATED_AT.decode()),
+    ("tokenizer", "_", "tokenizer.json", "snapshot", "-"),
+    ("packed_rows", "_", "documents", "snapshot", "-"),
+]
+
+
+@pytest.fixture(scope="module")
+def corrupted_runs(base: Baseline, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    ws = new_workspace(tmp_path_factory.mktemp("corrupt"), base.catalog)
+    shutil.copytree(base.ws.data, ws.data)
+    env = {**ws.env, "MEGACPP_CONFIG": str(ws.catalog), "MEGACPP_DATA_DIR": str(ws.data)}
+    out = subprocess.run(
+        [sys.executable, "-c", _CORRUPT_THEN_RUN, json.dumps(IN_RUN_CASES)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(IN_RUN_CASES) :]]
+
+
+@pytest.mark.parametrize("case", range(len(IN_RUN_CASES)), ids=[
+    f"{c[0]}-{c[1]}-{c[2]}{'-created_at' * (c[4] != '-')}" for c in IN_RUN_CASES
+])  # fmt: skip
+def test_a_flipped_byte_fails_the_blocking_check_naming_the_file_and_nothing_downstream_runs(
+    corrupted_runs: list[dict], case: int
+) -> None:
+    got = corrupted_runs[case]
+    assert got["failed"], got
+    assert any(got["path"] in why for why in got["failed"].values()), got
+    assert got["ran"] == [] and got["same"], got
+
+
+# full disk, unwritable data dir -------------------------------------------------------------
+class _FullDisk(pafs.FileSystemHandler):
+    """A local filesystem whose output streams raise ENOSPC once `budget` bytes are written."""
+
+    def __init__(self, budget: int) -> None:
+        self.local = pafs.LocalFileSystem()
+        self.budget = budget
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def get_type_name(self) -> str:
+        return "fulldisk"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self.local.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return self.local.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self.local.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self.local.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise OSError(errno.EPERM, "refused")
+
+    def delete_file(self, path: str) -> None:
+        self.local.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self.local.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.local.copy_file(src, dest)
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        return self.local.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        return self.local.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: dict | None = None) -> pa.NativeFile:
+        handler = self
+
+        class _Limited:
+            def __init__(self) -> None:
+                self.f = open(path, "wb")  # noqa: SIM115 - closed by PythonFile
+                self.closed = False
+
+            def write(self, data: bytes) -> int:
+                if len(data) > handler.budget:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+                handler.budget -= len(data)
+                return self.f.write(data)
+
+            def flush(self) -> None:
+                self.f.flush()
+
+            def close(self) -> None:
+                self.f.close()
+                self.closed = True
+
+        return pa.PythonFile(_Limited(), mode="w")
+
+    def open_append_stream(self, path: str, metadata: dict | None = None) -> pa.NativeFile:
+        raise OSError(errno.EPERM, "append is not supported")
+
+
+def _write_version(st: ShardStore, rows: int) -> None:
+    version = st.begin("raw_files", "tree", code_version="1")
+    table = pa.table({"path": [f"src/f{i}.cc" for i in range(rows)], "n": list(range(rows))})
+    version.table("data", table.schema).write(table)
+    version.commit()
+
+
+def test_a_full_disk_is_a_clear_store_error_and_the_previous_version_stays_readable(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path / "data")
+    _write_version(ShardStore(root), rows=10)
+    before = ShardStore(root).latest("raw_files", "tree")
+    full = ShardStore(root, filesystem=pafs.PyFileSystem(_FullDisk(budget=4096)))
+    with pytest.raises(StoreError) as err:
+        _write_version(full, rows=50_000)
+    message = str(err.value)
+    assert "No space left on device" in message and f"{root}/assets/raw_files/tree/" in message
+    st = ShardStore(root)
+    after = st.latest("raw_files", "tree")
+    assert after.version == before.version
+    assert st.verify(after) == []
+    assert st.read_table(after).num_rows == 10
+
+
+def test_an_unwritable_data_dir_is_one_clear_line_from_the_cli(tmp_path: Path) -> None:
+    catalog, _ = write_catalog(tmp_path)
+    blocked = tmp_path / "data"
+    blocked.write_text("a file where the data directory must be\n")
+    ws = new_workspace(tmp_path, catalog)
+    out = megacpp(["run", "--config", str(catalog), "--data-dir", str(blocked)], ws.env)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("megacpp run:") and str(blocked) in last, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert blocked.read_text().startswith("a file where")
+    assert not (tmp_path / "dagster_home").exists()  # refused before any Dagster run
+
+
+# two writers at once ----------------------------------------------------------------------
+@pytest.mark.parametrize("attempt", range(10))
+def test_two_store_writers_on_one_partition_both_finish_and_neither_corrupts_the_other(
+    tmp_path: Path, attempt: int
+) -> None:
+    root = str(tmp_path / "data")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def writer(seed: int) -> None:
+        try:
+            st = ShardStore(root, max_rows_per_shard=500)
+            barrier.wait()
+            for _ in range(3):
+                version = st.begin("raw_files", "tree", code_version="1")
+                t = pa.table({"writer": [seed] * 2000, "i": list(range(2000))})
+                version.table("data", t.schema).write(t)
+                version.commit()
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    st = ShardStore(root)
+    latest = st.latest("raw_files", "tree")
+    assert set(st.read_table(latest)["writer"].to_pylist()) in ({1}, {2})
+    assert unsound_readable_dirs(Path(root)) == []
+
+
+@pytest.mark.slow
+def test_two_megacpp_runs_on_one_data_dir_at_once_finish_or_refuse_cleanly(
+    base: Baseline, tmp_path: Path
+) -> None:
+    ws = new_workspace(tmp_path / "shared", base.catalog)
+    procs = [
+        subprocess.Popen(
+            ws.run_args(),
+            cwd=REPO,
+            env=ws.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=1200) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert 0 in codes, outs
+    for code, (_, stderr) in zip(codes, outs, strict=True):
+        if code != 0:  # refused: one clear line, no traceback
+            assert stderr.strip().splitlines()[-1].startswith("megacpp run:"), stderr[-3000:]
+    assert unsound_readable_dirs(ws.data) == []
+    snap = completed_snapshot(run(ws))
+    assert snapshot_files(snap) == snapshot_files(base.snapshot)
