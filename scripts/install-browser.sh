@@ -1,5 +1,5 @@
 #!/bin/sh
-# Debian's chromium for the browser test (tests/test_ui_browser.py). Playwright cannot download
+# Debian's chromium for the browser test (tests/shell/test_ui_browser.py). Playwright cannot download
 # its own browser on these machines, so the test drives /usr/bin/chromium instead.
 set -eu
 if command -v chromium >/dev/null 2>&1; then
