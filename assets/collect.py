@@ -10,7 +10,7 @@ import pyarrow as pa
 from assets.partitions import SOURCES
 from assets.shell import CODE_VERSION, manifest_check, partition_of, summary_metadata
 from megacpp_pipeline import collect
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, stamp
 from megacpp_pipeline.core.schemas import RAW_FILES
 from megacpp_pipeline.gates import license
 from resources.pipeline import CatalogResource, ShardStoreResource
@@ -131,7 +131,7 @@ def raw_files(
     stats: Counter[str] = Counter()
     for batch in collect.collect_batches(spec, files, is_metadata=is_metadata):
         data.write(batch.kept)
-        ledger.write(batch.ledger)
+        ledger.write(stamp(batch.ledger, "raw_files"))
         meta.write(batch.metadata)
         stats["files_seen"] += batch.ledger.num_rows
         stats["kept_files"] += batch.kept.num_rows

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from assets.shell import CODE_VERSION, manifest_check, summary_metadata, upstream_hashes
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, stamp
 from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import dedup
 from megacpp_pipeline.storage.store import Manifest, ShardStore
@@ -56,7 +56,9 @@ def deduped_files(
             out.write(dedup.kept_rows(t, decisions))
             stats["input_files"] += t.num_rows
     stats["dropped_files"] = stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
-    version.table("ledger", LEDGER_SCHEMA).write(dedup.ledger_rows(decisions))
+    version.table("ledger", LEDGER_SCHEMA).write(
+        stamp(dedup.ledger_rows(decisions), "deduped_files")
+    )
     version.table("decisions", decisions.schema).write(decisions)
     version.table("clusters", result.clusters.schema).write(result.clusters)
     manifest = version.commit(upstream=upstream_hashes(st, upstream), stats=stats)

@@ -93,7 +93,7 @@ def run_file_gate(
         else:
             result = gate(table)
         data.write(result.kept)
-        drops.write(result.dropped)
+        drops.write(ledger_mod.stamp(result.dropped, version.manifest.asset))
         shard_stats = result.stats
         if summarize is not None:
             summary = summarize(result)

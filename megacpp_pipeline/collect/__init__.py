@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason, Stage
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.core.schemas import git_blob_sha
 
 _READ_CHUNK = 1 << 20
@@ -642,7 +642,7 @@ def _batch(
         {
             "source_id": pa.array([spec.id] * n, pa.string()),
             "path": pa.array([e.path for e in entries], pa.string()),
-            "stage": pa.array([str(Stage.COLLECT)] * n, pa.string()),
+            "stage": pa.array([""] * n, pa.string()),
             "status": pa.array(status, pa.string()),
             "reason": pa.array(reasons, pa.string()),
             "detail": pa.array(details, pa.string()),

@@ -1,7 +1,9 @@
 """The ledger: one row for every file a stage keeps or drops, so that
 collected == kept + sum(dropped by reason) holds exactly (seed: nothing disappears silently).
 
-Drop reasons are an enum so a typo cannot invent a new reason.
+Drop reasons are an enum so a typo cannot invent a new reason. A gate does not know which
+stage it runs as: its rows leave `stage` empty and the stage runner stamps the stage's
+registry name on them (`stamp`), so the ledger's stage vocabulary is the registry's.
 """
 
 from __future__ import annotations
@@ -10,17 +12,6 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 import pyarrow as pa
-
-
-class Stage(StrEnum):
-    COLLECT = "raw_files"
-    NORMALIZE = "normalized_files"
-    LICENSE = "licensed_files"
-    SCRUB = "scrubbed_files"
-    DEDUP = "deduped_files"
-    ENRICH = "enriched_files"
-    TOKENIZE = "tokenized_docs"
-    PACK = "packed_rows"
 
 
 class DropReason(StrEnum):
@@ -76,20 +67,20 @@ LEDGER_SCHEMA = pa.schema(
 def drops(
     source_ids: Sequence[str],
     paths: Sequence[str],
-    stage: Stage,
-    reasons: Sequence[DropReason],
+    reasons: Sequence[str],
     details: Sequence[str | None] | None = None,
     dup_of: Sequence[str | None] | None = None,
     license_expressions: Sequence[str | None] | None = None,
 ) -> pa.Table:
-    """Ledger rows for dropped files; every sequence is aligned with `paths`."""
+    """Ledger rows for dropped files (stage not yet stamped); every sequence is aligned
+    with `paths`."""
     n = len(paths)
     empty: list[str | None] = [None] * n
     return pa.table(
         {
             "source_id": pa.array(list(source_ids), pa.string()),
             "path": pa.array(list(paths), pa.string()),
-            "stage": pa.array([str(stage)] * n, pa.string()),
+            "stage": pa.array([""] * n, pa.string()),
             "status": pa.array(["dropped"] * n, pa.string()),
             "reason": pa.array([str(r) for r in reasons], pa.string()),
             "detail": pa.array(list(details) if details is not None else empty, pa.string()),
@@ -105,3 +96,9 @@ def drops(
 
 def empty_ledger() -> pa.Table:
     return LEDGER_SCHEMA.empty_table()
+
+
+def stamp(table: pa.Table, stage: str) -> pa.Table:
+    """`table`'s ledger rows as written by `stage` (the registry name of the stage)."""
+    column = pa.array([stage] * table.num_rows, pa.string())
+    return table.set_column(table.schema.get_field_index("stage"), "stage", column)

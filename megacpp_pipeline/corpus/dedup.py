@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason, Stage
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.core.schemas import SCRUBBED_FILES
 from megacpp_pipeline.corpus import minhash
 
@@ -562,9 +562,9 @@ def markdown_top_clusters(result: DedupResult, n: int = 10) -> str:
 
 
 def ledger_rows(decisions: pa.Table, include_kept: bool = False) -> pa.Table:
-    """Ledger rows (ledger.LEDGER_SCHEMA, Stage.DEDUP) for the dropped files, with dup_of,
-    and for every file when `include_kept`. Cluster id and estimated similarity ride in
-    `detail` ("cluster 12; estimated jaccard 0.91") until the ledger has columns for them."""
+    """Ledger rows (ledger.LEDGER_SCHEMA; the runner stamps the stage) for the dropped
+    files, with dup_of, and for every file when `include_kept`. Cluster id and estimated
+    similarity ride in `detail` ("cluster 12; estimated jaccard 0.91")."""
     rows = decisions
     if not include_kept:
         rows = decisions.filter(pc.equal(decisions["status"], "dropped"))
@@ -582,7 +582,7 @@ def ledger_rows(decisions: pa.Table, include_kept: bool = False) -> pa.Table:
         {
             "source_id": rows["source_id"],
             "path": rows["path"],
-            "stage": pa.array([str(Stage.DEDUP)] * rows.num_rows, pa.string()),
+            "stage": pa.array([""] * rows.num_rows, pa.string()),
             "status": rows["status"],
             "reason": rows["reason"],
             "detail": detail,

@@ -55,7 +55,7 @@ import tree_sitter_cpp
 from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.core.ledger import DropReason, Stage, drops
+from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.core.schemas import BUILD_CONTEXT, ENRICHED_FILES
 
 if TYPE_CHECKING:
@@ -791,7 +791,6 @@ def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = Non
     dropped = drops(
         table.column("source_id").take(take).to_pylist(),
         [paths[r] for r in drop_rows],
-        Stage.ENRICH,
         drop_reasons,
         drop_details,
         license_expressions=license_col,

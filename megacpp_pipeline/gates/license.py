@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.core.ledger import DropReason, Stage, drops
+from megacpp_pipeline.core.ledger import DropReason, drops
 
 LicenseSource = Literal["file", "reuse", "notice-text", "repo-declared", "none"]
 DecisionKind = Literal["allowed", "denied", "invalid", "unknown"]
@@ -818,7 +818,6 @@ def run(
     dropped = drops(
         [source_ids[k] for k in dropped_idx],
         [paths[k] for k in dropped_idx],
-        Stage.LICENSE,
         [_DROP_REASON[rows[k].decision.decision] for k in dropped_idx],
         details=[f"{findings[k][0]}: {rows[k].detail}" for k in dropped_idx],
         license_expressions=[rows[k].expression for k in dropped_idx],

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.core.ledger import DropReason, Stage, drops
+from megacpp_pipeline.core.ledger import DropReason, drops
 
 _DEFAULT_CPP_EXTENSIONS = [
     ".h", ".hh", ".hpp", ".hxx", ".h++", ".c", ".cc", ".cpp", ".cxx", ".c++",
@@ -294,7 +294,6 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
     dropped = drops(
         source_ids,
         paths.take(pa.array(dropped_rows, pa.int64())).to_pylist(),
-        Stage.NORMALIZE,
         [verdict.reasons[i] for i in dropped_rows.tolist()],  # type: ignore[misc]
         details=[verdict.details[i] for i in dropped_rows.tolist()],
     )

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.core.ledger import DropReason, Stage, drops
+from megacpp_pipeline.core.ledger import DropReason, drops
 
 
 class Kind(StrEnum):
@@ -1003,7 +1003,6 @@ def run(table: pa.Table, config: ScrubConfig) -> GateResult:
     dropped = drops(
         [source_ids[i] for i in dropped_rows],
         [paths[i] for i in dropped_rows],
-        Stage.SCRUB,
         [DropReason.SCRUB_FAILED] * len(dropped_rows),
         details=[failed[i] for i in dropped_rows],
         license_expressions=[licenses[i].as_py() for i in dropped_rows],

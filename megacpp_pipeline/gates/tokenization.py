@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.core.ledger import DropReason, Stage, drops, empty_ledger
+from megacpp_pipeline.core.ledger import DropReason, drops, empty_ledger
 
 SPLITS = ("train", "validation")
 
@@ -204,7 +204,6 @@ def _tokenize_batch(
         drops(
             [source_ids[i] for i in dropped_rows],
             [paths[i] for i in dropped_rows],
-            Stage.TOKENIZE,
             reasons,
             details,
         )

@@ -12,7 +12,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from pydantic import BaseModel, ConfigDict, Field
 
-from megacpp_pipeline.core.ledger import Stage
 from megacpp_pipeline.gates.enrich import KIND_NAMES
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 
@@ -70,6 +69,7 @@ class ReportInputs:
     dedup_clusters: pa.Table | None = None  # cluster_id, size, ...; None: derived from dup_of
     chunk_kind_bytes: Mapping[str, float] | None = None  # None or {}: counted from the rows
     packing_telemetry: Mapping[str, Any] | None = None
+    stages: Sequence[str] = ()  # the pipeline's stage order (the registry's), for the funnel
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,9 @@ class RowStats:
         return sum(self.valid_tokens.values()) / capacity if capacity else 0.0
 
 
-def ledger_funnel(ledger: pa.Table) -> Funnel:
-    """Collected, kept and dropped counts of a final ledger (one row per collected file)."""
+def ledger_funnel(ledger: pa.Table, stages: Sequence[str] = ()) -> Funnel:
+    """Collected, kept and dropped counts of a final ledger (one row per collected file);
+    drops in the pipeline's stage order (`stages`, the registry's), unknown stages last."""
     status = ledger.column("status")
     dropped_rows = ledger.filter(pc.equal(status, "dropped"))
     reasons = pc.fill_null(dropped_rows.column("reason"), "(none)")
@@ -129,7 +130,7 @@ def ledger_funnel(ledger: pa.Table) -> Funnel:
         .aggregate([("stage", "count")])
         .to_pylist()
     )
-    known = [str(s) for s in Stage]
+    known = list(stages)
     extra = sorted({row["stage"] for row in grouped} - set(known))
     stages = known + extra
     rank = {s: i for i, s in enumerate(stages)}
@@ -453,7 +454,7 @@ def render_report(
         ["source_id", "split", "num_tokens", "license_source", "license_expression"],
     )
 
-    funnel = ledger_funnel(ledger)
+    funnel = ledger_funnel(ledger, inputs.stages)
     decisions = _prefixed(inputs.license_stats, "decision:")
     sources = _prefixed(inputs.license_stats, "source:")
     expressions = _prefixed(inputs.license_stats, "expr:")

@@ -174,8 +174,8 @@ def test_empty_document_is_dropped_as_empty_after_tokenize(tokenizer: Tokenizer)
     result = run(enriched([("empty.h", ""), ("ok.h", "int x;\n")]), tokenizer, TokenizeConfig())
     assert result.kept.column("path").to_pylist() == ["ok.h"]
     dropped = result.dropped.to_pylist()
-    assert [(d["path"], d["reason"], d["stage"]) for d in dropped] == [
-        ("empty.h", DropReason.EMPTY_AFTER_TOKENIZE, "tokenized_docs")
+    assert [(d["path"], d["reason"]) for d in dropped] == [
+        ("empty.h", DropReason.EMPTY_AFTER_TOKENIZE)
     ]
 
 

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason, Stage
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.gates.enrich import KIND_NAMES
 from megacpp_pipeline.snapshot.packed_rows import PAD_DOC_ID
 from megacpp_pipeline.snapshot.report import (
@@ -37,16 +37,27 @@ from tests.fixtures.snapshot_fixture import DOCUMENTS_SCHEMA, SnapshotFixture, b
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# the pipeline's ledger stages in order (the registry's)
+STAGES = [
+    "raw_files",
+    "normalized_files",
+    "licensed_files",
+    "scrubbed_files",
+    "deduped_files",
+    "enriched_files",
+    "tokenized_docs",
+    "packed_rows",
+]
 
 # What the pipeline dropped on the way, file by file: (stage, reason, how many, dup_of index).
 DROPS = [
-    (Stage.COLLECT, DropReason.NOT_INCLUDED, 2, None),
-    (Stage.NORMALIZE, DropReason.BINARY, 2, None),
-    (Stage.NORMALIZE, DropReason.GENERATED_FILE, 3, None),
-    (Stage.LICENSE, DropReason.LICENSE_DENIED, 1, None),
-    (Stage.DEDUP, DropReason.EXACT_DUPLICATE, 2, 0),  # cluster of 3 around kept doc 0
-    (Stage.DEDUP, DropReason.EXACT_DUPLICATE, 2, 1),  # cluster of 3 around kept doc 1
-    (Stage.DEDUP, DropReason.NEAR_DUPLICATE, 1, 2),  # cluster of 2 around kept doc 2
+    ("raw_files", DropReason.NOT_INCLUDED, 2, None),
+    ("normalized_files", DropReason.BINARY, 2, None),
+    ("normalized_files", DropReason.GENERATED_FILE, 3, None),
+    ("licensed_files", DropReason.LICENSE_DENIED, 1, None),
+    ("deduped_files", DropReason.EXACT_DUPLICATE, 2, 0),  # cluster of 3 around kept doc 0
+    ("deduped_files", DropReason.EXACT_DUPLICATE, 2, 1),  # cluster of 3 around kept doc 1
+    ("deduped_files", DropReason.NEAR_DUPLICATE, 1, 2),  # cluster of 2 around kept doc 2
 ]
 
 
@@ -110,6 +121,7 @@ def _stage_inputs(root: Path) -> ReportInputs:
         },
         scrub_stats={"kind:email": 7, "kind:ipv4": 2, "kind:private_key": 1, "files_in": 53},
         packing_telemetry={"utilization": 0.9, "docs_per_row": 1.7, "histogram": [0, 3, 70]},
+        stages=STAGES,
     )
 
 
@@ -188,14 +200,14 @@ def test_markdown_funnel_equals_the_ledger_counts(
 
 
 def test_funnel_follows_the_pipeline_order_and_ends_at_kept(snapshot: SnapshotFixture) -> None:
-    funnel = ledger_funnel(pq.read_table(snapshot.path / "ledger.parquet"))
+    stage_order = STAGES
+    funnel = ledger_funnel(pq.read_table(snapshot.path / "ledger.parquet"), stage_order)
 
-    stage_order = [str(s) for s in Stage]
     drop_stages = [stage for stage, _, _ in funnel.drops]
     assert drop_stages == sorted(drop_stages, key=stage_order.index)
     remaining = funnel.remaining_after()
     assert remaining == sorted(remaining, reverse=True)
-    assert remaining[stage_order.index(str(Stage.COLLECT))] == 61 - 2
+    assert remaining[stage_order.index("raw_files")] == 61 - 2
     assert remaining[-1] == funnel.kept == 48
 
 
