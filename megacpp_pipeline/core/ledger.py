@@ -31,16 +31,22 @@ class DropReason(StrEnum):
     MEAN_LINE_LENGTH = "mean_line_length"
     LOW_ALNUM = "low_alnum"
     GENERATED_FILE = "generated_file"
-    NOT_CPP = "not_cpp"
+    NOT_CPP = "not_cpp"  # not a C/C++ source extension, or C-only content under keep_c: false
+    # quality rules (published code pipelines' per-language filters)
+    LOW_QUALITY = "low_quality"  # detail: the rule and its measured value
     # license
     LICENSE_DENIED = "license_denied"
     LICENSE_INVALID = "license_invalid"
     LICENSE_UNKNOWN = "license_unknown"
+    # removal requests
+    REMOVED_ON_REQUEST = "removed_on_request"  # detail: the removals entry that matched
     # scrub
     SCRUB_FAILED = "scrub_failed"
     # dedup
     EXACT_DUPLICATE = "exact_duplicate"
     NEAR_DUPLICATE = "near_duplicate"
+    # benchmark decontamination
+    BENCHMARK_CONTAMINATION = "benchmark_contamination"  # detail: benchmark id and task ids
     # enrich
     PARSE_ERROR_RATIO = "parse_error_ratio"
     PARSE_TIMEOUT = "parse_timeout"
