@@ -1,0 +1,162 @@
+"""The detector registry: which finders run on a text, the cheap prefilter that wakes each one
+up, and which hit wins when two detectors claim the same characters (lower priority number)."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+
+from megacpp_pipeline.gates.scrub.credentials import (
+    KEYWORD_LITERALS,
+    find_assigned_secret,
+    find_basic_auth,
+)
+from megacpp_pipeline.gates.scrub.hits import Finder, Hit, Kind
+from megacpp_pipeline.gates.scrub.keys import find_private_key, find_ssh_key
+from megacpp_pipeline.gates.scrub.personal import find_email, find_ip, find_local_path
+from megacpp_pipeline.gates.scrub.plausibility import folded
+from megacpp_pipeline.gates.scrub.vendor_tokens import VENDOR_KEYS, vendor_finder
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.gates.scrub.config import ScrubConfig
+
+
+@dataclass(frozen=True)
+class Detector:
+    """A finder plus its cheap prefilter: the finder only runs on a text that contains one
+    of `triggers` (lowercase, compared case-folded if `ignore_case`) or matches one of
+    `trigger_regexes` (each starts with a literal, so `re` skips ahead fast).
+
+    Rare triggers (vendor prefixes, PEM headers, secret-sounding names) are ORed by run()
+    into one RE2 pattern that Arrow evaluates over the whole column; `common` detectors
+    (`@`, `://`, dotted numbers are in most C++ files) are checked per row in Python."""
+
+    name: str
+    priority: int  # lower wins when two detectors claim overlapping text
+    find: Finder
+    triggers: tuple[str, ...] = ()
+    ignore_case: bool = False
+    trigger_regexes: tuple[re.Pattern[str], ...] = ()
+    common: bool = False
+
+    def triggered(self, text: str, folded: Callable[[], str]) -> bool:
+        if any(r.search(text) for r in self.trigger_regexes):
+            return True
+        haystack = folded() if self.ignore_case else text
+        return any(t in haystack for t in self.triggers)
+
+    def re2_prefilter(self) -> str:
+        return "|".join(
+            f"(?i:{re.escape(t)})" if self.ignore_case else re.escape(t) for t in self.triggers
+        )
+
+
+DETECTORS: tuple[Detector, ...] = (
+    Detector(
+        "private_key",
+        0,
+        find_private_key,
+        triggers=(*(p.pattern for p in PrivateKeyDetector.denylist), "PRIVATE KEY"),
+    ),
+    Detector("ssh_key", 1, find_ssh_key, triggers=("ssh-", "ecdsa-sha2-")),
+    *(
+        Detector(pats[0].name, 2, vendor_finder(pats), triggers=trig, ignore_case=ic)
+        for trig, ic, pats in VENDOR_KEYS
+    ),
+    Detector(
+        "basic_auth_url",
+        3,
+        find_basic_auth,
+        trigger_regexes=(BasicAuthDetector.denylist[0],),
+        common=True,
+    ),
+    Detector("assigned_secret", 4, find_assigned_secret, KEYWORD_LITERALS, ignore_case=True),
+    Detector("email", 5, find_email, triggers=("@",), common=True),
+    Detector(
+        "local_path",
+        6,
+        find_local_path,
+        triggers=("/home/", "/tmp/", "users/", "users\\", "documents and settings"),
+        ignore_case=True,
+    ),
+    Detector(
+        "ip",
+        7,
+        find_ip,
+        trigger_regexes=(
+            re.compile(r"\.\d{1,3}\.\d{1,3}\.\d"),
+            re.compile(r":(?<=[23][0-9A-Fa-f]{3}:)[0-9A-Fa-f]{0,4}:"),
+        ),
+        common=True,
+    ),
+)
+COMMON_DETECTORS = tuple(d for d in DETECTORS if d.common)
+RARE_DETECTORS = tuple(d for d in DETECTORS if not d.common)
+# run()'s column-wise prefilter: a file that matches none of it can only hold what the
+# common detectors find.
+RARE_TRIGGERS_RE2 = "|".join(d.re2_prefilter() for d in DETECTORS if not d.common)
+
+
+def _placeholder_spans(text: str, config: ScrubConfig) -> list[tuple[int, int]]:
+    spans = []
+    for kind in Kind:
+        ph = config.placeholders.for_kind(kind)
+        pos = text.find(ph)
+        while pos >= 0:
+            spans.append((pos, pos + len(ph)))
+            pos = text.find(ph, pos + 1)
+    return spans
+
+
+def detect(
+    text: str,
+    config: ScrubConfig,
+    detectors: Sequence[Detector],
+    ignore_placeholders: bool = True,
+    pretriggered: Sequence[Detector] = (),
+) -> list[Hit]:
+    """Non-overlapping hits sorted by position; on overlap the stronger detector wins.
+    `pretriggered` detectors run without their prefilter (run() evaluated it in Arrow)."""
+    lowered: list[str] = []  # computed once, only if a case-insensitive trigger asks
+
+    def fold() -> str:
+        if not lowered:
+            lowered.append(folded(text))
+        return lowered[0]
+
+    ranked: list[tuple[int, int, int, Hit]] = []
+    for det in (*pretriggered, *detectors):
+        if det not in pretriggered and not det.triggered(text, fold):
+            continue
+        for hit in det.find(text, config):
+            if hit.end > hit.start:
+                ranked.append((det.priority, hit.start, -hit.end, hit))
+    if not ranked:
+        return []
+    ranked.sort(key=lambda r: r[:3])
+    # Taken spans as sorted, disjoint intervals: each overlap test is a bisect, not a scan
+    # over every earlier hit (a file of 40k emails made the scan quadratic: minutes a file).
+    starts: list[int] = []
+    ends: list[int] = []
+    for s, e in sorted(_placeholder_spans(text, config) if ignore_placeholders else []):
+        if ends and s < ends[-1]:
+            ends[-1] = max(ends[-1], e)
+        else:
+            starts.append(s)
+            ends.append(e)
+    hits = []
+    for *_, hit in ranked:
+        i = bisect.bisect_right(starts, hit.start)
+        if (i and ends[i - 1] > hit.start) or (i < len(starts) and starts[i] < hit.end):
+            continue
+        starts.insert(i, hit.start)
+        ends.insert(i, hit.end)
+        hits.append(hit)
+    hits.sort(key=lambda h: h.start)
+    return hits

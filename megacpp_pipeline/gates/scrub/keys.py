@@ -1,0 +1,53 @@
+"""Key material: private keys (PEM, OpenSSH, PGP, PuTTY blocks, truncated ones included) and
+ssh public keys with their `user@host` comment, each replaced as one span."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from megacpp_pipeline.gates.scrub.hits import Hit, Kind
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.gates.scrub.config import ScrubConfig
+
+
+_PEM_BEGIN = re.compile(r"-{4,5} ?BEGIN (?P<label>[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?) ?-{4,5}")
+_BASE64_LINE = re.compile(r"[^\S\n]*[\"'(]?[A-Za-z0-9+/=:\-, ]{16,}(?:\\n)?[\"']?[^\S\n]*(?:\n|$)")
+_PUTTY = re.compile(r"PuTTY-User-Key-File-\d+:.*?Private-MAC: ?[0-9a-fA-F]+", re.DOTALL)
+
+
+def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    pos = 0
+    while (m := _PEM_BEGIN.search(text, pos)) is not None:
+        end_re = re.compile(r"-{4,5} ?END " + re.escape(m.group("label")) + r" ?-{4,5}")
+        e = end_re.search(text, m.end())
+        if e is not None:
+            end = e.end()
+        else:
+            # truncated block: redact the base64 lines that follow the header
+            end = m.end()
+            nl = text.find("\n", end)
+            cursor = len(text) if nl < 0 else nl + 1
+            while (
+                cursor < len(text) and (b := _BASE64_LINE.match(text, cursor)) and b.end() > cursor
+            ):
+                end = cursor + len(b.group(0).rstrip())
+                cursor = b.end()
+        yield Hit(m.start(), end, Kind.PRIVATE_KEY, "pem_private_key")
+        pos = end
+    for m in _PUTTY.finditer(text):
+        yield Hit(m.start(), m.end(), Kind.PRIVATE_KEY, "putty_private_key")
+
+
+_SSH_PUBLIC_KEY = re.compile(
+    r"(?<![\w-])(?:ssh-(?:rsa|dss|ed25519)|ecdsa-sha2-nistp(?:256|384|521)"
+    r"|sk-(?:ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com)"
+    r" AAAA[0-9A-Za-z+/]{16,}={0,3}(?: [^\s\"'<>\\@]+@[^\s\"'<>\\]*[^\s\"'<>\\.,;])?"
+)
+
+
+def find_ssh_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _SSH_PUBLIC_KEY.finditer(text):
+        yield Hit(m.start(), m.end(), Kind.SSH_KEY, "ssh_public_key")

@@ -1,0 +1,174 @@
+"""Personal data: email addresses, public IP addresses and machine-local paths (a home
+directory or a per-user /tmp build directory). Each finder pairs a fast pattern with the C++
+look-alikes it must keep: file names, symbol versions, version numbers, standard citations."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from detect_secrets.plugins.ip_public import IPPublicDetector
+
+from megacpp_pipeline.gates.scrub.hits import Hit, Kind
+from megacpp_pipeline.gates.scrub.plausibility import (
+    WORD_CHAR,
+    context,
+    line_bounds,
+    on_include_line,
+)
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.gates.scrub.config import ScrubConfig
+
+
+# ---- emails: anchored on '@' (a literal, so the search is fast), local part read backwards
+
+_EMAIL_DOMAIN = re.compile(
+    r"@(?P<domain>[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9-]{1,63})+)"
+)
+_EMAIL_LOCAL = re.compile(r"[A-Za-z0-9._%+-]{1,64}\Z")
+# `icon@2x.png`, `lib@1.2/api.hpp`: a file name, not a mailbox
+_FILE_EXTENSION = re.compile(
+    r"png|jpe?g|gif|svg|bmp|ico|webp|tga|css|m?js|ts|map|json|ya?ml|xml|html?|md|rst|txt|cmake"
+    r"|[ch]|hh|[ch]pp|[ch]xx|cc|ipp|inl|tcc|py|rs|sh|so|dll|dylib|exe|lib|obj|pdf|zip|gz|tar"
+    r"|bz2|xz|whl|ttf|woff2?",
+    re.IGNORECASE,
+)
+
+
+def find_email(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _EMAIL_DOMAIN.finditer(text):
+        at = m.start()
+        local = _EMAIL_LOCAL.search(text, max(0, at - 64), at)
+        if local is None:
+            continue
+        start = local.start()
+        while start < at and text[start] in ".%+-":
+            start += 1
+        if start == at:
+            continue
+        domain = m.group("domain").rstrip("-")
+        tld = domain.rsplit(".", 1)[-1]
+        if not (tld.isalpha() and 2 <= len(tld) <= 24) or _FILE_EXTENSION.fullmatch(tld):
+            continue
+        if text[start:at].lower() in config.role_email_users:
+            continue
+        if on_include_line(text, start):
+            continue
+        yield Hit(start, at + 1 + len(domain), Kind.EMAIL, "email")
+
+
+# ---- IP addresses: detect-secrets' public-IPv4 pattern, then ipaddress decides what is public
+
+_IPV4 = IPPublicDetector.denylist[0]
+# global unicast IPv6 is 2000::/3, so the first hextet is four hex digits starting 2 or 3
+_IPV6 = re.compile(r"(?<![\w:.])[23][0-9A-Fa-f]{3}:[0-9A-Fa-f:]*[0-9A-Fa-f](?![\w:.])")
+_VERSION_CONTEXT = re.compile(
+    r"version|(?<![a-z])ver(?![a-z])|release|since|revision|(?<![a-z])rev(?![a-z])|\bv\s*$"
+)
+# no "http": URLs in comments are everywhere in C++ (`index.html?path=4.1.1.4`); the host
+# right after `://` or `@` is checked on its own
+# words start after a non-letter or at a camelCase hump (`kServer`, `TELEMETRY_HOST`), so
+# `observers` does not read as `server`
+_NETWORK_CONTEXT = re.compile(
+    r"(?:(?<![A-Za-z])|(?<=[a-z])(?=[A-Z]))(?i:dns|server|host|ip(?![a-z])|addr|connect|proxy"
+    r"|endpoint|socket|inet|peer|mirror|upstream|remote|gateway|route|ping(?![a-z])|firewall"
+    r"|subnet|listen|bind(?![a-z]))"
+)
+
+
+def _is_network_context(text: str, start: int, end: int) -> bool:
+    """Host position in a URL, a string literal holding nothing but the address, or
+    network words on the line or the line above."""
+    if text.endswith("://", 0, start) or text.endswith("@", 0, start):
+        return True
+    if start and text[start - 1] in "\"'" and text.startswith(text[start - 1], end):
+        return True
+    return _NETWORK_CONTEXT.search(context(text, start, end, lower=False)) is not None
+
+
+# C++ standard citations look like dotted quads: `[20.10.7.6]`, `§13.3.3.2/4`, `section 27.4.4.1`
+_SECTION_BEFORE = re.compile(
+    r"(?:§|\[)\s*$|\[[a-z_.]+\]|section|clause|paragraph|\bpara\b|standard|\biso\b"
+    r"|c\+\+\s*\d\d|\bn\d{4}"
+)
+_SECTION_AFTER = re.compile(r"\]|/\d{1,2}(?!\d)")
+
+
+def _is_public(value: str, config: ScrubConfig) -> bool:
+    try:
+        addr = ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return addr.is_global and not addr.is_multicast and str(addr) not in config.keep_ips
+
+
+def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _IPV4.finditer(text):
+        start = m.start(1)
+        value = m.group(1).split(":", 1)[0]
+        end = start + len(value)
+        if not _is_public(value, config) or on_include_line(text, start):
+            continue
+        line_start, _ = line_bounds(text, start)
+        before = text[max(line_start, start - 40) : start].lower()
+        if _VERSION_CONTEXT.search(before):
+            continue
+        if "://" not in before and (
+            _SECTION_BEFORE.search(before) or _SECTION_AFTER.match(text, end)
+        ):
+            continue
+        small = all(int(octet) <= config.version_like_max_octet for octet in value.split("."))
+        if small and not _is_network_context(text, start, end):
+            continue
+        yield Hit(start, end, Kind.IP_ADDRESS, "ipv4")
+    for m in _IPV6.finditer(text):
+        value = m.group(0)
+        if value.count(":") < 2 or not _is_public(value, config):
+            continue
+        if on_include_line(text, m.start()):
+            continue
+        yield Hit(m.start(), m.end(), Kind.IP_ADDRESS, "ipv6")
+
+
+# ---- machine-local paths: a user's home directory or a per-user /tmp build directory
+
+_PATH_TAIL = r"(?P<tail>(?:[/\\]{1,2}[^\s\"'<>|*?,;:()\[\]{}\\/`]*)*)"
+# Each pattern starts with a literal (so `re` can skip ahead fast); the character before the
+# path is checked separately (`/usr/home`, `~/home` and `x/home` are not a home directory).
+_POSIX_HOME = re.compile(
+    r"(?P<root>/(?:home|Users|usr/home)/(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*))" + _PATH_TAIL
+)
+_WINDOWS_HOME = re.compile(
+    r"(?P<root>:(?:\\\\|\\|/)(?:[Uu]sers|USERS|Documents and Settings)(?:\\\\|\\|/)"
+    r"(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*))" + _PATH_TAIL
+)
+_TMP_USER = re.compile(
+    r"(?P<root>/tmp/(?P<user>[A-Za-z][A-Za-z0-9._]*)-[A-Za-z0-9._-]*)" + _PATH_TAIL
+)
+_SHARED_HOMES = frozenset({"shared", "public", "default", "default user", "all users"})
+
+
+def find_local_path(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for pattern in (_POSIX_HOME, _WINDOWS_HOME, _TMP_USER):
+        for m in pattern.finditer(text):
+            user = m.group("user").lower()
+            if user in _SHARED_HOMES or user in config.generic_users:
+                continue
+            start = m.start()
+            if pattern is _WINDOWS_HOME:
+                start -= 1  # the drive letter
+                if (
+                    start < 0
+                    or not text[start].isalpha()
+                    or (start and WORD_CHAR.match(text[start - 1]))
+                ):
+                    continue
+            elif start and (WORD_CHAR.match(text[start - 1]) or text[start - 1] in ".~-"):
+                continue
+            end = m.end("root") if config.keep_path_tail else m.end()
+            while end > m.end("root") and text[end - 1] in ".\\":
+                end -= 1  # a sentence's full stop or a dangling escape is not the path's
+            yield Hit(start, end, Kind.LOCAL_PATH, "local_path")
