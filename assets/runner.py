@@ -1,6 +1,10 @@
-"""`megacpp run`: materialize the whole DAG through Dagster, one run per stage group (and
-source), each in a forked process, recording every run in the instance under DAGSTER_HOME
-and stopping at the first failed step or blocking check."""
+"""`megacpp run`: materialize the whole DAG through Dagster in a handful of runs whatever the
+number of sources. The plan comes from the asset graph: its assets in dependency order, cut
+wherever the grain changes (per source / global), so each run takes every partition of its
+per-source assets at once. Each run after the first is a forked process of its own, so what
+a stage group allocates goes back to the system when it ends and its peak is its own; every
+run is recorded in the instance under DAGSTER_HOME; the first failed step or blocking check
+stops the pipeline with one line naming it."""
 
 import gc
 import multiprocessing
@@ -8,22 +12,74 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+import dagster as dg
+
+from assets.defs import DEFAULT_CACHE_DIR, build_defs
+from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
+PARTITION_RANGE_START = "dagster/asset_partition_range_start"
+PARTITION_RANGE_END = "dagster/asset_partition_range_end"
 
 
 class PipelineFailed(Exception):
     """A step or blocking check failed; the message names the asset, the check and why."""
 
 
+@dataclass(frozen=True)
+class RunGroup:
+    """Assets materialized in one Dagster run: all per-source (over every source) or all
+    global."""
+
+    keys: tuple[str, ...]
+    per_source: bool
+
+    def label(self, sources: int) -> str:
+        return ", ".join(self.keys) + (f" [{sources} sources]" if self.per_source else "")
+
+
 @dataclass
 class RunOutcome:
     runs: list[str] = field(default_factory=list)
     output: str | None = None
+
+
+def run_plan(defs: dg.Definitions) -> list[RunGroup]:
+    """The asset graph in dependency order, cut into as few runs as its grains allow: a group
+    takes every asset of its grain whose parents are done or in the group."""
+    graph = defs.resolve_asset_graph()
+    order = [k.to_user_string() for k in graph.toposorted_asset_keys]
+    parents = {
+        k.to_user_string(): {p.to_user_string() for p in graph.get(k).parent_keys}
+        for k in graph.toposorted_asset_keys
+    }
+    per_source = {
+        k.to_user_string(): graph.get(k).partitions_def is not None
+        for k in graph.toposorted_asset_keys
+    }
+    done: set[str] = set()
+    groups: list[RunGroup] = []
+    while len(done) < len(order):
+        grain = next(per_source[k] for k in order if k not in done and parents[k] <= done)
+        group: list[str] = []
+        grew = True
+        while grew:
+            grew = False
+            for k in order:
+                if k in done or k in group or per_source[k] != grain:
+                    continue
+                if parents[k] <= done | set(group):
+                    group.append(k)
+                    grew = True
+        groups.append(RunGroup(tuple(group), grain))
+        done.update(group)
+    return groups
 
 
 def prepare_instance_home(home: Path | None = None) -> Path:
@@ -40,75 +96,89 @@ def prepare_instance_home(home: Path | None = None) -> Path:
 
 def run_pipeline(
     config: Path,
-    data_dir: Path,
+    data_dir: Path | str,
     *,
+    cache_dir: Path | str = DEFAULT_CACHE_DIR,
+    registry: Registry | None = None,
     log: TextIO = sys.stderr,
     stop_after: str | None = None,
+    workers: int | None = None,
 ) -> RunOutcome:
-    from megacpp_pipeline.core.catalog import load_catalog
-
-    catalog = load_catalog(config)  # a bad config fails here, before any work
-    try:  # and so does a data dir that cannot be one (e.g. a file stands in its place)
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PipelineFailed(f"{data_dir}: cannot be the data dir ({e.strerror or e})") from e
-    os.environ["MEGACPP_CONFIG"] = str(config.resolve())
-    os.environ["MEGACPP_DATA_DIR"] = str(data_dir.resolve())
+    """Materialize every stage; a bad config fails before any work, and so does a data dir
+    that cannot be one."""
+    defs = build_defs(config, data_dir, cache_dir=cache_dir, registry=registry, workers=workers)
+    if "://" not in str(data_dir):
+        try:  # e.g. a file stands where the data dir should be
+            Path(data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PipelineFailed(f"{data_dir}: cannot be the data dir ({e.strerror or e})") from e
+    sources = _sources(defs)
+    if not sources:
+        raise PipelineFailed(f"{config}: no operational source to materialize")
     prepare_instance_home()
-
-    import definitions
-
+    instance = dg.DagsterInstance.get()
     outcome = RunOutcome()
-    sources = [s.id for s in catalog.operational]
-    for grain, keys in definitions.STAGE_PLAN:
-        partitions: list[str | None] = list(sources) if grain == "per_source" else [None]
-        for partition in partitions:
-            label = f"{', '.join(keys)}" + (f" [{partition}]" if partition else "")
-            started = time.monotonic()
-            print(f"-> {label}", file=log, flush=True)
-            # The first run (the small source_catalog) runs here: it pays Dagster's lazy
-            # imports and instance set-up once, and every forked run after inherits them.
-            if outcome.runs:
-                step = _materialize_in_child(keys, partition)
-            else:
-                step = _materialize(keys, partition)
-            if step.run_id:
-                outcome.runs.append(step.run_id)
-            if step.failures:
-                raise PipelineFailed(f"{label}: " + "; ".join(step.failures))
-            print(
-                f"   ok in {time.monotonic() - started:.1f}s, peak RSS {step.peak_rss_mb:.0f} MB",
-                file=log,
-                flush=True,
-            )
-            if stop_after and stop_after in keys:
-                break
+    for group in run_plan(defs):
+        keys = list(group.keys)
+        if stop_after and stop_after in keys:
+            keys = keys[: keys.index(stop_after) + 1]
+        label = RunGroup(tuple(keys), group.per_source).label(len(sources))
+        started = time.monotonic()
+        print(f"-> {label}", file=log, flush=True)
+        tags = {"megacpp/cli": "run"}
+        if group.per_source:
+            tags |= {PARTITION_RANGE_START: sources[0], PARTITION_RANGE_END: sources[-1]}
+        # The first run (the small source_catalog) runs here: it pays Dagster's lazy imports
+        # and the instance's set-up once, and every forked run after inherits them.
+        if outcome.runs:
+            step = _materialize_in_child(defs, instance, keys, tags)
+        else:
+            step = _materialize(defs, instance, keys, tags)
+        if step.run_id:
+            outcome.runs.append(step.run_id)
+        if step.failures:
+            raise PipelineFailed(f"{label}: " + "; ".join(step.failures))
+        print(
+            f"   ok in {time.monotonic() - started:.1f}s, peak RSS {step.peak_rss_mb:.0f} MB",
+            file=log,
+            flush=True,
+        )
         if stop_after and stop_after in keys:
             break
-    outcome.output = _final_output(data_dir)
+    outcome.output = final_output(defs, data_dir)
     return outcome
+
+
+def _sources(defs: dg.Definitions) -> list[str]:
+    graph = defs.resolve_asset_graph()
+    for key in graph.toposorted_asset_keys:
+        partitions = graph.get(key).partitions_def
+        if partitions is not None:
+            return list(partitions.get_partition_keys())
+    return []
 
 
 @dataclass
 class StepOutcome:
     run_id: str | None
     failures: list[str]
-    peak_rss_mb: float  # the child's own high-water mark: this stage group's peak
+    peak_rss_mb: float  # the process's own high-water mark: this stage group's peak
 
 
-def _materialize_in_child(keys: list[str], partition: str | None) -> StepOutcome:
-    """One Dagster run for `keys` in a forked child, as Dagster's multiprocess executor runs
-    a step in its own process: what a stage group allocates is returned to the system when
-    it ends, so memory stays bounded by the largest group, and the child's high-water mark
-    is that group's peak. Forking after the imports keeps the per-run cost at milliseconds.
-    """
+def _materialize_in_child(
+    defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[str], tags: dict[str, str]
+) -> StepOutcome:
+    """One Dagster run in a forked child, as Dagster's multiprocess executor runs a step in
+    its own process. Forking after the imports keeps the per-run cost at milliseconds."""
     ctx = multiprocessing.get_context("fork")
     gc.collect()
     gc.freeze()  # the child's collector then never writes to (and so copies) inherited pages
     receive, send = ctx.Pipe(duplex=False)
     sys.stdout.flush()
     sys.stderr.flush()
-    child = ctx.Process(target=_child_main, args=(keys, partition, send), daemon=False)
+    child = ctx.Process(
+        target=_child_main, args=(defs, instance, keys, tags, send), daemon=False
+    )
     child.start()
     send.close()
     try:
@@ -124,30 +194,33 @@ def _materialize_in_child(keys: list[str], partition: str | None) -> StepOutcome
     return outcome
 
 
-def _child_main(keys: list[str], partition: str | None, send: Connection) -> None:
+def _child_main(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    keys: list[str],
+    tags: dict[str, str],
+    send: Connection,
+) -> None:
     try:
-        outcome = _materialize(keys, partition)
+        outcome = _materialize(defs, instance, keys, tags)
     except BaseException as e:  # reported, never swallowed: the parent fails the pipeline
         outcome = StepOutcome(None, [f"{type(e).__name__}: {e}"], _peak_rss_mb())
     send.send(outcome)
     send.close()
 
 
-def _materialize(keys: list[str], partition: str | None) -> StepOutcome:
-    import dagster as dg
-
-    import definitions
-
+def _materialize(
+    defs: dg.Definitions, instance: dg.DagsterInstance, keys: Sequence[str], tags: dict[str, str]
+) -> StepOutcome:
     result = dg.materialize(
-        [*definitions.all_assets, *definitions.all_checks],  # type: ignore[list-item]
+        [*(defs.assets or []), *(defs.asset_checks or [])],  # type: ignore[list-item]
         selection=dg.AssetSelection.assets(*keys) | dg.AssetSelection.checks_for_assets(*keys),
-        partition_key=partition,
-        instance=dg.DagsterInstance.get(),
-        resources=definitions.default_resources(),
+        instance=instance,
+        resources=defs.resources,
         raise_on_error=False,
-        tags={"megacpp/cli": "run"},
+        tags=tags,
     )
-    return StepOutcome(result.run_id, _failures(result), _peak_rss_mb())
+    return StepOutcome(result.run_id, failures(result), _peak_rss_mb())
 
 
 def _peak_rss_mb() -> float:
@@ -161,9 +234,8 @@ def _peak_rss_mb() -> float:
     return 0.0
 
 
-def _failures(result: object) -> list[str]:
-    import dagster as dg
-
+def failures(result: Any) -> list[str]:
+    """Every failed blocking check and step of a run, one line each."""
     assert isinstance(result, dg.ExecuteInProcessResult)
     out: list[str] = []
     for check in result.get_asset_check_evaluations():
@@ -186,14 +258,10 @@ def _failures(result: object) -> list[str]:
     return out
 
 
-def _final_output(data_dir: Path) -> str:
-    """The promoted snapshot when there is one, else the newest asset output."""
-    snapshots = data_dir / "snapshots"
-    if snapshots.is_dir():
-        done = sorted(
-            (p for p in snapshots.iterdir() if (p / "_COMPLETE").exists()),
-            key=lambda p: (p / "_COMPLETE").stat().st_mtime,
-        )
-        if done:
-            return str(done[-1].resolve())
-    return str((data_dir / "assets").resolve())
+def final_output(defs: dg.Definitions, data_dir: Path | str) -> str:
+    """The snapshot the latest `snapshot` version promoted when there is one, else where the
+    asset versions are (a run stopped early)."""
+    store = (defs.resources or {})["pipeline"].store()
+    if store.has_version("snapshot"):
+        return str(store.latest("snapshot").extra["snapshot_dir"])
+    return store.join("assets")

@@ -163,7 +163,7 @@ def run(
     }
     log_path = work / "megacpp-run.log"
     # wrap: interpreter options before the module, e.g. ["-m", "pyinstrument", ...]
-    cmd = [sys.executable, *(wrap or []), "-m", "megacpp_pipeline.cli", "run"]
+    cmd = [sys.executable, *(wrap or []), "-m", "assets.cli", "run"]
     cmd += ["--config", str(catalog)]
     cmd += ["--data-dir", str(work / "data")]
     stages: dict[str, StageGroup] = {}

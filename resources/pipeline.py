@@ -1,65 +1,51 @@
-"""ConfigurableResources around the library's store and catalog (no logic of their own)."""
+"""The one resource every generated asset and check uses: where the catalog, the store and
+the cache are, turned into the library's StageContext (no logic of its own)."""
 
-from __future__ import annotations
-
-import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import dagster as dg
 
-from megacpp_pipeline.core.catalog import Catalog, load_catalog
+from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.storage.store import ShardStore
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO / "examples" / "demo" / "sources.yaml"
 
-
-def config_path() -> str:
-    return os.environ.get("MEGACPP_CONFIG", str(DEFAULT_CONFIG))
-
-
-def data_dir() -> str:
-    return os.environ.get("MEGACPP_DATA_DIR", str(REPO / "data"))
-
-
-def cache_dir() -> str:
-    return os.environ.get("MEGACPP_CACHE_DIR", str(REPO / ".cache"))
-
-
-class CatalogResource(dg.ConfigurableResource):
-    """The validated `sources.yaml` (a bad file fails here, before any work)."""
+class PipelineResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """sources.yaml, the data dir (a local path or a pyarrow filesystem URI) and the cache."""
 
     config_path: str
-
-    def load(self) -> Catalog:
-        return load_catalog(self.config_path)
-
-
-class ShardStoreResource(dg.ConfigurableResource):
-    """Where every asset writes its versions: a local path or a pyarrow filesystem URI."""
-
     data_dir: str
     cache_dir: str
     max_rows_per_shard: int = 20_000
     # A gate holds about three shards at once (input, pending output, the shard being
     # written), so this is what bounds a stage's memory; 16 MiB is ~2,500 C++ files.
     max_bytes_per_shard: int = 16 << 20
+    workers: int | None = None  # forked workers per shard (None: MEGACPP_WORKERS or every CPU)
 
-    def open(self) -> ShardStore:
+    def store(self) -> ShardStore:
         return ShardStore(
             self.data_dir,
             max_rows_per_shard=self.max_rows_per_shard,
             max_bytes_per_shard=self.max_bytes_per_shard,
         )
 
-    def cache(self) -> Path:
-        path = Path(self.cache_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-
-def default_resources() -> dict[str, dg.ConfigurableResource]:
-    return {
-        "catalog": CatalogResource(config_path=config_path()),
-        "store": ShardStoreResource(data_dir=data_dir(), cache_dir=cache_dir()),
-    }
+    def stage_context(
+        self,
+        registry: Registry,
+        *,
+        run_id: str | None = None,
+        pins: Mapping[str, str] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> StageContext:
+        return StageContext(
+            catalog=load_catalog(self.config_path, registry),
+            store=self.store(),
+            registry=registry,
+            cache_dir=Path(self.cache_dir),
+            run_id=run_id,
+            pins=dict(pins or {}),
+            log=log or (lambda message: None),
+            workers=self.workers,
+        )

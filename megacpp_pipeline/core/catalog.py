@@ -7,13 +7,23 @@ message that names the source and the field.
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.pipeline.registry import Registry
 
 DEFAULT_INCLUDE = [
     "**/*.h",
@@ -26,7 +36,6 @@ DEFAULT_INCLUDE = [
     "**/*.ipp",
     "**/*.inl",
 ]
-_M = TypeVar("_M", bound=BaseModel)
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -113,24 +122,14 @@ class RefreshConfig(BaseModel):
     timezone: str = "UTC"
 
 
-# Each gate's config model, validated when the catalog loads so that a bad threshold fails
-# before any work starts. The models live with their gates (thresholds in one place).
-STAGE_CONFIGS: dict[str, str] = {
-    "normalize": "megacpp_pipeline.gates.normalize:NormalizeConfig",
-    "license": "megacpp_pipeline.gates.license:LicenseConfig",
-    "scrub": "megacpp_pipeline.gates.scrub:ScrubConfig",
-    "dedup": "megacpp_pipeline.corpus.dedup:DedupConfig",
-    "enrich": "megacpp_pipeline.gates.enrich:EnrichConfig",
-    "tokenizer": "megacpp_pipeline.corpus.tokenizer:TokenizerConfig",
-    "tokenize": "megacpp_pipeline.gates.tokenization:TokenizeConfig",
-    "packing": "megacpp_pipeline.corpus.packing:PackingConfig",
-    "snapshot": "megacpp_pipeline.snapshot.promote:SnapshotConfig",
-}
+def _stage_configs(registry: Registry | None) -> dict[str, type[BaseModel]]:
+    """`stages:` section name -> config model, from the stage registry in use (the default
+    one unless the caller validates against another)."""
+    if registry is None:
+        from megacpp_pipeline.stages import default_registry
 
-
-def _stage_model(stage: str) -> type[BaseModel]:
-    module, name = STAGE_CONFIGS[stage].split(":")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+        registry = default_registry()
+    return registry.config_models()
 
 
 class Catalog(BaseModel):
@@ -156,24 +155,20 @@ class Catalog(BaseModel):
 
     @field_validator("stages")
     @classmethod
-    def _known_stages(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def _known_stages(
+        cls, v: dict[str, dict[str, Any]], info: ValidationInfo
+    ) -> dict[str, dict[str, Any]]:
+        models = _stage_configs((info.context or {}).get("registry"))
         for stage, section in v.items():
-            if stage not in STAGE_CONFIGS:
-                raise ValueError(f"unknown stage {stage!r} (known: {', '.join(STAGE_CONFIGS)})")
+            if stage not in models:
+                raise ValueError(f"unknown stage {stage!r} (known: {', '.join(models)})")
             try:
-                _stage_model(stage).model_validate(section or {})
+                models[stage].model_validate(section or {})
             except ValidationError as e:
                 first = e.errors()[0]
                 loc = ".".join(str(x) for x in first["loc"])
                 raise ValueError(f"stages.{stage}.{loc}: {first['msg']}") from None
         return v
-
-    def stage_config(self, stage: str, model: type[_M]) -> _M:
-        """The gate's config: its defaults, overridden by the `stages.<stage>` section."""
-        section = dict(self.stages.get(stage) or {})
-        if stage == "packing":
-            section.setdefault("seq_len", self.seq_len)
-        return model.model_validate(section)
 
     @property
     def operational(self) -> list[SourceSpec]:
@@ -214,9 +209,13 @@ def _describe(error: dict[str, Any], data: Any) -> str:
     return f"{' '.join(where) + ': ' if where else ''}field {field}: {msg}"
 
 
-def parse_catalog(data: Any, *, base_dir: Path, origin: str = "sources.yaml") -> Catalog:
+def parse_catalog(
+    data: Any, *, base_dir: Path, origin: str = "sources.yaml", registry: Registry | None = None
+) -> Catalog:
+    """The catalog in `data`; its `stages:` sections are validated against `registry`'s
+    config models (the default registry's when None)."""
     try:
-        catalog = Catalog.model_validate(data)
+        catalog = Catalog.model_validate(data, context={"registry": registry})
     except ValidationError as e:
         lines = [_describe(err, data) for err in e.errors()]  # type: ignore[arg-type]
         raise CatalogError(f"{origin}: " + "; ".join(lines)) from None
@@ -224,7 +223,7 @@ def parse_catalog(data: Any, *, base_dir: Path, origin: str = "sources.yaml") ->
     return catalog
 
 
-def load_catalog(path: str | Path) -> Catalog:
+def load_catalog(path: str | Path, registry: Registry | None = None) -> Catalog:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -234,4 +233,4 @@ def load_catalog(path: str | Path) -> Catalog:
         raise CatalogError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
         raise CatalogError(f"{path}: expected a mapping with snapshot, seq_len and sources")
-    return parse_catalog(data, base_dir=path.resolve().parent, origin=str(path))
+    return parse_catalog(data, base_dir=path.resolve().parent, origin=str(path), registry=registry)

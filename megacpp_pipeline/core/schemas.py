@@ -28,6 +28,19 @@ _KEY = [
     pa.field("size", pa.int64(), nullable=False),  # raw bytes
 ]
 
+# source_catalog: one row per source of sources.yaml, operational or not
+SOURCE_CATALOG = _schema(
+    "source_catalog",
+    [
+        pa.field("id", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("uri", pa.string()),
+        pa.field("pin", pa.string()),
+        pa.field("declared_license", pa.string()),
+        pa.field("role", pa.string()),
+    ],
+)
+
 RAW_FILES = _schema("raw_files", [*_KEY, pa.field("content", pa.binary(), nullable=False)])
 
 _TEXT = [
@@ -89,6 +102,26 @@ TOKENIZED_DOCS = _schema(
         pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("chunk_kind", pa.list_(pa.uint8()), nullable=False),  # per token
     ],
+)
+
+
+# packed_rows' documents table: one row per tokenized document, doc_id in catalog then path
+# order (the snapshot adds num_pieces and the packed num_tokens)
+DOCUMENTS = pa.schema(
+    [
+        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("source_id", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("revision", pa.string(), nullable=False),
+        pa.field("blob_sha", pa.string(), nullable=False),
+        pa.field("content_sha256", pa.string(), nullable=False),
+        pa.field("license_expression", pa.string()),
+        pa.field("license_source", pa.string(), nullable=False),
+        pa.field("structure_source", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),  # the document's own tokens
+    ],
+    metadata={"megacpp.table": "documents", "megacpp.schema_version": "1"},
 )
 
 

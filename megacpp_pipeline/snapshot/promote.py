@@ -83,6 +83,7 @@ class SnapshotManifest(BaseModel):
     splits: dict[str, SplitEntry]
     documents: int
     ledger: dict[str, dict[str, int]]  # source -> {collected, kept, dropped}
+    ledger_stages: list[str] = Field(default_factory=list)  # the pipeline's stages, in order
     inputs: dict[str, str]  # upstream asset manifests' sha256
     files: list[FileEntry]  # every file but manifest.json and _COMPLETE
 
@@ -99,7 +100,8 @@ class SnapshotParts:
     rows: dict[str, list[Path]]  # split -> packed-row parquet files, in order
     documents: pa.Table  # tokens.DOCUMENTS rows, all of them (metadata only: small)
     pieces: Iterable[pa.Table]
-    ledger: Iterable[pa.Table]  # ledger rows of every stage, collect first
+    ledger: Iterable[pa.Table]  # ledger rows of every stage, in `ledger_stages` order
+    ledger_stages: list[str]  # the stages that write ledgers, collect first (the registry's)
     inputs: dict[str, str]
     code_version: str
     config_hash: str
@@ -121,16 +123,18 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def final_ledger(ledger_parts: Iterable[pa.Table], documents: pa.Table) -> pa.Table:
+def final_ledger(
+    ledger_parts: Iterable[pa.Table], documents: pa.Table, collected_stage: str
+) -> pa.Table:
     """One row per collected file: kept (it reached documents.parquet) or dropped at the stage
-    that dropped it, with the reason and dup_of. The collect ledger lists every file seen;
-    later stages list only their drops."""
+    that dropped it, with the reason and dup_of. The collect ledger (`collected_stage`'s)
+    lists every file seen; later stages list only their drops, and the first drop counts."""
     frames = [pl.DataFrame(t) for t in ledger_parts if t.num_rows]
     if not frames:
         return LEDGER_SCHEMA.empty_table()
     everything = pl.concat(frames, how="vertical_relaxed")
-    collected = everything.filter(pl.col("stage") == "raw_files")
-    later = everything.filter(pl.col("stage") != "raw_files").unique(
+    collected = everything.filter(pl.col("stage") == collected_stage)
+    later = everything.filter(pl.col("stage") != collected_stage).unique(
         subset=["source_id", "path"], keep="first", maintain_order=True
     )
     docs = pl.DataFrame(documents.select(["source_id", "path", "license_expression"])).with_columns(
@@ -250,7 +254,7 @@ def build_snapshot(
         add("documents.parquet", documents.num_rows)
         _write_parquet(pieces, work / "pieces.parquet")
         add("pieces.parquet", pieces.num_rows)
-        ledger = final_ledger(parts.ledger, parts.documents)
+        ledger = final_ledger(parts.ledger, parts.documents, parts.ledger_stages[0])
         _write_parquet(ledger, work / "ledger.parquet")
         add("ledger.parquet", ledger.num_rows)
 
@@ -292,6 +296,7 @@ def build_snapshot(
             splits=splits,
             documents=documents.num_rows,
             ledger=ledger_summary(ledger),
+            ledger_stages=parts.ledger_stages,
             inputs=parts.inputs,
             files=files,
         )

@@ -42,9 +42,15 @@ def row_keys(table: pa.Table, content_column: str, salt: str = "") -> list[str]:
 
 
 class FileResultCache:
-    def __init__(self, root: Path, stage: str, code_version: str, config_hash: str) -> None:
-        namespace = hashlib.sha256(f"{code_version}\0{config_hash}".encode()).hexdigest()[:16]
-        self.dir = root / stage / namespace
+    """One stage's entries under one code version and salt; with `source`, only that
+    source's entries (a stage's cache is read source by source, so loading the index of one
+    never reads the entries of thousands of others)."""
+
+    def __init__(
+        self, root: Path, stage: str, code_version: str, salt: str, *, source: str | None = None
+    ) -> None:
+        namespace = hashlib.sha256(f"{code_version}\0{salt}".encode()).hexdigest()[:16]
+        self.dir = root / stage / namespace / source if source else root / stage / namespace
         self.dir.mkdir(parents=True, exist_ok=True)
         self._index: dict[str, Path] | None = None
 

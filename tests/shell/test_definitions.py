@@ -1,101 +1,129 @@
-"""The Dagster shell: definitions load and validate, every gate carries a blocking check,
-the UI groups the gates in order."""
+"""The Dagster shell is generated from the stage registry: every stage is an asset with its
+blocking checks, its upstream as deps, its grain as partitions, a code version that moves
+with its code and config; definitions are built by a function and nothing is read at import.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.defs import build_defs
+from assets.runner import run_plan
+from megacpp_pipeline.pipeline.runner import checks_of
+from megacpp_pipeline.stages import default_registry
 
 REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "demo" / "sources.yaml"
 
-GATES = [
-    "source_catalog",
-    "raw_files",
-    "normalized_files",
-    "licensed_files",
-    "scrubbed_files",
-    "deduped_files",
-    "enriched_files",
-    "tokenizer",
-    "tokenized_docs",
-    "packed_rows",
-    "snapshot",
-    "megatron_dataset",
-    "quality_report",
-]
 
-_PROBE = """
-import json, warnings
-warnings.filterwarnings("ignore")
-import definitions
-defs = definitions.defs
-graph = defs.resolve_asset_graph()
-out = {}
-for key in graph.get_all_asset_keys():
-    node = graph.get(key)
-    checks = [c for c in graph.asset_check_keys if c.asset_key == key]
-    blocking = [c.name for c in checks if graph.get_check_spec(c).blocking]
-    out[key.to_user_string()] = {
-        "group": node.group_name,
-        "blocking": blocking,
-        "partitioned": node.partitions_def is not None,
-        "description": bool(node.description),
-        "deps": sorted(k.to_user_string() for k in node.parent_keys),
+@pytest.fixture(scope="module")
+def graph() -> Any:
+    return build_defs(DEMO, "/nonexistent-data-dir").resolve_asset_graph()
+
+
+def test_every_registry_stage_is_an_asset_with_its_checks_deps_and_grain(graph: Any) -> None:
+    registry = default_registry()
+    assert [k.to_user_string() for k in graph.toposorted_asset_keys] == registry.names()
+    for stage in registry:
+        node = graph.get(dg.AssetKey(stage.name))
+        checks = {c.name for c in graph.asset_check_keys if c.asset_key == node.key}
+        blocking = {c.name for c in graph.asset_check_keys if c.asset_key == node.key}
+        blocking = {
+            c for c in blocking if graph.get_check_spec(dg.AssetCheckKey(node.key, c)).blocking
+        }
+        assert checks == blocking == {c.name for c in checks_of(stage)}, stage.name
+        assert blocking, f"{stage.name} has no blocking check"
+        assert node.description == stage.description and node.group_name == stage.group
+        assert {p.to_user_string() for p in node.parent_keys} == set(stage.upstream), stage.name
+        assert (node.partitions_def is not None) == stage.per_source, stage.name
+        if stage.per_source:
+            assert node.backfill_policy == dg.BackfillPolicy.single_run(), stage.name
+    snapshot = {
+        c.name for c in graph.asset_check_keys if c.asset_key.to_user_string() == "snapshot"
     }
-print(json.dumps(out))
-"""
+    assert len(snapshot) == 8
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "MEGACPP_CONFIG": str(REPO / "examples/demo/sources.yaml")}
+def test_a_per_file_gate_gets_the_two_standard_checks(graph: Any) -> None:
+    gates = ["normalized_files", "licensed_files", "scrubbed_files", "enriched_files"]
+    for name in [*gates, "tokenized_docs"]:
+        checks = {c.name for c in graph.asset_check_keys if c.asset_key.to_user_string() == name}
+        assert {"manifest_verifies_from_disk", "every_input_file_kept_or_in_ledger"} <= checks, name
 
 
-def test_every_gate_is_an_asset_with_a_blocking_check_and_a_description() -> None:
-    import json
-
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE], cwd=REPO, env=_env(), capture_output=True, text=True
+def test_the_run_plan_is_five_runs_whatever_the_number_of_sources(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.hpp").write_text("#pragma once\nint a();\n")
+    many = tmp_path / "many.yaml"
+    many.write_text(
+        "snapshot: many\nsources:\n"
+        + "".join(f"  - {{id: s{i:03d}, kind: dir, uri: {tree}}}\n" for i in range(300))
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    graph = json.loads(out.stdout.strip().splitlines()[-1])
-    for gate in GATES:
-        assert gate in graph, f"{gate} missing from the definitions"
-        assert graph[gate]["blocking"], f"{gate} has no blocking asset check"
-        assert graph[gate]["description"], f"{gate} has no description"
-    assert graph["raw_files"]["partitioned"] and not graph["deduped_files"]["partitioned"]
-    assert graph["normalized_files"]["deps"] == ["raw_files"]
-    assert graph["deduped_files"]["deps"] == ["scrubbed_files"]
-    assert {g["group"] for g in graph.values()} >= {"collect", "gates", "tokens", "snapshot"}
-    assert len(graph["snapshot"]["blocking"]) == 8
+    plans = [run_plan(build_defs(c, tmp_path / "data")) for c in (DEMO, many)]
+    assert plans[0] == plans[1]
+    assert [g.keys for g in plans[0]] == [
+        ("source_catalog",),
+        ("raw_files", "normalized_files", "licensed_files", "scrubbed_files"),
+        ("deduped_files", "tokenizer"),
+        ("enriched_files", "tokenized_docs"),
+        ("packed_rows", "snapshot", "megatron_dataset", "quality_report"),
+    ]
+    assert [g.per_source for g in plans[0]] == [False, True, False, True, False]
+
+
+def test_code_version_moves_with_the_stage_config_and_only_that_stage(tmp_path: Path) -> None:
+    changed = tmp_path / "sources.yaml"
+    data = yaml.safe_load(DEMO.read_text())
+    data.setdefault("stages", {})["scrub"] = {"sample_lines": 5}
+    changed.write_text(yaml.safe_dump(data))
+    before = build_defs(DEMO, tmp_path / "d").resolve_asset_graph()
+    after = build_defs(changed, tmp_path / "d").resolve_asset_graph()
+    moved = [
+        k.to_user_string()
+        for k in before.toposorted_asset_keys
+        if before.get(k).code_version != after.get(k).code_version
+    ]
+    assert moved == ["source_catalog", "scrubbed_files"]  # the catalog itself, and scrub
+
+
+def test_importing_definitions_reads_nothing_and_loading_names_the_bad_field(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "sources.yaml"
+    bad.write_text("snapshot: x\nsources:\n  - id: a\n    kind: dir\n    uri: .\n    rol: x\n")
+    env = {**os.environ, "MEGACPP_CONFIG": str(bad)}
+    imported = subprocess.run(
+        [sys.executable, "-c", "import definitions"],
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import definitions; definitions.defs()"],
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert loaded.returncode != 0
+    assert "source 'a': field rol: unknown key" in loaded.stderr
 
 
 def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path: Path) -> None:
-    import shutil
-
     shutil.copyfile(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
     dagster = Path(sys.executable).parent / "dagster"
     out = subprocess.run(
         [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=REPO,
-        env={**_env(), "DAGSTER_HOME": str(tmp_path)},
+        env={**os.environ, "MEGACPP_CONFIG": str(DEMO), "DAGSTER_HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-
-
-def test_a_bad_catalog_fails_definitions_loading_with_the_field(tmp_path: Path) -> None:
-    bad = tmp_path / "sources.yaml"
-    bad.write_text("snapshot: x\nsources:\n  - id: a\n    kind: dir\n    uri: .\n    rol: x\n")
-    out = subprocess.run(
-        [sys.executable, "-c", "import definitions"],
-        cwd=REPO,
-        env={**_env(), "MEGACPP_CONFIG": str(bad)},
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode != 0
-    assert "source 'a': field rol: unknown key" in out.stderr

@@ -16,7 +16,7 @@ import pytest
 from tests.fixtures.pipeline_corpus import write_catalog
 
 REPO = Path(__file__).resolve().parents[2]
-MEGACPP = [sys.executable, "-m", "megacpp_pipeline.cli"]
+MEGACPP = [sys.executable, "-m", "assets.cli"]
 
 
 def _run(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -49,10 +49,23 @@ def test_run_exits_zero_and_prints_the_promoted_snapshot_last(pipeline_run: dict
     assert list((snap / "train").glob("part-*.parquet"))
 
 
-def test_runs_are_recorded_in_the_dagster_instance(pipeline_run: dict) -> None:
+def test_the_run_is_five_dagster_runs_recorded_in_the_instance_with_every_partition(
+    pipeline_run: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
     home = Path(pipeline_run["env"]["DAGSTER_HOME"])
     assert (home / "dagster.yaml").exists()
-    assert any(home.rglob("*.db")), "no SQLite storage under DAGSTER_HOME"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))  # as every Dagster process opens it
+    instance = dg.DagsterInstance.get()
+    runs = instance.get_runs()
+    assert len(runs) == 5 and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+    assert "5 Dagster runs recorded" in pipeline_run["out"].stderr
+    for asset in ("raw_files", "scrubbed_files", "tokenized_docs"):
+        partitions = instance.get_materialized_partitions(dg.AssetKey(asset))
+        assert partitions == {"tree", "repo"}, asset
+    event = instance.get_latest_materialization_event(dg.AssetKey("deduped_files"))
+    assert event is not None and event.asset_materialization is not None
 
 
 def _snapshot(pipeline_run: dict) -> Path:
@@ -118,52 +131,36 @@ def test_inspect_prints_the_manifest_summary(pipeline_run: dict) -> None:
     assert out.returncode == 0 and "documents" in out.stdout and "train" in out.stdout
 
 
-_CORRUPT_THEN_RUN = """
-import os, sys, warnings
-warnings.filterwarnings("ignore")
-from pathlib import Path
-import dagster as dg
-from assets.runner import prepare_instance_home
-prepare_instance_home()
-import definitions
-from megacpp_pipeline.storage.store import ShardStore
-st = ShardStore(os.environ["MEGACPP_DATA_DIR"])
-m = st.latest("raw_files", "tree")
-before = st.latest("normalized_files", "tree").version
-shard = Path(st.version_dir(m)) / m.tables["data"].shards[0].path
-data = bytearray(shard.read_bytes()); data[len(data) // 2] ^= 0xFF; shard.write_bytes(bytes(data))
-result = dg.materialize(
-    [*definitions.all_assets, *definitions.all_checks],
-    selection=dg.AssetSelection.checks_for_assets("raw_files")
-    | dg.AssetSelection.assets("normalized_files"),
-    partition_key="tree", instance=dg.DagsterInstance.get(),
-    resources=definitions.default_resources(), raise_on_error=False,
-)
-failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
-ran = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
-after = st.latest("normalized_files", "tree").version
-import json; print(json.dumps([failed, ran, before == after]))
-"""
-
-
 def test_a_corrupted_shard_fails_its_check_and_nothing_downstream_runs(
     pipeline_run: dict,
 ) -> None:
+    import dagster as dg
+
+    from assets.defs import build_defs
+    from megacpp_pipeline.storage.store import ShardStore
+
     assert pipeline_run["out"].returncode == 0
-    env = {
-        **pipeline_run["env"],
-        "MEGACPP_CONFIG": str(pipeline_run["catalog"]),
-        "MEGACPP_DATA_DIR": str(pipeline_run["root"] / "data"),
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", _CORRUPT_THEN_RUN],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    root = pipeline_run["root"]
+    defs = build_defs(pipeline_run["catalog"], root / "data", cache_dir=root / "cache")
+    st = ShardStore(str(root / "data"))
+    m = st.latest("raw_files", "tree")
+    before = st.latest("normalized_files", "tree").version
+    shard = Path(st.version_dir(m)) / m.tables["data"].shards[0].path
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = dg.materialize(
+        [*defs.assets, *defs.asset_checks],  # type: ignore[list-item]
+        selection=dg.AssetSelection.checks_for_assets("raw_files")
+        | dg.AssetSelection.assets("normalized_files"),
+        partition_key="tree",
+        instance=dg.DagsterInstance.ephemeral(),
+        resources=defs.resources,
+        raise_on_error=False,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    failed, ran, unchanged = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "manifest_verifies_from_disk" in failed
-    assert ran == [] and unchanged is True
+    failed = {
+        e.check_name: e.description for e in result.get_asset_check_evaluations() if not e.passed
+    }
+    assert str(shard) in (failed.get("manifest_verifies_from_disk") or ""), failed
+    assert result.get_asset_materialization_events() == []
+    assert st.latest("normalized_files", "tree").version == before

@@ -4,40 +4,14 @@ until a person switches it on."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-_PROBE = """
-import json, sys
 import dagster as dg
-import definitions
-from assets import schedules
-sched = definitions.defs.get_schedule_def("nightly_refresh")
-instance = dg.DagsterInstance.local_temp()
-repo = definitions.defs.get_repository_def()
-ctx = dg.build_schedule_context(instance=instance, repository_def=repo)
-first = [(r.partition_key, r.run_key, r.tags.get("megacpp/revision"))
-         for r in sched.evaluate_tick(ctx).run_requests]
-# pretend the first source's run succeeded: it must not be requested again
-key = first[0][1]
-instance.add_run(dg.DagsterRun(job_name="per_source_refresh", run_id="r1",
-                               tags={"dagster/run_key": key},
-                               status=dg.DagsterRunStatus.SUCCESS))
-ctx2 = dg.build_schedule_context(instance=instance, repository_def=repo)
-second = [r.run_key for r in sched.evaluate_tick(ctx2).run_requests]
-sensor = definitions.defs.get_sensor_def("nightly_cascade")
-print(json.dumps({
-    "first": first, "second": second,
-    "cron": sched.cron_schedule, "tz": sched.execution_timezone,
-    "schedule_default": str(sched.default_status), "sensor_default": str(sensor.default_status),
-    "job": sched.job_name,
-}))
-"""
+
+from assets.defs import build_defs
+from megacpp_pipeline.stages import default_registry
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -72,15 +46,32 @@ def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path
         f"  - id: upstream\n    kind: git\n    uri: {repo}\n    track: main\n"
         f"  - id: tree\n    kind: dir\n    uri: {tree}\n"
     )
-    env = {**os.environ, "MEGACPP_CONFIG": str(catalog), "MEGACPP_CACHE_DIR": str(tmp_path / "c")}
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE], cwd=REPO, env=env, capture_output=True, text=True
+    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
+    sched = defs.get_schedule_def("nightly_refresh")
+    (tmp_path / "home").mkdir()
+    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
+    repo = defs.get_repository_def()
+    ticks = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
+    first = [
+        (r.partition_key, r.run_key, r.tags.get("megacpp/revision")) for r in ticks.run_requests
+    ]
+    assert first[0] == ("upstream", f"upstream:{head}", head)
+    assert first[1][0] == "tree" and str(first[1][1]).startswith("tree:")
+    # the first source's run succeeded: it is not requested again
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="per_source_refresh",
+            run_id="r1",
+            tags={"dagster/run_key": str(first[0][1])},
+            status=dg.DagsterRunStatus.SUCCESS,
+        )
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["first"][0] == ["upstream", f"upstream:{head}", head]
-    assert got["first"][1][0] == "tree" and got["first"][1][1].startswith("tree:")
-    assert got["second"] == [got["first"][1][1]]
-    assert (got["cron"], got["tz"]) == ("30 3 * * *", "UTC")
-    assert "STOPPED" in got["schedule_default"] and "STOPPED" in got["sensor_default"]
-    assert got["job"] == "per_source_refresh"
+    again = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
+    assert [r.run_key for r in again.run_requests] == [first[1][1]]
+    assert (sched.cron_schedule, sched.execution_timezone) == ("30 3 * * *", "UTC")
+    sensor = defs.get_sensor_def("nightly_cascade")
+    assert "STOPPED" in str(sched.default_status) and "STOPPED" in str(sensor.default_status)
+    job = defs.resolve_job_def("per_source_refresh")
+    assert sched.job_name == job.name
+    selected = {k.to_user_string() for k in job.asset_layer.selected_asset_keys}
+    assert selected == set(default_registry().refresh_head())

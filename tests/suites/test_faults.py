@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -188,19 +187,16 @@ def test_megacpp_verify_passes_the_untouched_snapshot(base: Baseline) -> None:
 
 # Flip a byte in the latest version of an asset, then run the asset's blocking checks together
 # with a downstream asset in one Dagster run: the check must fail naming the file and the
-# downstream asset must not materialize. All cases run in one process (one Dagster import).
-_CORRUPT_THEN_RUN = """
-import json, os, sys, warnings
-warnings.filterwarnings("ignore")
-from pathlib import Path
-import dagster as dg
-from assets.runner import prepare_instance_home
-prepare_instance_home()
-import definitions
-from megacpp_pipeline.storage.store import ShardStore
-st = ShardStore(os.environ["MEGACPP_DATA_DIR"])
-for asset, partition, target, downstream, needle in json.loads(sys.argv[1]):
-    partition = None if partition == "_" else partition
+# downstream asset must not materialize.
+def _corrupt_then_run(ws: Workspace, case: tuple[str, str, str, str, str]) -> dict:
+    import dagster as dg
+
+    from assets.defs import build_defs
+
+    asset, part, target, downstream, needle = case
+    partition = None if part == "_" else part
+    defs = build_defs(ws.catalog, ws.data, cache_dir=ws.root / "cache")
+    st = ShardStore(str(ws.data))
     m = st.latest(asset, partition)
     vdir = Path(st.version_dir(m))
     path = vdir / (m.tables[target].shards[0].path if target in m.tables else target)
@@ -210,22 +206,26 @@ for asset, partition, target, downstream, needle in json.loads(sys.argv[1]):
     path.write_bytes(bytes(data))
     before = st.latest(downstream, partition).version
     result = dg.materialize(
-        [*definitions.all_assets, *definitions.all_checks],
-        selection=dg.AssetSelection.checks_for_assets(asset)
-        | dg.AssetSelection.assets(downstream),
-        partition_key=partition, instance=dg.DagsterInstance.get(),
-        resources=definitions.default_resources(), raise_on_error=False,
+        [*defs.assets, *defs.asset_checks],  # type: ignore[list-item]
+        selection=dg.AssetSelection.checks_for_assets(asset) | dg.AssetSelection.assets(downstream),
+        partition_key=partition,
+        instance=dg.DagsterInstance.ephemeral(),
+        resources=defs.resources,
+        raise_on_error=False,
     )
-    failed = {e.check_name: e.description or "" for e in result.get_asset_check_evaluations()
-              if not e.passed}
+    failed = {
+        e.check_name: e.description or ""
+        for e in result.get_asset_check_evaluations()
+        if not e.passed
+    }
     for ev in result.all_events:
         if ev.event_type_value == "STEP_FAILURE" and ev.step_failure_data:
             err = ev.step_failure_data.error
             failed[ev.step_key] = (err.cause.message if err.cause else err.message) or ""
     ran = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
     same = before == st.latest(downstream, partition).version
-    print(json.dumps({"path": str(path), "failed": failed, "ran": ran, "same": same}))
-"""
+    return {"path": str(path), "failed": failed, "ran": ran, "same": same}
+
 
 IN_RUN_CASES = [
     # (asset, partition, a table's first shard or a file, downstream asset, where: "-" middle)
@@ -241,17 +241,7 @@ IN_RUN_CASES = [
 def corrupted_runs(base: Baseline, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     ws = new_workspace(tmp_path_factory.mktemp("corrupt"), base.catalog)
     shutil.copytree(base.ws.data, ws.data)
-    env = {**ws.env, "MEGACPP_CONFIG": str(ws.catalog), "MEGACPP_DATA_DIR": str(ws.data)}
-    out = subprocess.run(
-        [sys.executable, "-c", _CORRUPT_THEN_RUN, json.dumps(IN_RUN_CASES)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(IN_RUN_CASES) :]]
+    return [_corrupt_then_run(ws, case) for case in IN_RUN_CASES]
 
 
 @pytest.mark.parametrize("case", range(len(IN_RUN_CASES)), ids=[

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megacpp_pipeline import cli, collect
+from assets import cli as megacpp
+from megacpp_pipeline import collect
 from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.gates import scrub
 from tests.fixtures.hostile.cases import (
@@ -339,7 +340,7 @@ def test_a_bad_config_stops_the_cli_before_any_work_naming_the_field(
     content, field = CONFIG_CASES[name]
     config = _write_config(tmp_path, content)
     data = tmp_path / "data"
-    code = cli.main(["run", "--config", str(config), "--data-dir", str(data)])
+    code = megacpp.main(["run", "--config", str(config), "--data-dir", str(data)])
     err = capsys.readouterr().err
     assert code != 0
     assert field in err, err
@@ -353,7 +354,7 @@ def test_a_bad_config_through_the_real_entry_point_is_one_line_and_no_work(
     config = _write_config(tmp_path, _catalog(source_subdir="../../etc"))
     data, home = tmp_path / "data", tmp_path / "home"
     out = subprocess.run(
-        [sys.executable, "-m", "megacpp_pipeline.cli", "run", "--config", str(config),
+        [sys.executable, "-m", "assets.cli", "run", "--config", str(config),
          "--data-dir", str(data)],
         cwd=REPO, env={**os.environ, "DAGSTER_HOME": str(home)}, capture_output=True, text=True,
         timeout=120,
@@ -392,14 +393,21 @@ def test_a_git_pin_that_does_not_exist_fails_the_catalog_check_naming_the_revisi
 ) -> None:
     """The blocking check on source_catalog runs before any per-source asset; the slow
     variant drives it through `megacpp run`."""
-    from assets.collect import operational_sources_pinned
-    from resources.pipeline import CatalogResource
+    from megacpp_pipeline.core.catalog import load_catalog
+    from megacpp_pipeline.pipeline.context import StageContext
+    from megacpp_pipeline.stages import default_registry
+    from megacpp_pipeline.storage.store import ShardStore
 
     config, missing = _missing_pin_catalog(tmp_path)
-    result = operational_sources_pinned(catalog=CatalogResource(config_path=str(config)))
+    registry = default_registry()
+    stage = registry.get("source_catalog")
+    ctx = StageContext(
+        load_catalog(config), ShardStore(str(tmp_path / "data")), registry, tmp_path / "cache"
+    )
+    (check,) = stage.checks
+    result = check.evaluate(ctx, stage, None)
     assert not result.passed
-    problems = result.metadata["problems"]
-    assert f"repo: revision {missing} does not exist" in getattr(problems, "value", problems)
+    assert f"repo: revision {missing} does not exist" in str(result.metadata["problems"])
 
 
 @pytest.mark.slow
@@ -411,7 +419,7 @@ def test_a_git_pin_that_does_not_exist_stops_the_run_before_any_source_is_collec
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"),
            "MEGACPP_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "megacpp_pipeline.cli", "run", "--config", str(config),
+        [sys.executable, "-m", "assets.cli", "run", "--config", str(config),
          "--data-dir", str(data)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

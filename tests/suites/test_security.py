@@ -20,11 +20,14 @@ import pytest
 
 from megacpp_pipeline.collect import safe_relpath
 from megacpp_pipeline.gates.scrub import ScrubConfig
+from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 from tests.fixtures.hostile.cases import REPO, HostileRun, hostile_run
 
 # Stages that hold file text before the scrub gate: by design they carry the raw content.
-PRE_SCRUB_ASSETS = {"raw_files", "normalized_files", "licensed_files"}
+# every stage before scrub reads raw text (in registry order)
+_STAGES = default_registry().names()
+PRE_SCRUB_ASSETS = set(_STAGES[: _STAGES.index("scrubbed_files")])
 
 
 @pytest.fixture(scope="module")
@@ -145,13 +148,14 @@ def test_seeded_secrets_are_absent_from_the_snapshot_and_every_post_scrub_asset(
 
 
 def test_the_file_result_cache_holds_secrets_only_for_pre_scrub_gates(run: HostileRun) -> None:
-    """MEGACPP_CACHE_DIR lives outside the data dir; like the pre-scrub assets, the normalize
-    and license results cached there carry raw text, and nothing from scrub onwards does."""
+    """MEGACPP_CACHE_DIR lives outside the data dir; like the pre-scrub assets, the per-file
+    results of the pre-scrub stages cached there carry raw text, and nothing from scrub
+    onwards does."""
     hits = _hits(run.cache, _secrets(run))
     leaked = {
         path: found
         for path, found in hits.items()
-        if not path.startswith(("file-results/normalize/", "file-results/license/"))
+        if not (path.startswith("file-results/") and path.split("/")[1] in PRE_SCRUB_ASSETS)
     }
     assert not leaked, leaked
 

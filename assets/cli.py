@@ -1,0 +1,51 @@
+"""The installed `megacpp` command: the library's commands plus `run`, which materializes
+the whole DAG through Dagster (this shell). `python -m assets.cli` is the same."""
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from assets.defs import DEFAULT_CACHE_DIR
+from megacpp_pipeline import cli
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from assets.runner import PipelineFailed, run_pipeline
+
+    try:
+        outcome = run_pipeline(
+            Path(args.config),
+            args.data_dir,
+            cache_dir=args.cache_dir,
+            stop_after=args.stop_after,
+        )
+    except PipelineFailed as e:
+        print(f"megacpp run: FAILED: {e}", file=sys.stderr)
+        return 1
+    print(f"{len(outcome.runs)} Dagster runs recorded; all blocking checks passed", file=sys.stderr)
+    print(outcome.output)
+    return 0
+
+
+def _register_run(p: argparse.ArgumentParser) -> None:
+    p.description = "materialize the whole DAG through Dagster"
+    p.add_argument("--config", required=True, help="sources.yaml")
+    p.add_argument("--data-dir", default="data", help="where asset versions and snapshots go")
+    p.add_argument(
+        "--cache-dir",
+        default=os.environ.get("MEGACPP_CACHE_DIR", str(DEFAULT_CACHE_DIR)),
+        help="per-file results, fetched archives and git mirrors (default: MEGACPP_CACHE_DIR "
+        "or .cache/ in the repository)",
+    )
+    p.add_argument("--stop-after", default=None, help="stop after this asset (debugging)")
+    p.set_defaults(func=_cmd_run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(argv, extra={"run": _register_run})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""`build_defs`: the whole Definitions object from a catalog path and a data dir, built from
+the stage registry. Nothing is read at import: the CLI and the tests call this in-process,
+and definitions.py hands it to `dagster dev` lazily."""
+
+from pathlib import Path
+
+import dagster as dg
+
+from assets.factory import build_assets
+from assets.schedules import build_refresh
+from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.registry import Registry
+from megacpp_pipeline.stages import default_registry
+from resources.pipeline import PipelineResource
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO / "examples" / "demo" / "sources.yaml"
+DEFAULT_DATA_DIR = REPO / "data"
+DEFAULT_CACHE_DIR = REPO / ".cache"
+
+
+def build_defs(
+    config_path: str | Path = DEFAULT_CONFIG,
+    data_dir: str | Path = DEFAULT_DATA_DIR,
+    *,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    registry: Registry | None = None,
+    workers: int | None = None,
+) -> dg.Definitions:
+    """Every stage's asset and checks, the pipeline resource, the nightly refresh, and an
+    executor sized for 2 cores. A bad sources.yaml fails here, naming the field."""
+    registry = registry or default_registry()
+    catalog = load_catalog(config_path, registry)
+    assets, checks, sources = build_assets(registry, catalog)
+    job, schedule, cascade = build_refresh(registry, catalog, sources, Path(cache_dir))
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=checks,
+        resources={
+            "pipeline": PipelineResource(
+                config_path=str(Path(config_path).resolve()),
+                data_dir=str(data_dir) if "://" in str(data_dir) else str(Path(data_dir).resolve()),
+                cache_dir=str(Path(cache_dir).resolve()),
+                workers=workers,
+            )
+        },
+        jobs=[job],
+        schedules=[schedule],
+        sensors=[cascade],
+        executor=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+    )

@@ -1,0 +1,173 @@
+"""The Dagster shell, generated from the stage registry: one asset per stage with its blocking
+checks (the standard ones the runner gives every stage plus the stage's own), its code
+version, its group and its partitions. An asset body hands the run's partitions to the
+library's runner and reports what each partition wrote; a check evaluates every partition of
+its run and passes only if all do.
+
+A per-source asset takes every partition of a run at once (single-run backfill policy), so a
+run over a thousand sources is one run per stage group, not a thousand; each partition still
+gets its own materialization event and metadata in the UI.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+
+from megacpp_pipeline.core.catalog import Catalog
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Markdown,
+    PathValue,
+    Registry,
+    Stage,
+)
+from megacpp_pipeline.pipeline.runner import checks_of, run_stage
+from resources.pipeline import PipelineResource
+
+# The revision a refresh resolved for a tracked branch, pinned on the run that collects it.
+REVISION_TAG = "megacpp/revision"
+
+
+def source_partitions(catalog: Catalog) -> dg.StaticPartitionsDefinition:
+    """One partition per operational source."""
+    return dg.StaticPartitionsDefinition([s.id for s in catalog.operational])
+
+
+def dagster_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The library's metadata as Dagster's: markdown, paths and JSON typed; numbers stay
+    numbers (so the UI plots them across runs)."""
+    out: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if isinstance(value, Markdown):
+            out[key] = dg.MetadataValue.md(str(value))
+        elif isinstance(value, PathValue):
+            out[key] = dg.MetadataValue.path(str(value))
+        elif isinstance(value, (dict, list)):
+            out[key] = dg.MetadataValue.json(value)
+        elif value is None:
+            out[key] = "none"
+        else:
+            out[key] = value
+    if "rows" in out:
+        out["dagster/row_count"] = out["rows"]
+    return out
+
+
+def build_stage_asset(
+    stage: Stage,
+    registry: Registry,
+    catalog: Catalog,
+    sources: dg.PartitionsDefinition,
+) -> dg.AssetsDefinition:
+    partitioned = stage.per_source
+
+    @dg.asset(
+        name=stage.name,
+        deps=[dg.AssetKey(up) for up in stage.upstream],
+        partitions_def=sources if partitioned else None,
+        backfill_policy=dg.BackfillPolicy.single_run() if partitioned else None,
+        group_name=stage.group,
+        kinds=set(stage.kinds),
+        owners=list(stage.owners),
+        code_version=registry.code_version(stage, catalog),
+        description=stage.description,
+    )
+    def _asset(
+        context: dg.AssetExecutionContext, pipeline: PipelineResource
+    ) -> dg.MaterializeResult:
+        partitions: list[str | None] = list(context.partition_keys) if partitioned else [None]
+        ctx = pipeline.stage_context(
+            registry, run_id=context.run_id, pins=_pins(context, partitions), log=context.log.info
+        )
+        for out in run_stage(ctx, stage, partitions):
+            if partitioned:
+                context.add_asset_metadata(
+                    dagster_metadata(out.metadata), partition_key=out.partition
+                )
+            else:
+                context.add_asset_metadata(dagster_metadata(out.metadata))
+        return dg.MaterializeResult()
+
+    return _asset
+
+
+def _pins(context: dg.AssetExecutionContext, partitions: Sequence[str | None]) -> dict[str, str]:
+    """A refresh run collects one source at the revision the schedule resolved."""
+    revision = context.run.tags.get(REVISION_TAG)
+    if revision and len(partitions) == 1 and partitions[0] is not None:
+        return {partitions[0]: revision}
+    return {}
+
+
+def build_stage_check(
+    stage: Stage, check: Check, registry: Registry, sources: dg.PartitionsDefinition
+) -> dg.AssetChecksDefinition:
+    partitioned = stage.per_source
+
+    @dg.asset_check(
+        asset=stage.name,
+        name=check.name,
+        blocking=True,
+        description=check.description,
+        partitions_def=sources if partitioned else None,
+    )
+    def _check(
+        context: dg.AssetCheckExecutionContext, pipeline: PipelineResource
+    ) -> dg.AssetCheckResult:
+        ctx = pipeline.stage_context(registry, run_id=context.run.run_id, log=context.log.info)
+        partitions = _check_partitions(context, ctx.sources()) if partitioned else [None]
+        outcomes = [(p, check.evaluate(ctx, stage, p)) for p in partitions]
+        return _combined(outcomes)
+
+    return _check
+
+
+def _check_partitions(context: dg.AssetCheckExecutionContext, sources: list[str]) -> list[str]:
+    if context.has_partition_key or context.has_partition_key_range:
+        return list(context.partition_keys)
+    return sources  # run outside any partition (e.g. from the check's page): check them all
+
+
+def _combined(outcomes: list[tuple[str | None, CheckOutcome]]) -> dg.AssetCheckResult:
+    """One partition: its result as it is. Several: passed only if every one did; numbers
+    summed; the failing partitions named, the first one's problem as the description."""
+    if len(outcomes) == 1:
+        _, only = outcomes[0]
+        return dg.AssetCheckResult(
+            passed=only.passed,
+            metadata=dagster_metadata(only.metadata),
+            description=only.description,
+        )
+    failed = [(p, o) for p, o in outcomes if not o.passed]
+    totals: dict[str, float] = {}
+    for _, o in outcomes:
+        for key, value in o.metadata.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                totals[key] = totals.get(key, 0) + value
+    first = failed[0][1].description if failed else None
+    return dg.AssetCheckResult(
+        passed=not failed,
+        metadata={
+            **totals,
+            "partitions_checked": len(outcomes),
+            "partitions_failed": len(failed),
+            "failed_partitions": ", ".join(str(p) for p, _ in failed[:20]) or "none",
+        },
+        description=first or (f"partition {failed[0][0]} failed" if failed else None),
+    )
+
+
+def build_assets(
+    registry: Registry, catalog: Catalog
+) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], dg.PartitionsDefinition]:
+    """Every stage's asset and checks, in registry order."""
+    sources = source_partitions(catalog)
+    assets = [build_stage_asset(stage, registry, catalog, sources) for stage in registry]
+    checks = [
+        build_stage_check(stage, check, registry, sources)
+        for stage in registry
+        for check in checks_of(stage)
+    ]
+    return assets, checks, sources

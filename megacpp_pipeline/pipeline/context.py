@@ -1,0 +1,115 @@
+"""What a stage runs with: the catalog, the store, the registry and the run's identity
+(`StageContext`), and for a per-file gate what it may read of one source besides its input
+shards (`SourceInputs`, which records every version it reads so the manifest lists it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from megacpp_pipeline.core.catalog import Catalog, SourceSpec
+from megacpp_pipeline.pipeline.registry import Registry, Stage
+from megacpp_pipeline.storage.store import Manifest, ShardStore
+
+
+def _ignore(message: str) -> None:
+    pass
+
+
+@dataclass
+class StageContext:
+    catalog: Catalog
+    store: ShardStore
+    registry: Registry
+    cache_dir: Path  # per-file results, fetched archives and git mirrors
+    run_id: str | None = None
+    # source -> the revision the refresh that launched this run resolved (tracked branches)
+    pins: Mapping[str, str] = field(default_factory=dict)
+    log: Callable[[str], None] = _ignore
+    workers: int | None = None  # forked workers per shard for per-file gates (None: every CPU)
+
+    def config(self, stage: Stage) -> Any:
+        return self.registry.config_of(stage, self.catalog)
+
+    def code_version(self, stage: Stage | str) -> str:
+        s = self.registry.get(stage) if isinstance(stage, str) else stage
+        return self.registry.code_version(s, self.catalog)
+
+    def sources(self) -> list[str]:
+        """The operational sources, in catalog order (the per-source partitions)."""
+        return [s.id for s in self.catalog.operational]
+
+    def latest(self, stage: str, source: str | None = None) -> Manifest:
+        """The latest version of `stage`: the source's partition for a per-source stage, the
+        only one for a global stage."""
+        per_source = self.registry.get(stage).per_source
+        return self.store.latest(stage, source if per_source else None)
+
+    def input_table(self, stage: Stage, source: str) -> str:
+        """The table of the input's version that holds `source`'s rows: a global input keeps
+        each source in a `data:<source>` table."""
+        assert stage.input is not None
+        return "data" if self.registry.get(stage.input).per_source else f"data:{source}"
+
+    def upstream_hashes(self, manifests: list[Manifest]) -> dict[str, str]:
+        return {f"{m.asset}/{m.partition}": self.store.manifest_sha256(m) for m in manifests}
+
+
+class SourceInputs:
+    """What a per-file gate may read for one source besides its input: the source's spec,
+    the stage's config, and other stages' versions (each one read is recorded)."""
+
+    def __init__(self, ctx: StageContext, stage: Stage, spec: SourceSpec, config: Any) -> None:
+        self.ctx = ctx
+        self.stage = stage
+        self.source = spec
+        self.config: Any = config
+        self.read: list[Manifest] = []
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.ctx.catalog
+
+    def manifest(self, stage: str) -> Manifest:
+        if stage not in self.stage.upstream:
+            raise ValueError(f"stage {self.stage.name!r} reads {stage!r} but does not declare it")
+        m = self.ctx.latest(stage, self.source.id)
+        if all(r.version != m.version or r.asset != m.asset for r in self.read):
+            self.read.append(m)
+        return m
+
+    def tables(
+        self, stage: str, table: str = "data", columns: list[str] | None = None
+    ) -> Iterator[pa.Table]:
+        yield from self.ctx.store.iter_tables(self.manifest(stage), table, columns)
+
+    def metadata_files(self, keep: Callable[[str], bool]) -> dict[str, bytes]:
+        """The source's non-corpus files collect kept for the gates (REUSE metadata, the
+        compile database), path -> bytes, for the paths `keep` accepts."""
+        out: dict[str, bytes] = {}
+        for t in self.tables("raw_files", "metadata"):
+            for path, content in zip(t["path"].to_pylist(), t["content"].to_pylist(), strict=True):
+                if keep(path):
+                    out[path] = content
+        return out
+
+    def code_version(self, stage: str) -> str:
+        return self.ctx.code_version(stage)
+
+    def artifact(self, stage: str, relpath: str) -> tuple[str, str]:
+        """A file of another stage's latest version: (its local path, its recorded sha256)."""
+        m = self.manifest(stage)
+        entry = next((f for f in m.files if f.path == relpath), None)
+        if entry is None:
+            raise ValueError(f"{self.ctx.store.version_dir(m)}: no {relpath} in the manifest")
+        path = self.ctx.store.local_path(f"{self.ctx.store.version_dir(m)}/{relpath}")
+        return path, entry.sha256
+
+
+def config_dump(config: BaseModel | None) -> Mapping[str, Any]:
+    return config.model_dump(mode="json") if config is not None else {}

@@ -1,0 +1,284 @@
+"""The stage registry: the one ordered list of the pipeline's stages. Everything that needs
+the stages' order or names derives it from here: the Dagster assets and their checks, the
+CLI's run plan, the catalog's `stages:` sections, the ledger's stage column, the snapshot's
+ledger order and the nightly refresh head (STYLE: say a fact once).
+
+A stage is data: its name (the asset key and the ledger's stage name), its grain, the stage
+whose output it transforms (`input`, the chain) and the others it reads, its config model,
+its code, and either a per-file gate (`gate`: run shard by shard, source by source, by the
+runner) or a body of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.storage.store import canonical_json
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.core.catalog import Catalog, SourceSpec
+    from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
+    from megacpp_pipeline.storage.store import Manifest
+
+
+class Grain(StrEnum):
+    PER_SOURCE = "per_source"  # one partition per operational source
+    GLOBAL = "global"  # one output for the whole corpus
+
+
+class RegistryError(ValueError):
+    """The stage list is inconsistent; the message names the stage and the field."""
+
+
+class Markdown(str):
+    """A metadata value to render as markdown (the shell turns it into Dagster's)."""
+
+
+class PathValue(str):
+    """A metadata value that names a file (the UI shows it as a path)."""
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    passed: bool
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    description: str | None = None  # the first problem, naming the file or partition
+
+
+@dataclass(frozen=True)
+class Check:
+    """A blocking check on a stage's output: a named property and how to evaluate it on one
+    partition (None for a global stage) from the store alone."""
+
+    name: str
+    description: str
+    evaluate: Callable[[StageContext, Stage, str | None], CheckOutcome]
+
+
+@dataclass(frozen=True)
+class PreparedGate:
+    """A per-file gate ready for one source: the function over one shard, what besides the
+    row decides its result (`salt`: the declared licence, the compile database, the
+    tokenizer), and what to record in the version's manifest."""
+
+    gate: Callable[[pa.Table], GateResult]
+    salt: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """One partition's output as the UI shows it."""
+
+    partition: str | None
+    metadata: Mapping[str, Any]
+
+
+Body = Callable[["StageContext", "Stage", "str | None"], Materialized]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the asset key and the ledger's stage name, e.g. "normalized_files"
+    grain: Grain
+    description: str
+    group: str  # the UI group: collect, gates, tokens, snapshot
+    input: str | None = None  # the stage whose output this one transforms (the chain)
+    reads: tuple[str, ...] = ()  # other stages it reads (metadata, an artifact)
+    config_key: str | None = None  # its section under `stages:` in sources.yaml
+    config: type[BaseModel] | None = None
+    # defaults a config takes from the catalog itself (packing's seq_len)
+    catalog_defaults: Callable[[Catalog], Mapping[str, Any]] | None = None
+    code: tuple[str, ...] = ()  # modules whose source is this stage's code
+    # what else of the catalog versions it (the catalog stage: the whole catalog)
+    version_data: Callable[[Catalog], Any] | None = None
+    schema: pa.Schema | None = None  # the rows of its `data` table
+    content_column: str | None = None  # what a per-file gate reads of a row (cache key)
+    side_tables: Mapping[str, pa.Schema] = field(default_factory=dict)
+    drop_reasons: tuple[str, ...] = ()
+    writes_ledger: bool = False
+    # non-corpus files of a source this stage reads (REUSE metadata, the compile database):
+    # collection keeps every path one of the stages asks for in the source's metadata table
+    metadata_files: Callable[[SourceSpec, str], bool] | None = None
+    # per-file stages: the gate for one source; the runner streams the input through it
+    gate: Callable[[SourceInputs], PreparedGate] | None = None
+    # recomputes the gate's stats families (prefix before ':') over its whole output, cached
+    # rows included, since a gate's own stats only cover the files it saw
+    summarize: Callable[[GateResult], Counter[str]] | None = None
+    workers: int | None = None  # forked workers per shard (None: every core; 1: inline)
+    body: Body | None = None  # any other stage: its work for one partition
+    # what a per-file stage shows beyond the standard summary, from its version and stats
+    report: Callable[[StageContext, Manifest, Mapping[str, float]], Mapping[str, Any]] | None = None
+    checks: tuple[Check, ...] = ()  # beyond the standard ones the runner adds
+    manifest_check: bool = True  # its version verifies from disk (standard check)
+    kinds: tuple[str, ...] = ("parquet",)
+    owners: tuple[str, ...] = ("team:data",)
+
+    @property
+    def per_source(self) -> bool:
+        return self.grain is Grain.PER_SOURCE
+
+    @property
+    def upstream(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(([self.input] if self.input else []) + list(self.reads)))
+
+
+class Registry:
+    """The ordered stages. Immutable: `insert` returns a new registry."""
+
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.stages: tuple[Stage, ...] = tuple(stages)
+        self._by_name = {s.name: s for s in self.stages}
+        self._validate()
+
+    def _validate(self) -> None:
+        seen: set[str] = set()
+        config_keys: set[str] = set()
+        for s in self.stages:
+            if s.name in seen:
+                raise RegistryError(f"stage {s.name!r}: the name is used twice")
+            for up in s.upstream:
+                if up not in seen:
+                    raise RegistryError(
+                        f"stage {s.name!r}: upstream {up!r} is not an earlier stage"
+                    )
+            if (s.gate is None) == (s.body is None):
+                raise RegistryError(f"stage {s.name!r}: needs exactly one of gate and body")
+            if s.gate is not None:
+                if not s.per_source or s.input is None:
+                    raise RegistryError(
+                        f"stage {s.name!r}: a per-file gate runs per source on an input"
+                    )
+                if s.schema is None or s.content_column is None:
+                    raise RegistryError(
+                        f"stage {s.name!r}: a per-file gate needs schema and content_column"
+                    )
+            if s.config_key:
+                if s.config_key in config_keys:
+                    raise RegistryError(
+                        f"stage {s.name!r}: config section {s.config_key!r} is taken"
+                    )
+                if s.config is None:
+                    raise RegistryError(f"stage {s.name!r}: config_key without a config model")
+                config_keys.add(s.config_key)
+            seen.add(s.name)
+
+    # reading ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Stage]:
+        return iter(self.stages)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def get(self, name: str) -> Stage:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise RegistryError(f"no stage {name!r} (known: {', '.join(self.names())})") from None
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def config_models(self) -> dict[str, type[BaseModel]]:
+        """`stages:` section name -> the config model that validates it."""
+        return {s.config_key: s.config for s in self.stages if s.config_key and s.config}
+
+    def is_metadata_file(self, spec: SourceSpec, path: str) -> bool:
+        """Whether some stage reads this file of the source as metadata."""
+        return any(s.metadata_files(spec, path) for s in self.stages if s.metadata_files)
+
+    def ledger_stages(self) -> list[str]:
+        """The stages that write ledger rows, in order: the first lists every file seen."""
+        return [s.name for s in self.stages if s.writes_ledger]
+
+    def refresh_head(self) -> list[str]:
+        """The first run of per-source stages (collect up to the first corpus-wide stage):
+        what one source's refresh run materializes on its own."""
+        head: list[str] = []
+        for s in self.stages:
+            if s.per_source:
+                head.append(s.name)
+            elif head:
+                break
+        return head
+
+    def downstream_of(self, name: str) -> list[str]:
+        """Every stage that reads `name`'s output, directly or not, in order."""
+        out: list[str] = []
+        reached = {name}
+        for s in self.stages:
+            if reached.intersection(s.upstream):
+                out.append(s.name)
+                reached.add(s.name)
+        return out
+
+    # changing --------------------------------------------------------------------------
+    def insert(self, stage: Stage, *, after: str) -> Registry:
+        """A registry with `stage` placed right after `after`; `stage` takes `after`'s output
+        as its input unless it names one, and every stage that took `after`'s output as its
+        input takes `stage`'s instead (the chain rewires; `reads` stay as they are)."""
+        self.get(after)
+        if stage.name in self._by_name:
+            raise RegistryError(f"stage {stage.name!r}: the name is used twice")
+        new = stage if stage.input else replace(stage, input=after)
+        out: list[Stage] = []
+        for s in self.stages:
+            if s.input == after:
+                s = replace(s, input=new.name)
+            out.append(s)
+            if s.name == after:
+                out.append(new)
+        return Registry(out)
+
+    # versions --------------------------------------------------------------------------
+    def config_of(self, stage: Stage, catalog: Catalog) -> BaseModel | None:
+        """The stage's config: its model's defaults, then what the catalog implies, then the
+        `stages.<config_key>` section of sources.yaml."""
+        if stage.config is None:
+            return None
+        section: dict[str, Any] = dict(catalog_defaults(stage, catalog))
+        section.update(catalog.stages.get(stage.config_key or "", None) or {})
+        return stage.config.model_validate(section)
+
+    def code_version(self, stage: Stage, catalog: Catalog) -> str:
+        """The hash of the stage's code and config: Dagster's code_version of its asset, the
+        namespace of its per-file result cache. Change either and the stage is stale."""
+        h = hashlib.sha256(stage.name.encode())
+        for module in stage.code:
+            h.update(b"\0" + module_source(module))
+        config = self.config_of(stage, catalog)
+        if config is not None:
+            h.update(b"\0" + canonical_json(config.model_dump(mode="json")))
+        if stage.version_data is not None:
+            h.update(b"\0" + canonical_json(stage.version_data(catalog)))
+        return h.hexdigest()[:16]
+
+
+def module_source(name: str) -> bytes:
+    """The source of a module, or of every module of a package (a gate split into a
+    package is still one gate's code)."""
+    module = importlib.import_module(name)
+    paths = getattr(module, "__path__", None)
+    if paths is None:
+        return inspect.getsource(module).encode()
+    files = sorted(f for root in paths for f in Path(root).rglob("*.py"))
+    return b"\0".join(f.read_bytes() for f in files)
+
+
+def catalog_defaults(stage: Stage, catalog: Catalog) -> Mapping[str, Any]:
+    return stage.catalog_defaults(catalog) if stage.catalog_defaults else {}

@@ -1,0 +1,47 @@
+"""The pipeline's stages in order: the registry every other part derives from. Each entry
+lives in a module of its own in this package (what the stage reads, writes and checks); the
+work itself is in the gate and corpus modules it calls.
+
+To add a per-file gate: write the gate (megacpp_pipeline/gates/<name>.py), its entry
+(megacpp_pipeline/stages/<name>.py, a `Stage` with `gate=`), and put it in this list, or
+insert it at run time with `default_registry().insert(stage, after=...)`.
+"""
+
+from __future__ import annotations
+
+from megacpp_pipeline.pipeline.registry import Registry
+from megacpp_pipeline.stages import (
+    catalog,
+    collect,
+    dedup,
+    enrich,
+    license,
+    megatron,
+    normalize,
+    packing,
+    report,
+    scrub,
+    snapshot,
+    tokenize,
+    tokenizer,
+)
+
+
+def default_registry() -> Registry:
+    return Registry(
+        [
+            catalog.STAGE,
+            collect.STAGE,
+            normalize.STAGE,
+            license.STAGE,
+            scrub.STAGE,
+            dedup.STAGE,
+            enrich.STAGE,
+            tokenizer.STAGE,
+            tokenize.STAGE,
+            packing.STAGE,
+            snapshot.STAGE,
+            megatron.STAGE,
+            report.STAGE,
+        ]
+    )

@@ -1,0 +1,132 @@
+"""licensed_files: each file's SPDX expression from its own metadata (SPDX line, REUSE, a
+standard notice), else the source's declared licence; parsed, validated, decided by the
+policy; only allowed files continue."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow.compute as pc
+
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.schemas import LICENSED_FILES
+from megacpp_pipeline.gates import license
+from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Grain,
+    Markdown,
+    PreparedGate,
+    Stage,
+)
+from megacpp_pipeline.storage.store import Manifest
+
+
+def _gate(inputs: SourceInputs) -> PreparedGate:
+    config, spec = inputs.config, inputs.source
+    reuse_files = inputs.metadata_files(license.is_reuse_metadata_path)
+    return PreparedGate(
+        lambda table: license.run(
+            table, config, declared_license=spec.declared_license, reuse_files=reuse_files
+        ),
+        salt=inputs_outside_the_file(spec.declared_license, reuse_files),
+    )
+
+
+def inputs_outside_the_file(declared_license: str | None, reuse_files: Mapping[str, bytes]) -> str:
+    """What a file's decision depends on besides its own text: the declared licence and the
+    source's REUSE metadata."""
+    h = hashlib.sha256(str(declared_license).encode())
+    for path in sorted(reuse_files):
+        h.update(path.encode() + b"\0" + hashlib.sha256(reuse_files[path]).digest())
+    return h.hexdigest()[:16]
+
+
+_REASON_DECISION = {
+    DropReason.LICENSE_DENIED: "denied",
+    DropReason.LICENSE_INVALID: "invalid",
+    DropReason.LICENSE_UNKNOWN: "unknown",
+}
+
+
+def decision_counts(result: GateResult) -> Counter[str]:
+    """Decision, licence-source and expression counts of one gate result (kept and
+    dropped files alike), as `decision:`, `source:` and `expr:` counters."""
+    out: Counter[str] = Counter()
+    kept, dropped = result.kept, result.dropped
+    out["decision:allowed"] = kept.num_rows
+    out.update(f"source:{s}" for s in kept["license_source"].to_pylist())
+    out.update(f"expr:{e}" for e in kept["license_expression"].to_pylist() if e)
+    for reason, detail, expr in zip(
+        dropped["reason"].to_pylist(),
+        dropped["detail"].to_pylist(),
+        dropped["license_expression"].to_pylist(),
+        strict=True,
+    ):
+        if reason in _REASON_DECISION:
+            out[f"decision:{_REASON_DECISION[reason]}"] += 1
+            out[f"source:{(detail or 'none').split(':', 1)[0]}"] += 1
+            if expr:
+                out[f"expr:{expr}"] += 1
+    return out
+
+
+def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -> dict[str, Any]:
+    counts = {k: int(v) for k, v in sorted(stats.items()) if k.startswith(("decision:", "source:"))}
+    summary = license.markdown_summary({k: int(v) for k, v in stats.items()})
+    return {**counts, "licence_summary": Markdown(summary)}
+
+
+def _only_allowed(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
+    manifest = ctx.store.latest(stage.name, source)
+    not_allowed = 0
+    for t in ctx.store.iter_tables(manifest, columns=["license_decision"]):
+        not_allowed += int(pc.sum(pc.not_equal(t["license_decision"], "allowed")).as_py() or 0)
+    invalid_in_ledger = 0
+    for t in ctx.store.iter_tables(manifest, "ledger", columns=["reason"]):
+        invalid_in_ledger += int(pc.sum(pc.equal(t["reason"], "license_invalid")).as_py() or 0)
+    return CheckOutcome(
+        passed=not_allowed == 0,
+        metadata={
+            "kept_not_allowed": not_allowed,
+            "invalid_in_ledger": invalid_in_ledger,
+            "kept": manifest.rows,
+        },
+        description=f"{source}: {not_allowed} kept files are not allowed" if not_allowed else None,
+    )
+
+
+STAGE = Stage(
+    name="licensed_files",
+    grain=Grain.PER_SOURCE,
+    group="gates",
+    description="File-level licence decision: SPDX-License-Identifier lines, REUSE metadata, "
+    "standard notices, then the source's declared licence; expressions validated against the "
+    "SPDX lists; only `allowed` files continue.",
+    input="normalized_files",
+    reads=("raw_files",),
+    config_key="license",
+    config=license.LicenseConfig,
+    code=(license.__name__, __name__),
+    schema=LICENSED_FILES,
+    content_column="content_sha256",
+    drop_reasons=tuple(_REASON_DECISION),
+    writes_ledger=True,
+    metadata_files=lambda spec, path: license.is_reuse_metadata_path(path),
+    gate=_gate,
+    summarize=decision_counts,
+    report=_report,
+    checks=(
+        Check(
+            "only_allowed_files_continue",
+            "Every kept file has an `allowed` decision; every invalid expression is in the "
+            "ledger, not in the shards.",
+            _only_allowed,
+        ),
+    ),
+)

@@ -1,0 +1,84 @@
+"""megatron_dataset: the Megatron MMIDIDX .bin/.idx export of the promoted snapshot, one
+sequence per document, for trainers that read Megatron indexed datasets; its check reads it
+back with the project's own reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Grain,
+    Materialized,
+    PathValue,
+    Stage,
+)
+from megacpp_pipeline.snapshot import megatron
+from megacpp_pipeline.snapshot.promote import read_manifest
+from megacpp_pipeline.stages.snapshot import snapshot_dir_of
+
+
+def export_dir(ctx: StageContext, snapshot_id: str) -> Path:
+    return Path(ctx.store.local_path(ctx.store.root)) / "megatron" / snapshot_id
+
+
+def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
+    snap = snapshot_dir_of(ctx)
+    manifest = read_manifest(snap)
+    out = export_dir(ctx, manifest.snapshot_id)
+    out.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"snapshot_id": manifest.snapshot_id}
+    for split, entry in manifest.splits.items():
+        if entry.rows:
+            megatron.export_snapshot(snap, out / split, split=split)
+            meta[f"{split}_prefix"] = PathValue(str(out / split))
+    return Materialized(None, meta)
+
+
+def _matches_snapshot(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
+    snap = snapshot_dir_of(ctx)
+    manifest = read_manifest(snap)
+    out = export_dir(ctx, manifest.snapshot_id)
+    problems: list[str] = []
+    meta: dict[str, Any] = {}
+    for split, entry in manifest.splits.items():
+        if not entry.rows:
+            continue
+        reader = megatron.IndexedDatasetReader(out / split)
+        docs = len(reader)
+        tokens = int(sum(len(reader[i]) for i in range(docs)))
+        meta[f"{split}_documents"], meta[f"{split}_tokens"] = docs, tokens
+        if (docs, tokens) != (entry.documents, entry.tokens):
+            problems.append(
+                f"{split}: {docs} docs/{tokens} tokens vs {entry.documents}/{entry.tokens}"
+            )
+    return CheckOutcome(
+        passed=not problems,
+        metadata={**meta, "problems": "; ".join(problems)},
+        description=problems[0] if problems else None,
+    )
+
+
+STAGE = Stage(
+    name="megatron_dataset",
+    grain=Grain.GLOBAL,
+    group="snapshot",
+    description="Megatron MMIDIDX .bin/.idx export of the promoted snapshot, one sequence "
+    "per document, for trainers that read Megatron indexed datasets.",
+    input="snapshot",
+    code=(megatron.__name__, __name__),
+    body=_body,
+    checks=(
+        Check(
+            "document_count_and_tokens_match_snapshot",
+            "The project's own reader sees exactly the snapshot's documents and tokens.",
+            _matches_snapshot,
+        ),
+    ),
+    manifest_check=False,
+    kinds=("numpy",),
+    owners=("team:training",),
+)

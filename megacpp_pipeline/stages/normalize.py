@@ -1,0 +1,43 @@
+"""normalized_files: UTF-8, LF-normalized C/C++ text; binaries, oversized, minified,
+generated and non-C++ files dropped with a reason (the cheap filters, first)."""
+
+from __future__ import annotations
+
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.schemas import NORMALIZED_FILES
+from megacpp_pipeline.gates import normalize
+from megacpp_pipeline.pipeline.context import SourceInputs
+from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Stage
+
+
+def _gate(inputs: SourceInputs) -> PreparedGate:
+    config = inputs.config
+    return PreparedGate(lambda table: normalize.run(table, config))
+
+
+STAGE = Stage(
+    name="normalized_files",
+    grain=Grain.PER_SOURCE,
+    group="gates",
+    description="UTF-8, LF-normalized C/C++ text with its original encoding recorded; binaries,"
+    " oversized, minified/data-like, generated and non-C++ files dropped with a reason.",
+    input="raw_files",
+    config_key="normalize",
+    config=normalize.NormalizeConfig,
+    code=(normalize.__name__, __name__),
+    schema=NORMALIZED_FILES,
+    content_column="blob_sha",
+    drop_reasons=(
+        DropReason.BINARY,
+        DropReason.UNDECODABLE,
+        DropReason.EMPTY,
+        DropReason.TOO_LARGE,
+        DropReason.LONG_LINES,
+        DropReason.MEAN_LINE_LENGTH,
+        DropReason.LOW_ALNUM,
+        DropReason.GENERATED_FILE,
+        DropReason.NOT_CPP,
+    ),
+    writes_ledger=True,
+    gate=_gate,
+)

@@ -1,0 +1,152 @@
+"""packed_rows: BOS + tokens + EOS per document, cut into pieces of at most seq_len and
+packed best-fit into rows of exactly seq_len tokens (train and validation apart), with the
+documents table (global doc_ids in catalog then path order) and the pieces table that says
+where every piece of every document sits."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from megacpp_pipeline.core.schemas import DOCUMENTS
+from megacpp_pipeline.corpus import packing, tokenizer
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Grain,
+    Markdown,
+    Materialized,
+    Stage,
+)
+from megacpp_pipeline.pipeline.runner import summary_metadata
+from megacpp_pipeline.snapshot import packed_rows as rows_contract
+
+UTILIZATION_PNG = "utilization_train.png"
+
+
+def with_doc_ids(tables: Iterable[pa.Table], first: int = 0) -> Iterator[pa.Table]:
+    """Each table with a `doc_id` column numbering its rows on from the previous table's:
+    the global document id, in the order the tables come (catalog, then path)."""
+    next_id = first
+    for t in tables:
+        ids = pa.array(range(next_id, next_id + t.num_rows), pa.int32())
+        next_id += t.num_rows
+        yield t.append_column("doc_id", ids)
+
+
+def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
+    assert stage.input is not None
+    config = ctx.config(stage)
+    upstream = [ctx.latest(stage.input, s) for s in ctx.sources()]
+    version = ctx.store.begin(
+        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
+    )
+    schema = rows_contract.packed_rows_schema(config.seq_len)
+    documents = version.table("documents", DOCUMENTS)
+    pieces = version.table("pieces", rows_contract.PIECES_SCHEMA)
+    telemetry: dict[str, packing.PackingTelemetry] = {}
+    stats: Counter[str] = Counter(documents=0, valid_tokens=0)
+
+    def docs() -> Iterator[pa.Table]:
+        tables = (t for m in upstream for t in ctx.store.iter_tables(m))
+        for t in with_doc_ids(tables):
+            documents.write(t.select(DOCUMENTS.names))
+            stats["documents"] += t.num_rows
+            yield t
+
+    for batch in packing.pack(docs(), config, tokenizer.special_ids()):
+        version.table(f"data:{batch.split}", schema).write(batch.rows)
+        pieces.write(batch.pieces)
+        stats[f"rows:{batch.split}"] += batch.rows.num_rows
+        stats["valid_tokens"] += int(pc.sum(batch.rows["valid_token_count"]).as_py() or 0)
+        if batch.telemetry is not None:
+            prev = telemetry.get(batch.split)
+            telemetry[batch.split] = prev.merge(batch.telemetry) if prev else batch.telemetry
+    extra: dict[str, Any] = {"seq_len": config.seq_len, "policy": str(config.policy)}
+    meta: dict[str, Any] = {}
+    if telemetry:
+        extra["telemetry"] = {k: v.model_dump() for k, v in telemetry.items()}
+        if "train" in telemetry:
+            version.write_file(UTILIZATION_PNG, utilization_png(telemetry["train"]))
+            t = telemetry["train"]
+            meta.update(
+                utilization=round(t.utilization, 4),
+                docs_per_row=round(t.docs_per_row, 3),
+                avg_doc_tokens=round(t.avg_doc_tokens, 1),
+                cropped_doc_frac=round(t.cropped_doc_frac, 4),
+            )
+    manifest = version.commit(upstream=ctx.upstream_hashes(upstream), stats=stats, extra=extra)
+    if UTILIZATION_PNG in {f.path for f in manifest.files}:
+        png = f"{ctx.store.version_dir(manifest)}/{UTILIZATION_PNG}"
+        meta["utilization_histogram"] = Markdown(f"![row utilization]({png})\n\n`{png}`")
+    return Materialized(
+        None, summary_metadata(ctx.store, manifest, documents=int(stats["documents"]), **meta)
+    )
+
+
+def utilization_png(telemetry: packing.PackingTelemetry) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    edges = telemetry.histogram_edges()
+    fig, ax = plt.subplots(figsize=(6, 3), dpi=100)
+    ax.bar(edges[:-1], telemetry.histogram, width=edges[1] - edges[0], align="edge")
+    ax.set_xlabel("row utilization (valid tokens / seq_len)")
+    ax.set_ylabel("rows")
+    ax.set_title(f"{telemetry.policy}, seq_len {telemetry.seq_len}: {telemetry.utilization:.3f}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _every_row_is_seq_len(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
+    manifest = ctx.store.latest(stage.name, None)
+    vocab = int(ctx.store.latest("tokenizer", None).extra["tokenizer"]["vocab_size"])
+    seq_len = int(manifest.extra["seq_len"])
+    problems: list[str] = []
+    rows = 0
+    for name in manifest.data_tables():
+        for t in ctx.store.iter_tables(manifest, name):
+            rows += t.num_rows
+            problems.extend(f"{name}: {p}" for p in rows_contract.validate_rows(t, seq_len, vocab))
+    return CheckOutcome(
+        passed=not problems and rows > 0,
+        metadata={"rows": rows, "seq_len": seq_len, "problems": "; ".join(problems[:5]) or "none"},
+        description=problems[0] if problems else None if rows else "no packed rows at all",
+    )
+
+
+STAGE = Stage(
+    name="packed_rows",
+    grain=Grain.GLOBAL,
+    group="tokens",
+    description="BOS + tokens + EOS per document, cut into pieces of at most seq_len and "
+    "packed best-fit into rows of exactly seq_len tokens (train and validation apart), with "
+    "the pieces table that says where every piece of every document sits.",
+    input="tokenized_docs",
+    reads=("tokenizer",),
+    config_key="packing",
+    config=packing.PackingConfig,
+    catalog_defaults=lambda catalog: {"seq_len": catalog.seq_len},
+    code=(packing.__name__, rows_contract.__name__, __name__),
+    body=_body,
+    checks=(
+        Check(
+            "every_row_is_exactly_seq_len",
+            "Every row has the seven required columns at exactly seq_len, token ids in range, "
+            "and doc_ids consistent with the pieces table.",
+            _every_row_is_seq_len,
+        ),
+    ),
+    kinds=("parquet", "numpy"),
+)

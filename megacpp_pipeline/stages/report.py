@@ -1,0 +1,97 @@
+"""quality_report: one page after promotion — a funnel from collected to kept, licence
+decisions, scrub counts, duplicate clusters, chunk-kind coverage, tokens per source and row
+utilization — written into the snapshot's report/ folder and shown in the UI."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Grain,
+    Markdown,
+    Materialized,
+    PathValue,
+    Stage,
+)
+from megacpp_pipeline.snapshot import report
+from megacpp_pipeline.snapshot.promote import REPORT_DIR, read_manifest
+from megacpp_pipeline.stages.snapshot import snapshot_dir_of
+
+
+def summed_stats(ctx: StageContext, stage: str, prefix: str) -> dict[str, float]:
+    """A per-source stage's stats with this prefix, summed over every source."""
+    total: Counter[str] = Counter()
+    for source in ctx.sources():
+        stats = ctx.store.latest(stage, source).stats
+        total.update({k: v for k, v in stats.items() if k.startswith(prefix)})
+    return dict(total)
+
+
+def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
+    snap = snapshot_dir_of(ctx)
+    packed = ctx.latest("packed_rows")
+    dedup_manifest = ctx.latest("deduped_files")
+    clusters = dedup_manifest.tables.get("clusters")
+    inputs = report.ReportInputs(
+        snapshot_dir=snap,
+        license_stats=summed_stats(ctx, "licensed_files", ""),
+        scrub_stats=summed_stats(ctx, "scrubbed_files", "kind:"),
+        dedup_clusters=ctx.store.read_table(dedup_manifest, "clusters")
+        if clusters is not None and clusters.rows
+        else None,
+        chunk_kind_bytes={
+            k.removeprefix("kind_bytes:"): v
+            for k, v in summed_stats(ctx, "enriched_files", "kind_bytes:").items()
+        },
+        packing_telemetry=(packed.extra.get("telemetry") or {}).get("train"),
+        stages=ctx.registry.ledger_stages(),
+    )
+    result = report.render_report(inputs, snap / REPORT_DIR)
+    manifest = read_manifest(snap)
+    return Materialized(
+        None,
+        {
+            "report": PathValue(str(result.html)),
+            "snapshot_id": manifest.snapshot_id,
+            "summary": Markdown(result.markdown),
+            **{k: float(v) for k, v in result.metrics.items()},
+        },
+    )
+
+
+def _page_and_plots_exist(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
+    folder = snapshot_dir_of(ctx) / REPORT_DIR
+    missing = [
+        name
+        for name in [report.REPORT_HTML, *report.PLOT_FILES.values()]
+        if not (folder / name).is_file() or (folder / name).stat().st_size == 0
+    ]
+    return CheckOutcome(
+        passed=not missing,
+        metadata={"folder": str(folder), "missing": ", ".join(missing) or "none"},
+        description=f"{folder}: missing {', '.join(missing)}" if missing else None,
+    )
+
+
+STAGE = Stage(
+    name="quality_report",
+    grain=Grain.GLOBAL,
+    group="snapshot",
+    description="The quality dashboard of the promoted snapshot: an HTML page with PNG plots "
+    "in <snapshot>/report/, and its key numbers as metadata (a time series across runs).",
+    input="snapshot",
+    code=(report.__name__, __name__),
+    body=_body,
+    checks=(
+        Check(
+            "report_page_and_plots_exist",
+            "The HTML page and every plot it links to exist and are non-empty.",
+            _page_and_plots_exist,
+        ),
+    ),
+    manifest_check=False,
+    kinds=("html", "matplotlib"),
+)

@@ -1,0 +1,96 @@
+"""scrubbed_files: emails, public IPs, keys and tokens, private keys and machine-local paths
+replaced by stable placeholders before tokenization; an audit table of salted hashes (never
+the values); the check re-runs every detector over the output."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.schemas import SCRUBBED_FILES
+from megacpp_pipeline.gates import scrub
+from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Grain,
+    Markdown,
+    PreparedGate,
+    Stage,
+)
+from megacpp_pipeline.storage.store import Manifest
+
+
+def _gate(inputs: SourceInputs) -> PreparedGate:
+    config = inputs.config
+    return PreparedGate(lambda table: scrub.run(table, config))
+
+
+def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -> dict[str, Any]:
+    """Replacements per kind, and redacted lines in context (placeholders, never values)."""
+    config = ctx.config(ctx.registry.get(manifest.asset))
+    samples: list[str] = []
+    for t in ctx.store.iter_tables(manifest, columns=["path", "text", "scrub_replacements"]):
+        samples.append(scrub.markdown_sample(t, config))
+        break  # one shard's worth is a sample
+    kinds = {k: int(v) for k, v in sorted(stats.items()) if k.startswith("kind:")}
+    return {**kinds, "redacted_sample": Markdown("\n".join(samples) or "none")}
+
+
+def _no_detector_fires(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
+    config = ctx.config(stage)
+    manifest = ctx.store.latest(stage.name, source)
+    residual: list[str] = []
+    files = 0
+    for t in ctx.store.iter_tables(manifest, columns=["source_id", "path", "text"]):
+        files += t.num_rows
+        hits = scrub.residual_table(t, config)
+        residual.extend(
+            f"{p}: {k} at byte {b}"
+            for p, k, b in zip(
+                hits["path"].to_pylist(),
+                hits["kind"].to_pylist(),
+                hits["start_byte"].to_pylist(),
+                strict=True,
+            )
+        )
+    return CheckOutcome(
+        passed=not residual,
+        metadata={
+            "files_rescanned": files,
+            "residual_findings": len(residual),
+            "first": "; ".join(residual[:5]),
+        },
+        description=f"{source}: {residual[0]}" if residual else None,
+    )
+
+
+STAGE = Stage(
+    name="scrubbed_files",
+    grain=Grain.PER_SOURCE,
+    group="gates",
+    description="PII and secrets replaced by exact placeholders (<EMAIL>, <IP_ADDRESS>, "
+    "<API_KEY>, <PASSWORD>, <PRIVATE_KEY>, <SSH_KEY>, <LOCAL_PATH>); every replacement audited "
+    "by a salted hash, never the value.",
+    input="licensed_files",
+    config_key="scrub",
+    config=scrub.ScrubConfig,
+    code=(scrub.__name__, __name__),
+    schema=SCRUBBED_FILES,
+    content_column="content_sha256",
+    side_tables={"audit": scrub.AUDIT_SCHEMA},
+    drop_reasons=(DropReason.SCRUB_FAILED,),
+    writes_ledger=True,
+    gate=_gate,
+    summarize=lambda r: Counter(f"kind:{k}" for k in r.extra["audit"]["kind"].to_pylist()),
+    report=_report,
+    checks=(
+        Check(
+            "no_detector_fires_on_output",
+            "Re-runs every detector over the scrubbed text: nothing but placeholders.",
+            _no_detector_fires,
+        ),
+    ),
+)

@@ -1,0 +1,158 @@
+"""snapshot: promotion. The packed rows, tokenizer, documents, pieces and the ledger of
+every stage become one snapshot directory, promoted only when every promotion check passes;
+each check also runs as its own blocking check with its metrics, so the UI's check history
+is a time series per property."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Grain,
+    Markdown,
+    Materialized,
+    PathValue,
+    Stage,
+)
+from megacpp_pipeline.snapshot import verify
+from megacpp_pipeline.snapshot.promote import (
+    SnapshotConfig,
+    SnapshotParts,
+    build_snapshot,
+    read_manifest,
+)
+from megacpp_pipeline.storage.store import config_hash
+
+
+def ledger_tables(ctx: StageContext) -> Iterator[pa.Table]:
+    """Every stage's ledger, in registry order; a per-source stage source by source."""
+    for name in ctx.registry.ledger_stages():
+        partitions: list[str | None] = (
+            list(ctx.sources()) if ctx.registry.get(name).per_source else [None]
+        )
+        for partition in partitions:
+            yield from ctx.store.iter_tables(ctx.store.latest(name, partition), "ledger")
+
+
+def snapshot_dir_of(ctx: StageContext) -> Path:
+    """The directory of the snapshot the latest `snapshot` version promoted."""
+    return Path(ctx.store.latest("snapshot", None).extra["snapshot_dir"])
+
+
+def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
+    assert stage.input is not None
+    config = ctx.config(stage)
+    store = ctx.store
+    packed = ctx.latest(stage.input)
+    tok = ctx.latest("tokenizer")
+    vdir = store.version_dir(packed)
+    info = tok.extra["tokenizer"]
+    parts = SnapshotParts(
+        name=ctx.catalog.snapshot,
+        seq_len=int(packed.extra["seq_len"]),
+        vocab_size=int(info["vocab_size"]),
+        tokenizer_json=store.read_bytes(f"{store.version_dir(tok)}/tokenizer.json"),
+        tokenizer_info=info,
+        rows={
+            split: [Path(store.local_path(f"{vdir}/{s.path}")) for s in packed.tables[name].shards]
+            for split in ("train", "validation")
+            if (name := f"data:{split}") in packed.tables
+        },
+        documents=store.read_table(packed, "documents"),
+        pieces=store.iter_tables(packed, "pieces"),
+        ledger=ledger_tables(ctx),
+        ledger_stages=ctx.registry.ledger_stages(),
+        inputs=ctx.upstream_hashes([packed, tok]),
+        code_version=ctx.code_version(stage),
+        config_hash=config_hash(ctx.catalog),
+    )
+
+    def gate(build_dir: Path) -> list[str]:
+        failures = []
+        for name in verify.ALL_CHECKS:
+            outcome = verify.run_check(name, build_dir, config)
+            ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
+            if not outcome.passed:
+                failures.append(f"{name}: {outcome.problems[0]}")
+        return failures
+
+    root = Path(store.local_path(store.root))
+    snap = build_snapshot(root, parts, keep=config.keep_snapshots, gate=gate)
+    manifest = read_manifest(snap)
+    version = store.begin(
+        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
+    )
+    version.commit(
+        upstream=parts.inputs,
+        extra={"snapshot_dir": str(snap), "snapshot_id": manifest.snapshot_id},
+    )
+    return Materialized(
+        None,
+        {
+            "snapshot_dir": PathValue(str(snap)),
+            "snapshot_id": manifest.snapshot_id,
+            "documents": manifest.documents,
+            "rows": sum(s.rows for s in manifest.splits.values()),
+            **{f"{k}_rows": v.rows for k, v in manifest.splits.items()},
+            **{f"{k}_tokens": v.tokens for k, v in manifest.splits.items()},
+        },
+    )
+
+
+_DESCRIPTIONS = {
+    "file_checksums": "Every file of the snapshot has the sha256 and size its manifest lists.",
+    "schema_contract": "The seven required packed-row columns with their exact Arrow types and "
+    "length seq_len; optional columns known to the schema version.",
+    "token_range_and_pads": "Every id in [0, vocab_size); pads only after valid_token_count.",
+    "document_consistency": "doc_ids match documents.parquet and pieces.parquet; every "
+    "document's pieces are present, in order.",
+    "round_trip_decode": "Documents rebuilt from their pieces decode to exactly the scrubbed text.",
+    "ledger_completeness": "Per source: collected == kept + dropped; kept == documents.",
+    "consumer_smoke_read": "The static-shape loader reads batches from each split.",
+    "megatron_read_back": "The .bin/.idx export read back by an independent reader has the "
+    "snapshot's document count and tokens.",
+}
+
+
+def _promotion_check(name: str) -> Check:
+    def evaluate(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
+        outcome = verify.run_check(name, snapshot_dir_of(ctx), ctx.config(stage))
+        return CheckOutcome(
+            passed=outcome.passed,
+            metadata={
+                **{k: v for k, v in outcome.metrics.items() if isinstance(v, (int, float, str))},
+                "problems": Markdown("\n".join(f"- {p}" for p in outcome.problems) or "none"),
+            },
+            description=outcome.problems[0] if outcome.problems else None,
+        )
+
+    return Check(name, _DESCRIPTIONS[name], evaluate)
+
+
+STAGE = Stage(
+    name="snapshot",
+    grain=Grain.GLOBAL,
+    group="snapshot",
+    description="The promoted training snapshot: manifest.json, tokenizer.json, documents, "
+    "pieces, ledger, train/ and validation/ packed rows, _COMPLETE last. Built beside its "
+    "final place and renamed in only when schema, token range, document consistency, "
+    "round-trip, ledger, loader and Megatron checks all pass.",
+    input="packed_rows",
+    reads=("tokenizer",),
+    config_key="snapshot",
+    config=SnapshotConfig,
+    code=(
+        "megacpp_pipeline.snapshot.promote",
+        verify.__name__,
+        __name__,
+    ),
+    body=_body,
+    checks=tuple(_promotion_check(name) for name in verify.ALL_CHECKS),
+    manifest_check=False,
+)
