@@ -4,12 +4,14 @@ deterministically, resumes exactly, and fails loudly naming the shard."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib.util
 import json
 import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +30,8 @@ from megacpp_pipeline.loader import (
     SnapshotIncompleteError,
     SnapshotManifestError,
 )
-from megacpp_pipeline.snapshot.packed_rows import TOKEN_COLUMNS
+from megacpp_pipeline.loader.prefetch import CONSUMER_AWAY_S
+from megacpp_pipeline.snapshot.packed_rows import TOKEN_COLUMNS, packed_rows_schema
 from tests.fixtures.snapshot_fixture import SnapshotFixture, build_snapshot
 
 
@@ -48,6 +51,18 @@ def _pack_ids(loader: PackedRowsLoader) -> list[np.ndarray]:
 
 def _loader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("megacpp-loader-")]
+
+
+HANG_GUARD_S = 60.0  # only a hung prefetch thread makes a wait this long; no test waits it out
+
+
+def _take_a_step(loader: PackedRowsLoader) -> bool:
+    """A training step as the prefetcher sees one: the consumer stays away longer than
+    `CONSUMER_AWAY_S` (a sleep lasts at least what it is asked, so this only bounds the step
+    from below and races nothing), then, once the prefetch thread runs, until the thread holds
+    the next block ready. True when the thread was running."""
+    time.sleep(2 * CONSUMER_AWAY_S)
+    return loader.wait_for_prefetch(HANG_GUARD_S)
 
 
 def test_directory_without_complete_marker_is_not_a_snapshot(tmp_path: Path) -> None:
@@ -234,6 +249,77 @@ def test_state_dict_resumes_exactly_where_a_run_stopped(
             np.testing.assert_array_equal(got, want)
 
 
+def _epoch_as_lists(loader: PackedRowsLoader) -> list[list[int]]:
+    """One epoch of this loader as lists of pack_ids, one per batch."""
+    return [batch["pack_id"].tolist() for batch in loader]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    world_size=st.integers(2, 4),
+    batch_size=st.integers(1, 7),
+    drop_last=st.booleans(),
+    prefetch=st.booleans(),
+    stops=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+    same_stop=st.booleans(),
+)
+def test_ranks_resumed_each_from_its_own_state_see_what_an_uninterrupted_run_sees(
+    snapshot: SnapshotFixture,
+    shared_cache: Path,
+    world_size: int,
+    batch_size: int,
+    drop_last: bool,
+    prefetch: bool,
+    stops: list[int],
+    same_stop: bool,
+) -> None:
+    # each rank stops after its own number of batches (the same for all when checkpoints
+    # are synchronous, as in a trainer), possibly in the second epoch
+    def fresh(rank: int) -> PackedRowsLoader:
+        return PackedRowsLoader(
+            snapshot.path,
+            batch_size=batch_size,
+            seed=11,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            cache_dir=shared_cache,
+        )
+
+    uninterrupted, resumed = [], []
+    for rank in range(world_size):
+        reference = fresh(rank)
+        uninterrupted.append([_epoch_as_lists(reference), _epoch_as_lists(reference)])
+
+        run = fresh(rank)
+        received = []
+        iterator = iter(run)
+        for _ in range(min(stops[0] if same_stop else stops[rank], 2 * len(run))):
+            batch = next(iterator, None)
+            if batch is None:  # the first epoch is over: the trainer starts the second
+                iterator = iter(run)
+                batch = next(iterator)
+            received.append(batch["pack_id"].tolist())
+        state = run.state_dict()
+        run.close()
+
+        restarted = fresh(rank)
+        restarted.load_state_dict(state)
+        received += _epoch_as_lists(restarted)  # the rest of the epoch it stopped in
+        if state["epoch"] == 0:
+            received += _epoch_as_lists(restarted)
+        resumed.append([received[: len(run)], received[len(run) :]])
+
+    assert resumed == uninterrupted
+    total = snapshot.splits["train"].columns["pack_id"].size
+    for epoch in range(2):
+        seen = [row for rank in resumed for batch in rank[epoch] for row in batch]
+        assert len(seen) == len(set(seen))  # no row reaches two ranks, or one rank twice
+        global_batch = batch_size * world_size
+        assert len(seen) == (total // global_batch * global_batch if drop_last else total)
+
+
 def test_a_state_from_another_configuration_is_refused(
     snapshot: SnapshotFixture, shared_cache: Path
 ) -> None:
@@ -251,6 +337,64 @@ def test_missing_optional_column_gets_its_default(tmp_path: Path) -> None:
     assert batch["chunk_kind"].dtype == np.uint8
     assert not batch["chunk_kind"].any()
     assert loader.receipts[0].defaulted_columns == ("chunk_kind",)
+
+
+def _split_without_batches(root: Path, case: str) -> dict[str, Any]:
+    """Write a snapshot at `root` where the loader options returned give no batch at all."""
+    fixture = build_snapshot(root, docs_per_split={"train": 6, "validation": 0})
+    rows = fixture.splits["train"].columns["pack_id"].size
+    if case == "a split without shards":
+        return {"split": "validation"}
+    if case == "a split whose only shard is empty":
+        relpath = "validation/part-00000.parquet"
+        pq.write_table(packed_rows_schema(fixture.seq_len).empty_table(), root / relpath)
+        manifest = json.loads((root / "manifest.json").read_text())
+        manifest["splits"]["validation"]["shards"] = [relpath]
+        data = (root / relpath).read_bytes()
+        entry = {"path": relpath, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        manifest["files"].append(entry)
+        (root / "manifest.json").write_text(json.dumps(manifest))
+        return {"split": "validation", "verify_sha256": True}
+    if case == "fewer rows than one batch":
+        return {"batch_size": rows + 1}
+    assert case == "a rank past the last row"
+    return {"batch_size": rows, "world_size": 2, "rank": 1, "drop_last": False}
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "inline"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "a split without shards",
+        "a split whose only shard is empty",
+        "fewer rows than one batch",
+        "a rank past the last row",
+    ],
+)
+def test_a_loader_of_length_zero_iterates_nothing_and_still_saves_and_resumes(
+    tmp_path: Path, case: str, prefetch: bool
+) -> None:
+    options = _split_without_batches(tmp_path / "snap", case)
+
+    def fresh() -> PackedRowsLoader:
+        return PackedRowsLoader(
+            tmp_path / "snap", prefetch=prefetch, cache_dir=tmp_path / "cache", **options
+        )
+
+    loader = fresh()
+    assert len(loader) == 0
+    assert list(loader) == []
+    assert loader.receipts == [] and loader.receipt_summary().batches == 0
+    state = loader.state_dict()
+    assert (state["epoch"], state["batch_index"]) == (1, 0)  # the empty epoch still ends
+
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+    assert (resumed.state_dict()["epoch"], resumed.state_dict()["batch_index"]) == (2, 0)
+    with pytest.raises(LoaderStateError, match="batch_index"):
+        resumed.load_state_dict({**state, "batch_index": 1})
+    assert not any(t.is_alive() for t in _loader_threads())
 
 
 def _rewrite_first_shard(fixture: SnapshotFixture, table: pa.Table) -> str:
@@ -323,8 +467,8 @@ def test_producer_failure_reraises_in_the_consumer_with_its_traceback(tmp_path: 
 def test_batches_built_ahead_before_a_failure_arrive_then_the_error_from_the_thread(
     tmp_path: Path,
 ) -> None:
-    # 64 rows per shard in row groups of 4: the second shard rots, and a consumer that takes
-    # a step per batch lets the prefetch thread run into it while building ahead
+    # 64 rows per shard in row groups of 4: the second shard rots, and a consumer whose every
+    # step lasts until the prefetch thread has built ahead lets the thread run into it first
     fixture = build_snapshot(tmp_path / "snap", rows_per_shard=64)
     loader = PackedRowsLoader(
         fixture.path,
@@ -339,7 +483,7 @@ def test_batches_built_ahead_before_a_failure_arrive_then_the_error_from_the_thr
     with pytest.raises(pa.ArrowInvalid) as excinfo:
         for batch in loader:
             received.append(batch["pack_id"].copy())
-            time.sleep(0.02)  # the training step, long enough for the thread to run ahead
+            _take_a_step(loader)
     first_shard = pq.read_table(fixture.path / fixture.splits["train"].shards[0])
     np.testing.assert_array_equal(np.concatenate(received), first_shard["pack_id"].to_numpy())
     frames = [frame.name for frame in traceback.extract_tb(excinfo.tb)]
@@ -352,11 +496,12 @@ def test_leaving_the_loop_early_stops_the_prefetch_thread(
     snapshot: SnapshotFixture, shared_cache: Path
 ) -> None:
     loader = PackedRowsLoader(snapshot.path, batch_size=2, cache_dir=shared_cache)
-    for index, _ in enumerate(loader):
-        time.sleep(0.005)  # a consumer busy with steps gets batches built ahead on a thread
-        if index == 3:
+    for _ in loader:
+        if _take_a_step(loader):  # a consumer busy with steps gets batches built on a thread
             assert _loader_threads()
             break
+    else:
+        pytest.fail("no prefetch thread started in a whole epoch of steps")
     gc.collect()
     assert not any(t.is_alive() for t in _loader_threads())
 
@@ -370,18 +515,20 @@ def test_leaving_the_loop_early_stops_the_prefetch_thread(
 def test_a_consumer_with_steps_gets_the_same_batches_as_one_without(
     snapshot: SnapshotFixture, shared_cache: Path
 ) -> None:
-    def pass_over(prefetch: bool, step_s: float) -> tuple[list[np.ndarray], list[int]]:
+    def pass_over(prefetch: bool, steps: bool) -> tuple[list[np.ndarray], list[int], int]:
         loader = PackedRowsLoader(
             snapshot.path, batch_size=3, seed=5, prefetch=prefetch, cache_dir=shared_cache
         )
-        seen = []
+        seen, built_ahead = [], 0
         for batch in loader:
             seen.append(batch["pack_id"].copy())
-            time.sleep(step_s)
-        return seen, [r.batch_index for r in loader.receipts]
+            if steps:
+                built_ahead += _take_a_step(loader)
+        return seen, [r.batch_index for r in loader.receipts], built_ahead
 
-    inline, inline_indexes = pass_over(prefetch=False, step_s=0.0)
-    ahead, ahead_indexes = pass_over(prefetch=True, step_s=0.003)
+    inline, inline_indexes, _ = pass_over(prefetch=False, steps=False)
+    ahead, ahead_indexes, built_ahead = pass_over(prefetch=True, steps=True)
+    assert built_ahead  # the thread did build blocks while the consumer was away
     assert len(inline) == len(ahead)
     for got, want in zip(ahead, inline, strict=True):
         np.testing.assert_array_equal(got, want)
