@@ -79,7 +79,10 @@ def build_stage_asset(
     ) -> dg.MaterializeResult:
         partitions: list[str | None] = list(context.partition_keys) if partitioned else [None]
         ctx = pipeline.stage_context(
-            registry, run_id=context.run_id, pins=_pins(context, partitions), log=context.log.info
+            registry,
+            run_id=context.run.run_id,
+            pins=_pins(context, partitions),
+            log=context.log.info,
         )
         for out in run_stage(ctx, stage, partitions):
             if partitioned:

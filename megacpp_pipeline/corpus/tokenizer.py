@@ -16,6 +16,8 @@ import tokenizers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from megacpp_pipeline.storage.versions import sha256_file
+
 BOS = "<|bos|>"
 EOS = "<|eos|>"
 PAD = "<|pad|>"
@@ -111,14 +113,6 @@ def special_ids() -> SpecialIds:
     return SpecialIds()
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def effective_fraction(config: TokenizerConfig, total_bytes: int | None) -> float:
     """The configured fraction, lowered so that a train split of `total_bytes` yields about
     `max_train_bytes` (a hash-uniform sample over the whole split, not its first files)."""
@@ -191,7 +185,7 @@ def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
     """The pinned artifact, refused unless its bytes hash to `sha256`."""
     if not Path(path).is_file():
         raise TokenizerArtifactError(path, "pinned tokenizer.json does not exist")
-    actual = file_sha256(path)
+    actual = sha256_file(path)
     if actual != sha256:
         raise TokenizerArtifactError(path, f"sha256 mismatch: pinned {sha256}, file has {actual}")
     tok = Tokenizer.from_file(str(path))

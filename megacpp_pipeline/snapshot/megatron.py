@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from megacpp_pipeline.storage.versions import pid_alive
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -118,19 +119,9 @@ def _tmp(path: Path) -> Path:
     # a killed export leaves its <pid>.tmp behind: remove those of dead processes
     for stale in path.parent.glob(f"{path.name}.*.tmp"):
         pid = stale.name[len(path.name) + 1 : -len(".tmp")]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             stale.unlink(missing_ok=True)
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
 
 
 def _promote(bin_tmp: Path, idx_tmp: Path, prefix: Path) -> None:

@@ -27,10 +27,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
+from megacpp_pipeline.storage.versions import (
+    COMPLETE,
+    MANIFEST,
+    complete_marker,
+    pid_alive,
+    recorded_manifest_sha256,
+    sha256_file,
+    write_parquet_atomic,
+)
 
 SNAPSHOT_SCHEMA_VERSION = 1
-COMPLETE = "_COMPLETE"
-MANIFEST = "manifest.json"
 SPLITS = ("train", "validation")
 # The quality report is derived after promotion and is not part of the training contract:
 # it lives in this folder, outside the manifest's file list.
@@ -107,20 +114,11 @@ class SnapshotParts:
     config_hash: str
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_parquet(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    if pq.read_metadata(tmp).num_rows != table.num_rows:
-        raise SnapshotError(f"{path}: did not read back")
-    os.replace(tmp, path)
+    try:
+        write_parquet_atomic(table, path)
+    except OSError as e:
+        raise SnapshotError(f"{path}: did not read back ({e})") from e
 
 
 def final_ledger(
@@ -303,7 +301,7 @@ def build_snapshot(
         raw = manifest.model_dump_json(indent=2).encode()
         (work / MANIFEST).write_bytes(raw)
         # the marker holds the manifest's sha256, so a changed manifest byte is caught too
-        (work / COMPLETE).write_text(f"{snapshot_id} {hashlib.sha256(raw).hexdigest()}\n")
+        (work / COMPLETE).write_bytes(complete_marker(snapshot_id, raw))
         if gate is not None:
             failures = gate(work)
             if failures:
@@ -334,7 +332,7 @@ def _clean_stale(snapshots: Path) -> None:
     """Build directories of a dead run (killed between mkdir and rename) go away."""
     for d in snapshots.glob(".building-*"):
         parts = d.name.split("-")  # .building-<pid>-<id>
-        if len(parts) == 3 and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+        if len(parts) == 3 and parts[1].isdigit() and not pid_alive(int(parts[1])):
             shutil.rmtree(d, ignore_errors=True)
             continue
         try:
@@ -345,20 +343,9 @@ def _clean_stale(snapshots: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
-
-
 def manifest_sha256_recorded(snapshot_dir: Path) -> str | None:
     """The manifest sha256 `_COMPLETE` holds (None for a marker written before it did)."""
-    marker = (snapshot_dir / COMPLETE).read_text().split()
-    return marker[1] if len(marker) > 1 else None
+    return recorded_manifest_sha256((snapshot_dir / COMPLETE).read_bytes())
 
 
 def _prune(snapshots: Path, name: str, keep: int, current: Path) -> None:

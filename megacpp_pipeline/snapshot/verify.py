@@ -31,16 +31,14 @@ from megacpp_pipeline.snapshot.packed_rows import (
     packed_rows_schema,
 )
 from megacpp_pipeline.snapshot.promote import (
-    COMPLETE,
-    MANIFEST,
     REPORT_DIR,
     SnapshotConfig,
     SnapshotManifest,
     manifest_sha256_recorded,
     manifest_summary,
     read_manifest,
-    sha256_file,
 )
+from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
 
 
 @dataclass

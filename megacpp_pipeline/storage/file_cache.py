@@ -11,7 +11,6 @@ unreferenced `.tmp`, never a half entry.
 from __future__ import annotations
 
 import hashlib
-import os
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.storage.versions import write_parquet_atomic
 
 KEY = "_key"
 
@@ -95,18 +95,14 @@ class FileResultCache:
         tables = {"kept": result.kept, "dropped": result.dropped, **result.extra}
         for kind, table in tables.items():
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
-            _write(keyed, self.dir / f"{entry}.{kind}.parquet")
+            write_parquet_atomic(keyed, self.dir / f"{entry}.{kind}.parquet")
         # the index file is written last: an entry exists only once all its parts do
-        _write(pa.table({KEY: pa.array(keys, pa.string())}), self.dir / f"{entry}.parquet")
+        write_parquet_atomic(
+            pa.table({KEY: pa.array(keys, pa.string())}), self.dir / f"{entry}.parquet"
+        )
         if self._index is not None:
             for key in keys:
                 self._index.setdefault(key, self.dir / f"{entry}.parquet")
-
-
-def _write(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
 
 
 def cached_gate_call(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import socket
 import uuid
@@ -25,30 +24,46 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
-MANIFEST_SCHEMA_VERSION = 1
-COMPLETE = "_COMPLETE"
-MANIFEST = "manifest.json"
-LATEST = "LATEST"
+from megacpp_pipeline.storage.versions import (
+    COMPLETE,
+    LATEST,
+    MANIFEST,
+    UNPARTITIONED,
+    Manifest,
+    ShardInfo,
+    TableInfo,
+    canonical_json,
+    complete_marker,
+    config_hash,
+    is_data_table,
+    pid_alive,
+    recorded_manifest_sha256,
+    schema_fingerprint,
+    sha256_on,
+)
+
+__all__ = [
+    "COMPLETE",
+    "LATEST",
+    "MANIFEST",
+    "UNPARTITIONED",
+    "IncompleteVersionError",
+    "Manifest",
+    "ShardInfo",
+    "ShardStore",
+    "StoreError",
+    "TableInfo",
+    "VersionWriter",
+    "canonical_json",
+    "config_hash",
+    "is_data_table",
+    "schema_fingerprint",
+]
+
 WRITER = "_WRITER"
-UNPARTITIONED = "_"
-_HASH_CHUNK = 1 << 20
-
-
 _WRITER_GRACE_S = 60.0
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StoreError(Exception):
@@ -57,70 +72,6 @@ class StoreError(Exception):
 
 class IncompleteVersionError(StoreError):
     """A reader was pointed at a directory without `_COMPLETE`."""
-
-
-class ShardInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str  # relative to the version directory
-    rows: int
-    bytes: int
-    sha256: str
-
-
-class TableInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    schema_fingerprint: str
-    rows: int = 0
-    shards: list[ShardInfo] = Field(default_factory=list)
-
-
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    schema_version: int = MANIFEST_SCHEMA_VERSION
-    asset: str
-    partition: str
-    version: str
-    created_at: str
-    run_id: str | None = None
-    code_version: str
-    config_hash: str | None = None
-    tables: dict[str, TableInfo] = Field(default_factory=dict)  # "data", "ledger", side tables
-    files: list[ShardInfo] = Field(default_factory=list)  # non-parquet artifacts
-    upstream: dict[str, str] = Field(default_factory=dict)  # "asset/partition" -> manifest sha256
-    stats: dict[str, float] = Field(default_factory=dict)
-    extra: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def rows(self) -> int:
-        """Rows of the main table; a global asset splits it as `data:<part>` tables."""
-        return sum(t.rows for name, t in self.tables.items() if is_data_table(name))
-
-    def data_tables(self) -> list[str]:
-        return [name for name in self.tables if is_data_table(name)]
-
-    def all_shards(self) -> list[ShardInfo]:
-        return [s for t in self.tables.values() for s in t.shards] + list(self.files)
-
-
-def is_data_table(name: str) -> bool:
-    return name == "data" or name.startswith("data:")
-
-
-def schema_fingerprint(schema: pa.Schema) -> str:
-    """Types and names only: metadata (e.g. pandas) does not change the contract."""
-    text = ";".join(f"{f.name}:{f.type}:{f.nullable}" for f in schema)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def canonical_json(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-
-
-def config_hash(config: BaseModel | Mapping[str, Any] | None) -> str:
-    if config is None:
-        return "none"
-    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
-    return hashlib.sha256(canonical_json(data)).hexdigest()[:16]
 
 
 class ShardStore:
@@ -184,11 +135,7 @@ class ShardStore:
             raise StoreError(f"{path}: write failed ({e})") from e
 
     def sha256_of(self, path: str) -> str:
-        h = hashlib.sha256()
-        with self.fs.open_input_stream(path) as f:
-            while chunk := f.read(_HASH_CHUNK):
-                h.update(chunk)
-        return h.hexdigest()
+        return sha256_on(self.fs, path)
 
     def _discard(self, path: str) -> None:
         with contextlib.suppress(OSError):
@@ -247,7 +194,7 @@ class ShardStore:
             for info in self.fs.get_file_info(pafs.FileSelector(pdir, allow_not_found=True)):
                 if info.type == pafs.FileType.File and info.base_name.endswith(".tmp"):
                     pid = info.base_name.rsplit(".", 2)[-2].split("-")[0]
-                    if not (pid.isdigit() and _pid_alive(int(pid))):
+                    if not (pid.isdigit() and pid_alive(int(pid))):
                         self._discard(info.path)
         except OSError:
             pass
@@ -281,7 +228,7 @@ class ShardStore:
             return None
         if host != socket.gethostname():
             return True  # cannot tell for another host: keep it
-        return _pid_alive(int(pid))
+        return pid_alive(int(pid))
 
     def _list_dirs(self, path: str) -> list[pafs.FileInfo]:
         try:
@@ -390,8 +337,7 @@ class ShardStore:
         """The manifest's sha256 against the one `_COMPLETE` recorded (older versions have
         none)."""
         try:
-            marker = self.read_bytes(f"{vdir}/{COMPLETE}").decode().split()
-            recorded = marker[1] if len(marker) > 1 else None
+            recorded = recorded_manifest_sha256(self.read_bytes(f"{vdir}/{COMPLETE}"))
             actual = hashlib.sha256(self.read_bytes(f"{vdir}/{MANIFEST}")).hexdigest()
         except (StoreError, UnicodeDecodeError) as e:
             return [f"{vdir}/{MANIFEST}: cannot check against {COMPLETE} ({e})"]
@@ -545,8 +491,9 @@ class VersionWriter:
         raw = self.manifest.model_dump_json(indent=2).encode()
         store.write_bytes_atomic(f"{self.dir}/{MANIFEST}", raw)
         # the marker holds the manifest's sha256, so a changed manifest byte is caught too
-        marker = f"{self.manifest.version} {hashlib.sha256(raw).hexdigest()}"
-        store.write_bytes_atomic(f"{self.dir}/{COMPLETE}", marker.encode())
+        store.write_bytes_atomic(
+            f"{self.dir}/{COMPLETE}", complete_marker(self.manifest.version, raw)
+        )
         store._discard(f"{self.dir}/{WRITER}")
         pdir = store.partition_dir(self.manifest.asset, self.manifest.partition)
         store.write_bytes_atomic(f"{pdir}/{LATEST}", self.manifest.version.encode())

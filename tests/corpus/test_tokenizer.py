@@ -21,12 +21,12 @@ from megacpp_pipeline.corpus.tokenizer import (
     TokenizerArtifactError,
     TokenizerConfig,
     effective_fraction,
-    file_sha256,
     load_tokenizer,
     obtain_tokenizer,
     save_tokenizer,
     train_tokenizer,
 )
+from megacpp_pipeline.storage.versions import sha256_file
 
 CPP_FILES = [
     """// Copyright 2024 Example Authors. SPDX-License-Identifier: MIT
@@ -85,7 +85,7 @@ def test_two_trainings_on_the_same_corpus_give_byte_identical_tokenizer_json(
     first = save_tokenizer(train_tokenizer(corpus(), SMALL), tmp_path / "a.json")
     second = save_tokenizer(train_tokenizer(corpus(), SMALL), tmp_path / "b.json")
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
-    assert first.sha256 == second.sha256 == file_sha256(tmp_path / "a.json")
+    assert first.sha256 == second.sha256 == sha256_file(tmp_path / "a.json")
 
 
 def test_training_in_a_fresh_process_gives_the_same_bytes(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ def test_artifact_whose_special_ids_moved_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "foreign.json"
     other.save(str(path))
     with pytest.raises(TokenizerArtifactError, match="must have id 0"):
-        load_tokenizer(path, file_sha256(path))
+        load_tokenizer(path, sha256_file(path))
 
 
 def test_describe_records_what_the_manifest_needs(tokenizer: Tokenizer, tmp_path: Path) -> None:

@@ -1,0 +1,165 @@
+"""The version folder: the one on-disk format every output of this project shares (asset
+versions in the store, promoted snapshots, JSONL conversions). A folder of files, then
+`manifest.json` listing them, then `_COMPLETE` written last; its absence means "not a
+version". `_COMPLETE` holds `<version id> <sha256 of manifest.json>`, so a reader that checks
+it catches a changed manifest byte too. A partition's `LATEST` names its newest version.
+
+Seed rule (protobuf-2gb-wall-and-shards): many files, explicit metadata, completion markers.
+This module owns the names, the marker, the store's manifest model and the file hashing;
+ShardStore, the snapshot builder, the JSONL converter, the loader and the Megatron export
+use it rather than spelling the format again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pydantic import BaseModel, ConfigDict, Field
+
+COMPLETE = "_COMPLETE"
+MANIFEST = "manifest.json"
+LATEST = "LATEST"
+UNPARTITIONED = "_"
+MANIFEST_SCHEMA_VERSION = 1
+_CHUNK = 1 << 20
+
+
+# the marker ------------------------------------------------------------------------------
+def complete_marker(version_id: str, manifest_bytes: bytes) -> bytes:
+    """What `_COMPLETE` holds for a version whose manifest is `manifest_bytes`."""
+    return f"{version_id} {hashlib.sha256(manifest_bytes).hexdigest()}\n".encode()
+
+
+def recorded_manifest_sha256(marker: bytes) -> str | None:
+    """The manifest sha256 a `_COMPLETE` marker records (None for a marker that holds only
+    the version id, as the earliest versions wrote)."""
+    parts = marker.decode().split()
+    return parts[1] if len(parts) > 1 else None
+
+
+# hashing ---------------------------------------------------------------------------------
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """sha256 of a local file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_on(fs: pafs.FileSystem, path: str) -> str:
+    """sha256 of a file on any pyarrow filesystem, streamed."""
+    h = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """A local file that is either absent, its old bytes, or all of `data`."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path, **options: Any) -> None:
+    """A local parquet file written aside, read back (its row count must match), then
+    renamed into place."""
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp, **{"compression": "zstd", **options})
+    if pq.read_metadata(tmp).num_rows != table.num_rows:
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"{path}: wrote {table.num_rows} rows, read back a different count")
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host with this id exists (a writer's liveness, where the
+    writer is known to be local)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# the store's manifest --------------------------------------------------------------------
+class ShardInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str  # relative to the version directory
+    rows: int
+    bytes: int
+    sha256: str
+
+
+class TableInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_fingerprint: str
+    rows: int = 0
+    shards: list[ShardInfo] = Field(default_factory=list)
+
+
+class Manifest(BaseModel):
+    """An asset version's manifest: its tables' shards, side files, the upstream versions
+    it read, its stats and anything else the stage records."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    asset: str
+    partition: str
+    version: str
+    created_at: str
+    run_id: str | None = None
+    code_version: str
+    config_hash: str | None = None
+    tables: dict[str, TableInfo] = Field(default_factory=dict)  # "data", "ledger", side tables
+    files: list[ShardInfo] = Field(default_factory=list)  # non-parquet artifacts
+    upstream: dict[str, str] = Field(default_factory=dict)  # "asset/partition" -> manifest sha256
+    stats: dict[str, float] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the main table; a global asset splits it as `data:<part>` tables."""
+        return sum(t.rows for name, t in self.tables.items() if is_data_table(name))
+
+    def data_tables(self) -> list[str]:
+        return [name for name in self.tables if is_data_table(name)]
+
+    def all_shards(self) -> list[ShardInfo]:
+        return [s for t in self.tables.values() for s in t.shards] + list(self.files)
+
+
+def is_data_table(name: str) -> bool:
+    return name == "data" or name.startswith("data:")
+
+
+def schema_fingerprint(schema: pa.Schema) -> str:
+    """Types and names only: metadata (e.g. pandas) does not change the contract."""
+    text = ";".join(f"{f.name}:{f.type}:{f.nullable}" for f in schema)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def canonical_json(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def config_hash(config: BaseModel | Mapping[str, Any] | None) -> str:
+    if config is None:
+        return "none"
+    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
+    return hashlib.sha256(canonical_json(data)).hexdigest()[:16]

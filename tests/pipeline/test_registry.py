@@ -1,0 +1,110 @@
+"""The stage registry is the one ordered list: it refuses an inconsistent one naming the
+stage and the field, and everything derived from it (ledger order, refresh head, config
+sections, code versions) follows it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.registry import Grain, Registry, RegistryError, Stage
+from megacpp_pipeline.stages import default_registry
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "demo" / "sources.yaml"
+
+
+def _body(ctx, stage, partition):  # type: ignore[no-untyped-def]
+    raise AssertionError("not run")
+
+
+def _stage(name: str, **kw) -> Stage:  # type: ignore[no-untyped-def]
+    return Stage(
+        name=name,
+        grain=kw.pop("grain", Grain.GLOBAL),
+        description="",
+        group="g",
+        body=kw.pop("body", _body),
+        **kw,
+    )
+
+
+def test_the_default_order_is_the_pipeline_order() -> None:
+    r = default_registry()
+    assert r.names() == [
+        "source_catalog", "raw_files", "normalized_files", "licensed_files", "scrubbed_files",
+        "deduped_files", "enriched_files", "tokenizer", "tokenized_docs", "packed_rows",
+        "snapshot", "megatron_dataset", "quality_report",
+    ]  # fmt: skip
+    assert r.ledger_stages() == [
+        "raw_files", "normalized_files", "licensed_files", "scrubbed_files", "deduped_files",
+        "enriched_files", "tokenized_docs",
+    ]  # fmt: skip
+    assert r.refresh_head() == ["raw_files", "normalized_files", "licensed_files", "scrubbed_files"]
+    assert set(r.config_models()) == {
+        "normalize", "license", "scrub", "dedup", "enrich", "tokenizer", "tokenize", "packing",
+        "snapshot",
+    }  # fmt: skip
+
+
+def test_every_stage_reads_only_earlier_stages_and_declares_its_drop_reasons() -> None:
+    r = default_registry()
+    seen: set[str] = set()
+    for stage in r:
+        assert set(stage.upstream) <= seen, stage.name
+        assert bool(stage.drop_reasons) == stage.writes_ledger, stage.name
+        seen.add(stage.name)
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([_stage("a"), _stage("a")], "stage 'a': the name is used twice"),
+        ([_stage("a", input="b"), _stage("b")], "stage 'a': upstream 'b' is not an earlier stage"),
+        ([_stage("a", gate=lambda i: None)], "stage 'a': needs exactly one of gate and body"),
+        (
+            [_stage("a"), _stage("b", body=None, gate=lambda i: None, input="a")],
+            "stage 'b': a per-file gate runs per source on an input",
+        ),
+        ([_stage("a", config_key="x")], "stage 'a': config_key without a config model"),
+    ],
+)
+def test_an_inconsistent_registry_is_refused_naming_the_stage(stages: list, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(RegistryError, match=message):
+        Registry(stages)
+
+
+def test_insert_refuses_an_unknown_anchor_or_a_taken_name() -> None:
+    r = default_registry()
+    with pytest.raises(RegistryError, match="no stage 'nope'"):
+        r.insert(_stage("x"), after="nope")
+    with pytest.raises(RegistryError, match="'raw_files': the name is used twice"):
+        r.insert(replace(r.get("raw_files")), after="scrubbed_files")
+
+
+def test_downstream_follows_inputs_and_reads() -> None:
+    r = default_registry()
+    assert r.downstream_of("tokenizer") == [
+        "tokenized_docs", "packed_rows", "snapshot", "megatron_dataset", "quality_report",
+    ]  # fmt: skip
+    assert "enriched_files" in r.downstream_of("raw_files")  # it reads the compile database
+
+
+def test_a_stage_config_takes_model_defaults_then_catalog_then_its_section() -> None:
+    r = default_registry()
+    catalog = load_catalog(DEMO)
+    packing = r.config_of(r.get("packed_rows"), catalog)
+    assert packing.seq_len == catalog.seq_len  # from the catalog itself
+    assert packing.packing_telemetry is True  # from stages.packing
+    assert r.config_of(r.get("source_catalog"), catalog) is None
+
+
+def test_code_versions_are_stable_and_distinct() -> None:
+    r = default_registry()
+    catalog = load_catalog(DEMO)
+    first = [r.code_version(s, catalog) for s in r]
+    assert first == [default_registry().code_version(s, load_catalog(DEMO)) for s in r]
+    assert len(set(first)) == len(first)
