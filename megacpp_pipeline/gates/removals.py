@@ -1,0 +1,483 @@
+"""The removal gate: drops what `removals:` in sources.yaml names (a source, a path glob in a
+source, the sha256 of a collected file, or the entries of a request file), right after the
+licence gate, so nothing removed is ever scrubbed, enriched or tokenized (seed: honour
+removal requests; nothing disappears silently, so each drop names the entry that matched).
+
+The promotion check's pure half lives here too: the removed files' content hashes and
+near-dup signatures, looked up in the kept documents of a snapshot.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import re
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.ledger import DropReason, drops
+from megacpp_pipeline.core.schemas import git_blob_sha
+from megacpp_pipeline.corpus import minhash
+from megacpp_pipeline.corpus.dedup import DedupConfig
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class RemovalSpec(BaseModel):
+    """One `removals:` entry: exactly one of {source}, {source, path}, {sha256}, {file}, each
+    with an optional reason. `path` is a glob as in a source's include list (`**/` spans
+    folders); `sha256` names content (every copy, in every source); `file` is a JSONL file
+    of such entries (not `file` again), relative to the yaml's folder."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str | None = None
+    path: str | None = None
+    sha256: str | None = None
+    file: str | None = None
+    reason: str | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _source_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9_-]+", v):
+            raise ValueError("must be a source id ([a-z0-9_-]+)")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not _HEX64.match(v.lower()):
+            raise ValueError("must be 64 hex characters (the sha256 of the collected file)")
+        return None if v is None else v.lower()
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("/") or ".." in v.split("/")):
+            raise ValueError("must be a relative glob inside the source")
+        return v
+
+    @model_validator(mode="after")
+    def _one_form(self) -> RemovalSpec:
+        if self.path is not None and self.source is None:
+            raise ValueError("path needs source")
+        forms = [f for f in ("source", "sha256", "file") if getattr(self, f) is not None]
+        if len(forms) != 1:
+            raise ValueError(
+                "needs exactly one of source (with an optional path), sha256 or file"
+                + (f"; has {' and '.join(forms)}" if forms else "")
+            )
+        return self
+
+    def describe(self) -> str:
+        if self.sha256 is not None:
+            what = f"sha256 {self.sha256}"
+        elif self.file is not None:
+            what = f"file {self.file}"
+        elif self.path is not None:
+            what = f"source {self.source} path {self.path}"
+        else:
+            what = f"source {self.source}"
+        return what + (f" (reason: {self.reason})" if self.reason else "")
+
+
+class RemovalError(ValueError):
+    """A removal entry is wrong; names the file (and line) and the field."""
+
+    def __init__(self, origin: str, field: str, rule: str) -> None:
+        super().__init__(f"{origin}: field {field}: {rule}")
+        self.origin, self.field, self.rule = origin, field, rule
+
+
+@dataclass(frozen=True)
+class Removal:
+    """An entry after loading: where it was written (`sources.yaml removals[2]`,
+    `requests.jsonl:14`), and its path glob compiled."""
+
+    spec: RemovalSpec
+    origin: str
+    pattern: re.Pattern[str] | None = field(default=None, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.origin}: {self.spec.describe()}"
+
+    def applies_to(self, source_id: str) -> bool:
+        return self.spec.sha256 is not None or self.spec.source == source_id
+
+
+def load_removals(
+    entries: Sequence[RemovalSpec | Mapping[str, Any]],
+    base_dir: Path,
+    *,
+    known_sources: Collection[str] | None = None,
+    origin: str = "sources.yaml",
+) -> list[Removal]:
+    """The entries with every `file:` expanded in place, in order. A wrong entry (a JSONL
+    line that is not an entry, an unknown source, a missing file) fails here, before any
+    work, naming the file, the line and the field."""
+    out: list[Removal] = []
+    for i, entry in enumerate(entries):
+        where = f"{origin} removals[{i}]"
+        spec = _validated(entry, where)
+        if spec.file is None:
+            out.append(_removal(spec, where, known_sources))
+            continue
+        path = Path(spec.file).expanduser()
+        path = path if path.is_absolute() else (base_dir / path).resolve()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise RemovalError(where, "file", f"cannot read {path} ({e})") from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            at = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RemovalError(at, "(entry)", f"not JSON ({e.msg})") from None
+            inner = _validated(record, at)
+            if inner.file is not None:
+                raise RemovalError(at, "file", "a request file cannot name another file")
+            if inner.reason is None and spec.reason is not None:
+                inner = inner.model_copy(update={"reason": spec.reason})
+            out.append(_removal(inner, at, known_sources))
+    return out
+
+
+def _validated(entry: RemovalSpec | Mapping[str, Any], where: str) -> RemovalSpec:
+    if isinstance(entry, RemovalSpec):
+        return entry
+    if not isinstance(entry, Mapping):
+        raise RemovalError(where, "(entry)", "expected a mapping such as {source: ID}")
+    try:
+        return RemovalSpec.model_validate(dict(entry))
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = ".".join(str(x) for x in first["loc"]) or "(entry)"
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown key (typo?)"
+        raise RemovalError(where, name, msg) from None
+
+
+def _removal(spec: RemovalSpec, where: str, known: Collection[str] | None) -> Removal:
+    if known is not None and spec.source is not None and spec.source not in known:
+        raise RemovalError(where, "source", f"no source {spec.source!r} in the catalog")
+    # Imported here: collect imports the catalog, which imports this module's RemovalSpec.
+    from megacpp_pipeline.collect import glob_to_regex
+
+    return Removal(spec, where, glob_to_regex(spec.path) if spec.path is not None else None)
+
+
+def fingerprint(removals: Sequence[Removal], source_id: str) -> str:
+    """The entries that can touch this source, hashed: the gate's cache salt for it, so
+    that adding `{source: B}` leaves source A's removal output (and all that follows)
+    untouched. A sha256 entry touches every source."""
+    h = hashlib.sha256()
+    for r in removals:
+        if r.applies_to(source_id):
+            h.update(r.spec.model_dump_json().encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+# the gate ---------------------------------------------------------------------------------
+
+REMOVED_FILES_SCHEMA = pa.schema(
+    [
+        pa.field("source_id", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("content_sha256", pa.string(), nullable=False),  # of the text as collected
+        pa.field("raw_sha256", pa.string()),  # of the raw bytes, when they are reconstructible
+        pa.field("entry", pa.string(), nullable=False),  # Removal.label of the first match
+        pa.field("by_content", pa.bool_(), nullable=False),  # a sha256 entry matched
+        pa.field("signature", pa.list_(pa.uint64()), nullable=False),  # MinHash, for promotion
+    ],
+    metadata={"megacpp.table": "removed_files", "megacpp.schema_version": "1"},
+)
+
+
+def run(
+    table: pa.Table,
+    removals: Sequence[Removal],
+    source_id: str,
+    near: DedupConfig | None = None,
+) -> GateResult:
+    """Kept rows, ledger rows naming the entry that matched each removed file, and the
+    `removed` side table (REMOVED_FILES_SCHEMA: hashes and a near-dup signature per removed
+    file, never its text) that the promotion check reads.
+
+    `{sha256: H}` matches a file when H is its content_sha256 (the sha256 of its text as
+    normalize left it, the hash every later stage and documents.parquet carry) or the
+    sha256 of its raw collected bytes (what `sha256sum` prints for the file); the two are
+    the same for UTF-8 files with LF line ends and no BOM, and for the others the raw
+    bytes are rebuilt from the text and the recorded encoding and proven by the git blob
+    id of the raw bytes (blob_sha) before their hash is trusted."""
+    stats: Counter[str] = Counter(files=table.num_rows)
+    mine = [r for r in removals if r.applies_to(source_id)]
+    wanted = {r.spec.sha256 for r in mine if r.spec.sha256 is not None}
+    if not mine or table.num_rows == 0:
+        stats["kept"] += table.num_rows
+        return GateResult(kept=table, stats=stats, extra={"removed": _empty_removed()})
+    paths = table["path"].to_pylist()
+    content = table["content_sha256"].to_pylist()
+    # the raw bytes' hashes are needed for every row only when an entry names content
+    raw = _raw_sha256s(table) if wanted else None
+    matched: dict[int, tuple[Removal, bool]] = {}
+    for row, (path, text_hash) in enumerate(zip(paths, content, strict=True)):
+        for r in mine:
+            spec = r.spec
+            if spec.sha256 is not None:
+                hit = spec.sha256 == text_hash or (raw is not None and spec.sha256 == raw[row])
+            else:
+                hit = r.pattern is None or r.pattern.match(path) is not None
+            if hit:
+                matched[row] = (r, spec.sha256 is not None)
+                form = "sha256" if spec.sha256 else "path" if spec.path else "source"
+                stats[f"removed_by:{form}"] += 1
+                break
+    rows = sorted(matched)
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[rows] = False
+    stats["removed"] += len(rows)
+    stats["kept"] += table.num_rows - len(rows)
+    taken = table.take(pa.array(rows, pa.int64()))
+    labels = [matched[i][0].label for i in rows]
+    ledger = drops(
+        taken["source_id"].to_pylist(),
+        taken["path"].to_pylist(),
+        [DropReason.REMOVED_ON_REQUEST] * len(rows),
+        details=labels,
+    )
+    signatures = removed_signatures(
+        taken["text"].to_pylist(), near or DedupConfig.model_validate({})
+    )
+    removed = pa.table(
+        {
+            "source_id": taken["source_id"],
+            "path": taken["path"],
+            "content_sha256": taken["content_sha256"],
+            "raw_sha256": pa.array(
+                [raw[i] for i in rows] if raw is not None else _raw_sha256s(taken), pa.string()
+            ),
+            "entry": pa.array(labels, pa.string()),
+            "by_content": pa.array([matched[i][1] for i in rows], pa.bool_()),
+            "signature": pa.array(list(signatures), pa.list_(pa.uint64())),
+        },
+        schema=REMOVED_FILES_SCHEMA,
+    )
+    kept = table.filter(pa.array(keep))
+    return GateResult(kept=kept, dropped=ledger, stats=stats, extra={"removed": removed})
+
+
+def _empty_removed() -> pa.Table:
+    return REMOVED_FILES_SCHEMA.empty_table()
+
+
+_BOM = {
+    "utf-8-sig": codecs.BOM_UTF8,
+    "utf-16-le": codecs.BOM_UTF16_LE,
+    "utf-16-be": codecs.BOM_UTF16_BE,
+}
+
+
+def raw_sha256(text: str, encoding: str, size: int, blob_sha: str) -> str | None:
+    """The sha256 of the raw bytes a file was collected as, rebuilt from its normalized text
+    (encoding, BOM, CRLF or CR line ends) and proven by its git blob id; None when no
+    rebuilding gives those bytes (mixed line ends)."""
+    codec = "utf-8" if encoding == "utf-8-sig" else encoding
+    for newline in ("\n", "\r\n", "\r"):
+        try:
+            body = text.replace("\n", newline).encode(codec)
+        except (UnicodeEncodeError, LookupError):
+            return None
+        data = _BOM.get(encoding, b"") + body
+        if len(data) == size and git_blob_sha(data) == blob_sha:
+            return hashlib.sha256(data).hexdigest()
+    return None
+
+
+def _raw_sha256s(table: pa.Table) -> list[str | None]:
+    """raw_sha256 per row; for a UTF-8 LF file its content hash, with no work."""
+    plain = pc.and_(
+        pc.equal(table["encoding"], "utf-8"),
+        pc.equal(pc.binary_length(table["text"]), table["size"]),
+    ).to_pylist()
+    out: list[str | None] = []
+    for i, same in enumerate(plain):
+        if same:
+            out.append(table["content_sha256"][i].as_py())
+            continue
+        out.append(
+            raw_sha256(
+                table["text"][i].as_py(),
+                table["encoding"][i].as_py(),
+                table["size"][i].as_py(),
+                table["blob_sha"][i].as_py(),
+            )
+        )
+    return out
+
+
+# near-dup signatures and the promotion check ----------------------------------------------
+
+
+def removed_signatures(texts: Sequence[str], config: DedupConfig) -> minhash.U64:
+    """MinHash signatures of the texts as dedup signs them (its lexer, shingle size, slots,
+    scheme and seed), shape (files, num_perm); a row of EMPTY_HASH has too few shingles."""
+    tokens = minhash.token_hashes(list(texts))
+    shingles = minhash.shingle_hashes(tokens, config.shingle_size)
+    if config.scheme == "affine64":
+        sig = minhash.signatures(shingles, *minhash.permutations(config.num_perm, config.seed))
+    else:
+        sig = minhash.one_permutation_signatures(shingles, config.num_perm, config.seed)
+    sig[np.diff(shingles.offsets) < config.min_shingles] = minhash.EMPTY_HASH
+    return sig
+
+
+@dataclass(frozen=True)
+class SnapshotFinding:
+    """A kept document that carries a removed file: the removed file itself (same source and
+    path) or its content are violations; another file that is a near duplicate is reported."""
+
+    removed: str  # "source_id:path" of the removed file, or the sha256 an entry named
+    entry: str  # the removals entry
+    kept: str  # "source_id:path" of the kept document
+    kind: str  # exact (same content hash) | near (signature) | same_path (other content)
+    similarity: float | None  # estimated Jaccard (1.0 for exact; None for same_path)
+    same_file: bool
+
+    @property
+    def violation(self) -> bool:
+        return self.same_file or self.kind == "exact"
+
+    @property
+    def why(self) -> str:
+        if self.same_file:
+            return f"{self.kept} was removed by {self.entry} and is in the snapshot"
+        if self.kind == "exact":
+            return (
+                f"{self.kept} has the content of {self.removed}, removed by {self.entry}; "
+                "remove it too (a sha256 entry removes every copy)"
+            )
+        return (
+            f"{self.kept} is another file, a near duplicate (estimated Jaccard "
+            f"{self.similarity:.2f}) of {self.removed}: entries name files or content, and "
+            "this file is neither, so it stays"
+        )
+
+
+def find_in_snapshot(
+    removed: pa.Table,
+    kept: pa.Table,
+    config: DedupConfig | None = None,
+    requested: Collection[str] = (),
+) -> list[SnapshotFinding]:
+    """Every kept document (source_id, path, text, and content_sha256 if known) that is a
+    removed file (REMOVED_FILES_SCHEMA rows, from every source), has its content hash or a
+    hash a sha256 entry named (`requested`), or is its near duplicate by signature: an LSH
+    band in common and an estimated Jaccard of at least the dedup threshold. Call it per
+    shard of the snapshot's documents and concatenate."""
+    config = config or DedupConfig.model_validate({})
+    if kept.num_rows == 0 or (removed.num_rows == 0 and not requested):
+        return []
+    keys = _keys(kept)
+    texts = kept["text"].to_pylist()
+    if "content_sha256" in kept.column_names:
+        hashes = kept["content_sha256"].to_pylist()
+    else:
+        hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
+    gone = _keys(removed)
+    entries = removed["entry"].to_pylist()
+    by_hash: dict[str, int] = {}
+    for column in ("content_sha256", "raw_sha256"):
+        for i, h in enumerate(removed[column].to_pylist()):
+            if h is not None:
+                by_hash.setdefault(h, i)
+    by_key = {k: i for i, k in enumerate(gone)}
+    findings: list[SnapshotFinding] = []
+    decided: set[int] = set()
+    for row, (key, h) in enumerate(zip(keys, hashes, strict=True)):
+        if h in by_hash:
+            i = by_hash[h]
+            findings.append(SnapshotFinding(gone[i], entries[i], key, "exact", 1.0, key == gone[i]))
+        elif h in requested:
+            findings.append(SnapshotFinding(h, f"sha256 {h}", key, "exact", 1.0, False))
+        elif key in by_key:
+            i = by_key[key]
+            findings.append(SnapshotFinding(gone[i], entries[i], key, "same_path", None, True))
+        else:
+            continue
+        decided.add(row)
+    for k, r, sim in _near_pairs(removed, texts, config):
+        if k not in decided:
+            findings.append(SnapshotFinding(gone[r], entries[r], keys[k], "near", sim, False))
+    return findings
+
+
+def _keys(table: pa.Table) -> list[str]:
+    return [
+        f"{s}:{p}"
+        for s, p in zip(table["source_id"].to_pylist(), table["path"].to_pylist(), strict=True)
+    ]
+
+
+def _near_pairs(
+    removed: pa.Table, texts: Sequence[str], config: DedupConfig
+) -> list[tuple[int, int, float]]:
+    """(kept row, removed row, estimated Jaccard) of the pairs that share an LSH band (as
+    dedup's candidates do) and clear the dedup threshold."""
+    if removed.num_rows == 0:
+        return []
+    gone = np.asarray(removed["signature"].to_pylist(), dtype=np.uint64).reshape(
+        removed.num_rows, -1
+    )
+    if gone.shape[1] != config.num_perm:
+        raise ValueError(
+            f"removed files were signed with {gone.shape[1]} slots, the dedup config has "
+            f"{config.num_perm}"
+        )
+    live = np.flatnonzero(~np.all(gone == minhash.EMPTY_HASH, axis=1))
+    if len(live) == 0:
+        return []
+    sig = removed_signatures(texts, config)
+    kept_live = ~np.all(sig == minhash.EMPTY_HASH, axis=1)
+    gone_bands = minhash.band_hashes(gone[live], config.bands, config.rows)
+    kept_bands = minhash.band_hashes(sig, config.bands, config.rows)
+    pairs: set[tuple[int, int]] = set()
+    for b in range(config.bands):
+        order = np.argsort(gone_bands[:, b], kind="stable")
+        column = gone_bands[order, b]
+        lo = np.searchsorted(column, kept_bands[:, b], side="left")
+        hi = np.searchsorted(column, kept_bands[:, b], side="right")
+        for k in np.flatnonzero((hi > lo) & kept_live).tolist():
+            pairs.update((k, int(live[j])) for j in order[lo[k] : hi[k]].tolist())
+    out = []
+    for k, r in sorted(pairs):
+        sim = float(minhash.estimated_jaccard(sig[k], gone[r]))
+        if sim >= config.threshold:
+            out.append((k, r, sim))
+    return out
+
+
+def violations(findings: Sequence[SnapshotFinding]) -> list[SnapshotFinding]:
+    """What fails the promotion check: a removed file, or removed content, in the snapshot."""
+    return [f for f in findings if f.violation]
+
+
+def remaining_near_duplicates(findings: Sequence[SnapshotFinding]) -> list[SnapshotFinding]:
+    """What the report lists: other files that are near duplicates of removed ones, and
+    stay, each with why (`SnapshotFinding.why`)."""
+    return [f for f in findings if not f.violation]
