@@ -242,3 +242,25 @@ EVERY_INPUT_ACCOUNTED = Check(
 
 def checks_of(stage: Stage) -> tuple[Check, ...]:
     return standard_checks(stage) + stage.checks
+
+
+class CheckFailed(Exception):
+    """A blocking check failed; the message names the stage, the check and the problem."""
+
+
+def run_all(ctx: StageContext, *, checks: bool = True) -> None:
+    """Every stage in registry order over every partition, each stage's blocking checks
+    right after it (the same work `megacpp run` has Dagster do, without Dagster)."""
+    for stage in ctx.registry:
+        partitions: list[str | None] = list(ctx.sources()) if stage.per_source else [None]
+        for _ in run_stage(ctx, stage, partitions):
+            pass
+        if not checks:
+            continue
+        for check in checks_of(stage):
+            for partition in partitions:
+                outcome = check.evaluate(ctx, stage, partition)
+                if not outcome.passed:
+                    raise CheckFailed(
+                        f"asset {stage.name} check {check.name} failed: {outcome.description}"
+                    )

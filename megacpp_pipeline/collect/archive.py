@@ -1,0 +1,204 @@
+"""Archive sources (zip, wheel, tar with gz/xz/bz2/zst): verified against their sha256
+before anything reads them, then read member by member in memory, never extracted, so
+`..`, absolute names, links and device files cannot reach the disk; bounded against bombs;
+members come out in path order whatever order the archive holds them in."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+
+from megacpp_pipeline.collect.source import (
+    CollectError,
+    Entry,
+    Scope,
+    SourceFiles,
+    safe_relpath,
+)
+from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.storage.versions import sha256_file
+
+
+def fetch_archive(uri: str, sha256: str, cache_dir: Path) -> Path:
+    """The local archive file, verified against its pin before anything reads it."""
+    if "://" in uri and not uri.startswith("file://"):
+        target = cache_dir / "archives" / f"{sha256[:16]}-{Path(uri).name}"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            with urllib.request.urlopen(uri, timeout=60) as r, tmp.open("wb") as f:
+                shutil.copyfileobj(r, f)
+            tmp.rename(target)
+        path = target
+    else:
+        path = Path(uri.removeprefix("file://"))
+    if not path.is_file():
+        raise CollectError(f"{uri}: archive not found")
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise CollectError(
+            f"{uri}: sha256 {actual} does not match the pinned {sha256}; refusing it"
+        )
+    return path
+
+
+class _Budget:
+    def __init__(self, limits: CollectLimits) -> None:
+        self.limits = limits
+        self.files = 0
+        self.bytes = 0
+
+    def refuse(self, size: int) -> str | None:
+        if self.files + 1 > self.limits.max_files:
+            return f"archive holds more than {self.limits.max_files} files"
+        if size > self.limits.max_file_bytes:
+            return f"{size} bytes uncompressed > max_file_bytes {self.limits.max_file_bytes}"
+        if self.bytes + size > self.limits.max_total_bytes:
+            return f"archive exceeds max_total_bytes {self.limits.max_total_bytes} uncompressed"
+        return None
+
+    def take(self, size: int) -> None:
+        self.files += 1
+        self.bytes += size
+
+
+def _zip_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[Entry]:
+    budget = _Budget(limits)
+    with zipfile.ZipFile(path) as zf:
+        for info in sorted(zf.infolist(), key=lambda i: i.filename):
+            if info.is_dir():
+                continue
+            rel = safe_relpath(info.filename)
+            if rel is None:
+                yield Entry(info.filename, None, DropReason.UNSAFE_PATH, "absolute or `..` name")
+                continue
+            rel2 = scope.relative(rel)
+            if rel2 is None:
+                continue
+            mode = info.external_attr >> 16
+            if stat.S_ISLNK(mode):
+                yield Entry(rel2, None, DropReason.SYMLINK, "symlinks are never followed")
+                continue
+            if (drop := scope.classify(rel2)) is not None:
+                yield drop
+                continue
+            ratio = info.file_size / max(info.compress_size, 1)
+            if ratio > limits.max_compression_ratio and info.file_size > 1 << 20:
+                yield Entry(
+                    rel2, None, DropReason.ARCHIVE_LIMIT, f"compression ratio {ratio:.0f} (bomb?)"
+                )
+                continue
+            if (why := budget.refuse(info.file_size)) is not None:
+                yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, why)
+                continue
+            try:
+                with zf.open(info) as f:
+                    data = f.read(limits.max_file_bytes + 1)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
+                # one corrupt member (bad CRC: its header lies about size or content, or an
+                # unsupported method) is that file's problem, not the whole source's
+                yield Entry(rel2, None, DropReason.UNREADABLE, f"corrupt zip member: {err}")
+                continue
+            if len(data) > limits.max_file_bytes:  # the header lied about the size
+                yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, "larger than its header says")
+                continue
+            budget.take(len(data))
+            yield Entry(rel2, data)
+
+
+def _open_tar(path: Path) -> tarfile.TarFile:
+    name = path.name.lower()
+    if name.endswith((".tar.zst", ".tzst", ".tar.zstd")):
+        import zstandard
+
+        raw = path.open("rb")
+        stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
+    return tarfile.open(path, mode="r|*")
+
+
+def _tar_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[Entry]:
+    budget = _Budget(limits)
+    with _open_tar(path) as tf:
+        for member in tf:
+            if member.isdir():
+                continue
+            rel = safe_relpath(member.name)
+            if rel is None:
+                yield Entry(member.name, None, DropReason.UNSAFE_PATH, "absolute or `..` name")
+                continue
+            rel2 = scope.relative(rel)
+            if rel2 is None:
+                continue
+            if member.issym() or member.islnk():
+                target = safe_relpath(str(PurePosixPath(rel).parent / member.linkname))
+                link_why = "link leaves the root" if target is None else "links are never followed"
+                reason = DropReason.UNSAFE_PATH if target is None else DropReason.SYMLINK
+                yield Entry(rel2, None, reason, link_why)
+                continue
+            if not member.isreg():
+                yield Entry(rel2, None, DropReason.UNSAFE_PATH, "device, fifo or special file")
+                continue
+            if (drop := scope.classify(rel2)) is not None:
+                yield drop
+                continue
+            if (why := budget.refuse(member.size)) is not None:
+                yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, why)
+                continue
+            f = tf.extractfile(member)
+            data = f.read(limits.max_file_bytes + 1) if f else b""
+            budget.take(len(data))
+            yield Entry(rel2, data)
+
+
+def archive_source(
+    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, limits: CollectLimits
+) -> SourceFiles:
+    assert spec.sha256 is not None
+    path = fetch_archive(uri, spec.sha256, cache_dir)
+    name = path.name.lower()
+    if name.endswith((".zip", ".whl")):
+        reader = _zip_entries
+    elif re.search(r"\.(tar|tar\.gz|tgz|tar\.xz|txz|tar\.bz2|tar\.zst|tzst|tar\.zstd)$", name):
+        reader = _tar_entries
+    else:
+        raise CollectError(f"{uri}: unknown archive type (zip, whl, tar, tar.gz/xz/zst)")
+    return SourceFiles(
+        revision=spec.sha256, entries=lambda: _canonical_order(reader(path, scope, limits))
+    )
+
+
+def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
+    """Archive members in path order, as dedup requires (a tar lists members in whatever
+    order it was written). Contents wait in an unlinked temporary file, so memory holds
+    only names. A name that occurs twice is ambiguous: every copy is dropped."""
+    with tempfile.TemporaryFile(prefix="megacpp-collect-") as spool:
+        index: list[tuple[str, int, Entry, int, int]] = []
+        for seq, entry in enumerate(entries):
+            offset = spool.tell()
+            if entry.content is not None:
+                spool.write(entry.content)
+            size = len(entry.content) if entry.content is not None else -1
+            index.append((entry.path, seq, replace(entry, content=None), offset, size))
+        index.sort(key=lambda item: (item[0], item[1]))
+        names = Counter(path for path, _, e, _, size in index if size >= 0)
+        for path, _, entry, offset, size in index:
+            if size < 0:
+                yield entry
+            elif names[path] > 1:
+                why = f"{names[path]} members share this name; which one is meant is ambiguous"
+                yield Entry(path, None, DropReason.UNSAFE_PATH, why)
+            else:
+                spool.seek(offset)
+                yield replace(entry, content=spool.read(size))
