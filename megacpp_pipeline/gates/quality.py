@@ -33,33 +33,33 @@ class QualityConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # OpenCoder: more than one `main` definition (several programs pasted in one file).
-    max_main_definitions: int = Field(1, ge=1)
+    max_main_definitions: int = Field(default=1, ge=1)
     # OpenCoder: > 80% preprocessor lines. As published it drops 20% of Boost, 10% of libc++
     # and 11% of nlohmann (forwarding, config and macro-library headers are all directives),
     # so it judges only long files: a short all-directive header is normal.
-    max_preprocessor_fraction: float = Field(0.8, ge=0, le=1)
-    preprocessor_min_code_lines: int = Field(500, ge=0)
+    max_preprocessor_fraction: float = Field(default=0.8, ge=0, le=1)
+    preprocessor_min_code_lines: int = Field(default=500, ge=0)
     # OpenCoder: > 40% print lines (printf, puts, std::cout <<, fmt::print, LOG(...)).
-    max_print_fraction: float = Field(0.4, ge=0, le=1)
+    max_print_fraction: float = Field(default=0.4, ge=0, le=1)
     # Lines with no name on them: only braces, punctuation and literals. Library headers
     # stay under 0.6 but for pure tables (primes, Sobol direction numbers).
-    max_no_logic_fraction: float = Field(0.85, ge=0, le=1)
+    max_no_logic_fraction: float = Field(default=0.85, ge=0, le=1)
     # OpenCoder's duplicated 5-gram character fraction (0.8), counted as the share of code
     # characters inside a whitespace-word 5-gram seen earlier in the same file. At 0.8 it
     # drops hand-written libc++ headers (<limits>, <codecvt> measure 0.82); above 0.85 are
     # Boost's preprocessed / arity-expanded files, the repetition the rule is meant for.
-    max_repeated_5gram_fraction: float = Field(0.85, ge=0, le=1)
+    max_repeated_5gram_fraction: float = Field(default=0.85, ge=0, le=1)
     # Embedded blobs: numeric arrays (8+ comma-separated literals), \x / octal / \u escape
     # runs and base64-like runs of 64+ characters, as StarCoder's encoded-data filter. A file
     # is dropped when such data is most of it and at least StarCoder's 1024 characters.
-    max_data_fraction: float = Field(0.85, ge=0, le=1)
-    min_data_chars: int = Field(1024, ge=0)
+    max_data_fraction: float = Field(default=0.85, ge=0, le=1)
+    min_data_chars: int = Field(default=1024, ge=0)
     # StarCoder keeps comment/characters in [0.01, 0.8]. The lower bound is off: 0.01 drops
     # 17% of pythran's own headers (no comment, not even a licence line). The upper bound
     # at 0.8 drops documented headers (Beast, libc++'s synopsis headers); 0.95 keeps them
     # and drops files that are nearly all comment.
-    min_comment_ratio: float = Field(0.0, ge=0, le=1)
-    max_comment_ratio: float = Field(0.95, ge=0, le=1)
+    min_comment_ratio: float = Field(default=0.0, ge=0, le=1)
+    max_comment_ratio: float = Field(default=0.95, ge=0, le=1)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> QualityConfig:
@@ -280,11 +280,6 @@ def measure(texts: pa.Array) -> QualityMeasures:
     code = cpp_text.without_comments(texts)
     code_bytes = cpp_text.byte_lengths(code)
     code_lines, preprocessor_lines = _line_counts(code, n)
-    mains = np.zeros(n, dtype=np.int64)
-    named_main = np.flatnonzero(_np_bool(pc.match_substring(code, "main")))
-    if len(named_main):
-        subset = code.take(pa.array(named_main, pa.int64()))
-        mains[named_main] = cpp_text.regex_counts(subset, _MAIN_DEFINITION)
     data_free = pc.replace_substring_regex(code, _DATA, "")
     word_bytes, repeated = _repeated_ngram_bytes(code, n)
     return QualityMeasures(
@@ -294,7 +289,7 @@ def measure(texts: pa.Array) -> QualityMeasures:
         preprocessor_lines=preprocessor_lines,
         print_lines=cpp_text.regex_counts(code, _PRINT_LINE),
         no_logic_lines=cpp_text.regex_counts(code, _NO_LOGIC_LINE),
-        main_definitions=mains,
+        main_definitions=cpp_text.regex_counts(code, _MAIN_DEFINITION),
         data_bytes=code_bytes - cpp_text.byte_lengths(data_free),
         word_bytes=word_bytes,
         repeated_5gram_bytes=repeated,
