@@ -332,7 +332,8 @@ def _repeated_ngram_bytes(code: pa.Array, n: int) -> tuple[np.ndarray, np.ndarra
         return word_bytes, np.zeros(n, dtype=np.int64)
     # a 64-bit key per n-gram: polars hashes the words (one vectorized pass), the n-gram
     # mixes its five word hashes and its file's index, so equal n-grams of two files differ
-    word_hash = pl.Series("word", flat).hash(seed=0).to_numpy()
+    # (polars takes string_view without copying; Arrow's cast to it is the cheaper copy)
+    word_hash = pl.Series("word", flat.cast(pa.string_view())).hash(seed=0).to_numpy()
     keys = word_hash[:starts].copy()
     for k in range(1, _NGRAM):
         keys *= _MIX
