@@ -21,6 +21,8 @@ headers at a small fraction of the cost.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import posixpath
 import re
 from collections import Counter
@@ -121,6 +123,13 @@ class Siblings:
 
     def lean(self, path: str) -> Language | None:
         return self.by_directory.get(posixpath.dirname(path), self.source)
+
+    def fingerprint(self) -> str:
+        """A stable digest of the leans: what, besides a row, decides its language (a
+        result cache keyed by path and content needs it in its salt)."""
+        leans = sorted((d, lean.value) for d, lean in self.by_directory.items())
+        text = json.dumps([self.source.value if self.source else None, leans])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def run(

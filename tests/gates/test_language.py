@@ -254,6 +254,14 @@ def test_siblings_built_once_give_the_same_result_as_the_path_list() -> None:
     assert from_paths.kept.equals(from_siblings.kept)
 
 
+def test_the_siblings_fingerprint_changes_exactly_when_a_lean_changes() -> None:
+    config = LanguageConfig()
+    base = Siblings.of(["lib/a.c", "lib/b.h", "src/x.cpp"], config)
+    same = Siblings.of(["src/x.cpp", "lib/a.c", "lib/c.h", "src/y.cc"], config)
+    flipped = Siblings.of(["lib/a.cpp", "lib/b.h", "src/x.cpp"], config)
+    assert base.fingerprint() == same.fingerprint() != flipped.fingerprint()
+
+
 def test_config_rejects_unknown_fields_and_undotted_extensions() -> None:
     with pytest.raises(ValidationError, match="keep_cc"):
         LanguageConfig(keep_cc=True)  # type: ignore[call-arg]
