@@ -71,7 +71,7 @@ def slice_bounds(sizes: np.ndarray, parts: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in itertools.pairwise(cuts) if hi > lo]
 
 
-def _worker_init() -> None:
+def worker_init() -> None:
     # A fork inherits the parent's Python signal handlers (Dagster's defer SIGTERM and
     # SIGINT to a safe point that a worker never reaches): restore the defaults so that
     # terminating the pool really ends its workers.
@@ -132,7 +132,7 @@ class ParallelGate:
         _GATE, _TABLE = self.gate, table
         try:
             ctx = multiprocessing.get_context("fork")
-            pool = ctx.Pool(min(self.workers, len(bounds)), initializer=_worker_init)
+            pool = ctx.Pool(min(self.workers, len(bounds)), initializer=worker_init)
             try:
                 parts = pool.map(_run_slice, bounds, chunksize=1)
                 pool.close()  # workers finish and exit on their own; no signals needed

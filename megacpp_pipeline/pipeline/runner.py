@@ -10,8 +10,10 @@ whose stats say 0 files in, 0 kept, 0 dropped, and its checks pass.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -19,8 +21,9 @@ import pyarrow as pa
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
-from megacpp_pipeline.pipeline.parallel import parallel
+from megacpp_pipeline.pipeline.parallel import default_workers, parallel, worker_init
 from megacpp_pipeline.pipeline.registry import (
+    Body,
     Check,
     CheckOutcome,
     Markdown,
@@ -38,11 +41,51 @@ ACCOUNTING_STATS = ("input_files", "kept_files", "dropped_files", "cached_files"
 def run_stage(
     ctx: StageContext, stage: Stage, partitions: Sequence[str | None]
 ) -> Iterator[Materialized]:
-    """Materialize `stage` for each partition in turn (a source id, or None for a global
-    stage), yielding what each one reports."""
+    """Materialize `stage` for each partition (a source id, or None for a global stage),
+    yielding what each one reports, in partition order. Many sources of a per-source stage
+    run on every core, a source to a forked worker (each source's gate then runs inline);
+    a few sources run one after the other, each on every core shard by shard."""
     body = stage.body or run_file_partition
+    workers = ctx.workers if ctx.workers is not None else default_workers()
+    if stage.per_source and workers > 1 and len(partitions) >= SOURCES_PER_WORKER * workers:
+        yield from _run_sources_forked(ctx, stage, body, partitions, workers)
+        return
     for partition in partitions:
         yield body(ctx, stage, partition)
+
+
+# Below this many sources per worker, one source at a time on every core is as fast.
+SOURCES_PER_WORKER = 4
+_JOB: tuple[StageContext, Stage, Body] | None = None  # set in the parent right before a fork
+
+
+def _run_sources_forked(
+    ctx: StageContext, stage: Stage, body: Body, partitions: Sequence[str | None], workers: int
+) -> Iterator[Materialized]:
+    global _JOB
+    _JOB = (replace(ctx, workers=1), stage, body)
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_init)
+        try:
+            for done, messages in pool.imap(_run_one_source, partitions, chunksize=1):
+                for message in messages:
+                    ctx.log(message)
+                yield done
+            pool.close()
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
+    finally:
+        _JOB = None
+
+
+def _run_one_source(partition: str | None) -> tuple[Materialized, list[str]]:
+    assert _JOB is not None, "worker started without a fork"
+    ctx, stage, body = _JOB
+    messages: list[str] = []
+    return body(replace(ctx, log=messages.append), stage, partition), messages
 
 
 # per-file stages ------------------------------------------------------------------------

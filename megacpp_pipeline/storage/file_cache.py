@@ -3,14 +3,15 @@ config hash, source, path, input content hash), so a nightly refresh in which 1%
 changed recomputes about 1% of the per-file work. A config or code-version change moves the
 stage to a new namespace: it invalidates exactly that stage's entries.
 
-Entries are parquet files (kept rows, ledger rows and side-table rows, each with a `_key`
-column) written atomically under <root>/<stage>/<namespace>/; a crash leaves at worst an
+Entries are Arrow IPC files (kept rows, ledger rows and side-table rows, each with a `_key`
+column) written atomically under <root>/<stage>/<namespace>/<source>/; a crash leaves at worst an
 unreferenced `.tmp`, never a half entry.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -19,10 +20,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.storage.versions import write_parquet_atomic
 
 KEY = "_key"
 
@@ -57,11 +56,11 @@ class FileResultCache:
     def _load_index(self) -> dict[str, Path]:
         if self._index is None:
             index: dict[str, Path] = {}
-            for part in sorted(self.dir.glob("e-*.parquet")):
+            for part in sorted(self.dir.glob(f"e-*{_SUFFIX}")):
                 if part.name.count(".") != 1:
                     continue  # a part; only an entry's index file (written last) counts
                 try:
-                    keys = pq.read_table(part, columns=[KEY])[KEY].to_pylist()
+                    keys = _read(part)[KEY].to_pylist()
                 except (OSError, pa.ArrowInvalid):
                     continue  # an unreadable entry is a miss, never an error
                 for key in keys:
@@ -77,13 +76,13 @@ class FileResultCache:
         """Cached rows of `kind` (kept, dropped or a side table) for these keys."""
         index = self._load_index()
         parts = sorted(
-            {index[k].parent / f"{index[k].stem.split('.')[0]}.{kind}.parquet" for k in keys}
+            {index[k].parent / f"{index[k].stem.split('.')[0]}.{kind}{_SUFFIX}" for k in keys}
         )
         wanted = pa.array(keys, pa.string())
         tables = []
         for part in parts:
             if part.exists():
-                t = pq.read_table(part)
+                t = _read(part)
                 tables.append(t.filter(pc.is_in(t[KEY], value_set=wanted)))
         if not tables:
             return None
@@ -95,14 +94,30 @@ class FileResultCache:
         tables = {"kept": result.kept, "dropped": result.dropped, **result.extra}
         for kind, table in tables.items():
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
-            write_parquet_atomic(keyed, self.dir / f"{entry}.{kind}.parquet")
+            _write(keyed, self.dir / f"{entry}.{kind}{_SUFFIX}")
         # the index file is written last: an entry exists only once all its parts do
-        write_parquet_atomic(
-            pa.table({KEY: pa.array(keys, pa.string())}), self.dir / f"{entry}.parquet"
-        )
+        _write(pa.table({KEY: pa.array(keys, pa.string())}), self.dir / f"{entry}{_SUFFIX}")
         if self._index is not None:
             for key in keys:
-                self._index.setdefault(key, self.dir / f"{entry}.parquet")
+                self._index.setdefault(key, self.dir / f"{entry}{_SUFFIX}")
+
+
+# Entries are Arrow IPC files: local scratch that is written once and read whole, where
+# parquet's encoding and compression cost more than they save (a few ms an entry, and a
+# stage writes one entry per shard per source).
+_SUFFIX = ".arrow"
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def cached_gate_call(

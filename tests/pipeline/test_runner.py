@@ -131,3 +131,37 @@ def test_a_second_run_takes_every_file_from_the_cache_with_identical_output(tmp_
     assert [s.sha256 for s in second.tables["data"].shards] == [
         s.sha256 for s in first.tables["data"].shards
     ]
+
+
+def test_many_sources_on_forked_workers_write_the_same_versions_as_one_by_one(
+    tmp_path: Path,
+) -> None:
+    def catalog_of(root: Path, n: int) -> StageContext:
+        lines = ["snapshot: t", "sources:"]
+        for i in range(n):
+            tree = root / f"tree{i}"
+            tree.mkdir(parents=True)
+            (tree / "a.hpp").write_text(HEADER.replace("twice", f"twice{i}"))
+            (tree / "b.hpp").write_text(HEADER.replace("twice", f"thrice{i}"))
+            lines.append(f"  - {{id: s{i}, kind: dir, uri: {tree}}}")
+        (root / "sources.yaml").write_text("\n".join(lines) + "\n")
+        return StageContext(
+            load_catalog(root / "sources.yaml"),
+            ShardStore(str(root / "data")),
+            default_registry(),
+            root / "cache",
+        )
+
+    serial, forked = catalog_of(tmp_path / "a", 9), catalog_of(tmp_path / "b", 9)
+    serial.workers, forked.workers = 1, 2
+    logs: list[str] = []
+    forked.log = logs.append
+    for ctx in (serial, forked):
+        _run(ctx, "source_catalog", "raw_files", "normalized_files")
+    for i in range(9):
+        a = serial.store.latest("normalized_files", f"s{i}")
+        b = forked.store.latest("normalized_files", f"s{i}")
+        assert [s.sha256 for s in a.tables["data"].shards] == [
+            s.sha256 for s in b.tables["data"].shards
+        ]
+    assert sum("normalized_files [s" in m for m in logs) == 9  # the workers' lines reach the log
