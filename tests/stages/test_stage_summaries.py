@@ -1,0 +1,112 @@
+"""What the stages compute beyond calling a gate, as plain functions: licence decision
+counts, chunk-kind bytes and coverage, global doc ids, span problems, the inputs outside a
+file that decide its licence."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.ledger import DropReason, drops
+from megacpp_pipeline.gates.enrich import CHUNK_KINDS
+from megacpp_pipeline.stages.enrich import kind_bytes, kind_coverage, span_problems
+from megacpp_pipeline.stages.license import decision_counts, inputs_outside_the_file
+from megacpp_pipeline.stages.packing import with_doc_ids
+
+
+def test_decision_counts_cover_kept_and_dropped_files_with_their_licence_sources() -> None:
+    kept = pa.table(
+        {
+            "license_source": ["file", "file", "repo-declared"],
+            "license_expression": ["MIT", "BSL-1.0", None],
+        }
+    )
+    dropped = drops(
+        ["s", "s", "s"],
+        ["a.h", "b.h", "c.h"],
+        [DropReason.LICENSE_DENIED, DropReason.LICENSE_INVALID, DropReason.LICENSE_UNKNOWN],
+        details=["file: GPL-3.0-only is not allowed", "reuse: NotALicense", None],
+        license_expressions=["GPL-3.0-only", "NotALicense", None],
+    )
+    counts = decision_counts(GateResult(kept=kept, dropped=dropped))
+    assert counts == {
+        "decision:allowed": 3,
+        "decision:denied": 1,
+        "decision:invalid": 1,
+        "decision:unknown": 1,
+        "source:file": 3,
+        "source:repo-declared": 1,
+        "source:reuse": 1,
+        "source:none": 1,
+        "expr:MIT": 1,
+        "expr:BSL-1.0": 1,
+        "expr:GPL-3.0-only": 1,
+        "expr:NotALicense": 1,
+    }
+
+
+def test_the_licence_salt_moves_with_the_declared_licence_and_any_reuse_file() -> None:
+    base = inputs_outside_the_file("MIT", {"REUSE.toml": b"version = 1\n"})
+    assert base == inputs_outside_the_file("MIT", {"REUSE.toml": b"version = 1\n"})
+    assert base != inputs_outside_the_file("BSD-3-Clause", {"REUSE.toml": b"version = 1\n"})
+    assert base != inputs_outside_the_file("MIT", {"REUSE.toml": b"version = 2\n"})
+    assert base != inputs_outside_the_file("MIT", {})
+
+
+def _spans(rows: list[tuple[str, list[tuple[int, int, int]]]]) -> pa.Table:
+    return pa.table(
+        {
+            "path": [p for p, _ in rows],
+            "text": ["x" * 100 for _ in rows],
+            "chunk_starts": pa.array(
+                [[s for s, _, _ in spans] for _, spans in rows], pa.list_(pa.int32())
+            ),
+            "chunk_ends": pa.array(
+                [[e for _, e, _ in spans] for _, spans in rows], pa.list_(pa.int32())
+            ),
+            "chunk_kinds": pa.array(
+                [[k for _, _, k in spans] for _, spans in rows], pa.list_(pa.uint8())
+            ),
+            "structure_source": ["syntax"] * len(rows),
+            "build_context": pa.nulls(
+                len(rows), pa.struct([pa.field("include_roots", pa.list_(pa.string()))])
+            ),
+        }
+    )
+
+
+def test_kind_bytes_sums_span_lengths_per_kind_and_files_per_structure_source() -> None:
+    body, comment = CHUNK_KINDS["func_body"], CHUNK_KINDS["comment"]
+    table = _spans([("a.h", [(0, 10, body), (10, 15, comment)]), ("b.h", [(0, 30, body)])])
+    counts = kind_bytes(GateResult(kept=table))
+    assert counts == {
+        "kind_bytes:func_body": 40,
+        "kind_bytes:comment": 5,
+        "structure_source:syntax": 2,
+    }
+    coverage = kind_coverage(counts)
+    assert coverage.splitlines()[2] == "| func_body | 40 | 88.9% |"
+    assert kind_bytes(GateResult(kept=table.slice(0, 0))) == {}
+
+
+def test_span_problems_name_each_file_with_a_span_outside_its_text() -> None:
+    body = CHUNK_KINDS["func_body"]
+    table = _spans(
+        [("ok.h", [(0, 100, body)]), ("past.h", [(90, 101, body)]), ("back.h", [(20, 10, body)])]
+    )
+    assert span_problems(table) == [
+        "past.h: a chunk span lies outside the text",
+        "back.h: a chunk span lies outside the text",
+    ]
+
+
+def test_doc_ids_number_documents_across_tables_in_order_and_skip_nothing() -> None:
+    tables = [
+        pa.table({"path": ["a", "b"]}),
+        pa.table({"path": pa.array([], pa.string())}),
+        pa.table({"path": ["c"]}),
+    ]
+    out = list(with_doc_ids(tables))
+    assert [t["doc_id"].to_pylist() for t in out] == [[0, 1], [], [2]]
+    assert out[0].schema.field("doc_id").type == pa.int32()
+    assert [t["doc_id"].to_pylist() for t in with_doc_ids(tables, first=10)] == [[10, 11], [], [12]]
