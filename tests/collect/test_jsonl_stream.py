@@ -133,11 +133,25 @@ def run_converter(input_path: Path, out_dir: Path, *args: str, **env: str):
     )
 
 
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
+HANG_GUARD_S = 60.0  # only a hung converter or writer makes a wait this long
+# --idle-timeout where a test needs the stream to end on its own. Idle means no growth this
+# long, so it must dwarf how long a converter on a loaded machine takes to act on a line.
+END_OF_STREAM_S = 3.0
+
+
+def wait_for(predicate, hang_guard_s: float = HANG_GUARD_S) -> None:
+    """Poll until `predicate` holds: what another process does shows up in files, which
+    have no event to wait on. The guard only turns a hang into a failure."""
+    deadline = time.monotonic() + hang_guard_s
     while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
+        assert time.monotonic() < deadline, f"hang guard: condition not met in {hang_guard_s} s"
         time.sleep(0.02)
+
+
+def train_shards_committed(out_dir: Path) -> int:
+    """Train shards the converter's resume state vouches for (the file is replaced whole)."""
+    state = out_dir / STATE_FILE
+    return len(json.loads(state.read_text())["train"]) if state.exists() else 0
 
 
 # --------------------------------------------------------------------------- in-process
@@ -353,11 +367,11 @@ def test_torn_line_being_written_is_only_ingested_once_its_newline_arrives(tmp_p
     with open(src, "ab") as f:
         f.write(fourth[:50])
     proc = start_converter(src, tmp_path / "out", "--rows-per-file", "3", "--follow",
-                           "--idle-timeout", "2", "--poll-interval", "0.02")  # fmt: skip
-    # The first shard is written only after the converter has read everything there is,
-    # including the half line; then the rest of the line arrives.
+                           "--idle-timeout", str(END_OF_STREAM_S),
+                           "--poll-interval", "0.02")  # fmt: skip
+    # The first shard is written only after the converter's first read, which took
+    # everything there was, the half line included; only then does the rest of it arrive.
     wait_for(lambda: (tmp_path / "out" / "train" / "part-00000.parquet").exists())
-    time.sleep(0.2)
     with open(src, "ab") as f:
         f.write(fourth[50:])
     _, err = proc.communicate(timeout=60)
@@ -370,19 +384,26 @@ def test_torn_line_being_written_is_only_ingested_once_its_newline_arrives(tmp_p
 def test_no_complete_marker_until_the_input_has_been_idle_for_the_timeout(tmp_path):
     src = tmp_path / "corpus.jsonl"
     src.write_bytes(b"")
-    proc = start_converter(src, tmp_path / "out", "--rows-per-file", "2", "--follow",
-                           "--idle-timeout", "2", "--poll-interval", "0.05")  # fmt: skip
+    out = tmp_path / "out"
+    # one row per shard: a line's shard on disk shows the converter has read that line
+    proc = start_converter(src, out, "--rows-per-file", "1", "--follow",
+                           "--idle-timeout", str(END_OF_STREAM_S),
+                           "--poll-interval", "0.05")  # fmt: skip
     for i in range(6):
+        last_growth = time.monotonic()  # taken before the write: the converter sees it after
         with open(src, "ab") as f:
             f.write(jsonl_line(cpp_record(i)))
-        time.sleep(0.3)
-        assert proc.poll() is None
-        assert not (tmp_path / "out" / COMPLETE_FILE).exists()
-        assert not (tmp_path / "out" / MANIFEST_FILE).exists()
-    _, err = proc.communicate(timeout=60)
+        shard = out / "train" / f"part-{i:05d}.parquet"
+        wait_for(lambda shard=shard: shard.exists() or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()
+        assert not (out / COMPLETE_FILE).exists()
+        assert not (out / MANIFEST_FILE).exists()
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 0, err
-    assert (tmp_path / "out" / COMPLETE_FILE).exists()
-    assert shard_rows(tmp_path / "out") == expected_rows(src)
+    # the idle clock restarted at the last growth: the stream ended no sooner than that
+    assert time.monotonic() - last_growth >= END_OF_STREAM_S
+    assert (out / COMPLETE_FILE).exists()
+    assert shard_rows(out) == expected_rows(src)
 
 
 CRASH_POINTS = [
@@ -431,10 +452,12 @@ def test_sigkill_at_each_commit_step_resumes_to_the_uninterrupted_result(tmp_pat
 
 WRITER = r"""
 import json, random, sys, time
-path, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, n, seed, held = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(seed)
 with open(path, "ab", buffering=0) as f:
     for i in range(n):
+        if i == n - held:
+            sys.stdin.read()  # the last records wait until the test closes our stdin
         body = "int f%d() { return %d; }  // %s\n" % (i, i, "\u00e9" * rng.randrange(40))
         line = json.dumps({"path": "w/%05d.cc" % i, "content": body * rng.randrange(1, 4),
                            "license": "MIT" if i % 2 else None}, ensure_ascii=False)
@@ -451,6 +474,13 @@ with open(path, "ab", buffering=0) as f:
 
 
 def run_writer_and_killed_follower(tmp_path: Path, seed: int, kills: int, records: int) -> None:
+    """A writer appends while followers are SIGKILLed one after another, each once it has
+    committed a random number (0-3) of new shards; a last follower then sees the stream end.
+
+    The writer holds its last quarter of records back until every kill is done, so a killed
+    follower always has new lines to commit; killed followers never idle out (they are
+    killed first), and only the last one ends the stream, END_OF_STREAM_S after the writer.
+    """
     rng = random.Random(seed)
     src = tmp_path / "stream.jsonl"
     src.write_bytes(b"")
@@ -458,24 +488,41 @@ def run_writer_and_killed_follower(tmp_path: Path, seed: int, kills: int, record
     script.write_text(WRITER)
     out = tmp_path / "out"
     args = ("--rows-per-file", "7", "--validation-rows", "5", "--follow",
-            "--idle-timeout", "1.5", "--poll-interval", "0.02")  # fmt: skip
-    writer = subprocess.Popen([sys.executable, str(script), str(src), str(records), str(seed)])
+            "--poll-interval", "0.02")  # fmt: skip
+    held = records // 4
+    writer = subprocess.Popen(
+        [sys.executable, str(script), str(src), str(records), str(seed), str(held)],
+        stdin=subprocess.PIPE,
+    )
+    converters: list[subprocess.Popen] = []
     try:
         for _ in range(kills):
-            converter = start_converter(src, out, *args)
-            time.sleep(rng.uniform(0.3, 1.2))
+            target = train_shards_committed(out) + rng.randint(0, 3)
+            converter = start_converter(src, out, *args, "--idle-timeout", str(HANG_GUARD_S))
+            converters.append(converter)
+            wait_for(
+                lambda c=converter, t=target: (
+                    train_shards_committed(out) >= t or c.poll() is not None
+                )
+            )
             assert converter.poll() is None, converter.communicate()
             converter.send_signal(signal.SIGKILL)
             converter.wait()
             assert not (out / COMPLETE_FILE).exists()
-        final = start_converter(src, out, *args)
-        writer.wait(timeout=120)
+        final = start_converter(src, out, *args, "--idle-timeout", str(END_OF_STREAM_S))
+        converters.append(final)
+        assert writer.stdin is not None
+        writer.stdin.close()  # the held-back records follow while the last follower runs
+        writer.wait(timeout=HANG_GUARD_S)
         assert writer.returncode == 0
-        _, err = final.communicate(timeout=120)
+        _, err = final.communicate(timeout=HANG_GUARD_S)
         assert final.returncode == 0, err
     finally:
-        writer.kill()
-        writer.wait()
+        if writer.stdin is not None:
+            writer.stdin.close()
+        for process in [writer, *converters]:
+            process.kill()
+            process.wait()
     rows = shard_rows(out)
     assert (out / COMPLETE_FILE).exists()
     assert [r[0] for r in rows] == [f"w/{i:05d}.cc" for i in range(records)]
