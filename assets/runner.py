@@ -249,6 +249,8 @@ def failures(result: Any) -> list[str]:
     for ev in result.all_events:
         if ev.event_type_value == "STEP_FAILURE":
             err = ev.step_failure_data.error if ev.step_failure_data else None
+            if err and err.cls_name == "DagsterAssetCheckFailedError":
+                continue  # a blocking check that failed: its evaluation is reported above
             msg = err.message.strip().splitlines()[-1] if err and err.message else "failed"
             if err and err.cause and err.cause.message:
                 msg = err.cause.message.strip().splitlines()[-1]

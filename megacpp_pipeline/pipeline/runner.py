@@ -307,3 +307,56 @@ def run_all(ctx: StageContext, *, checks: bool = True) -> None:
                     raise CheckFailed(
                         f"asset {stage.name} check {check.name} failed: {outcome.description}"
                     )
+
+
+def corpus_funnel(
+    ctx: StageContext, upto: str | None = None
+) -> tuple[int, list[tuple[str, str, int]]]:
+    """Files collected over every source, and the drops of every ledger stage (up to and
+    including `upto`) by reason, from the versions' stats alone (no ledger is read)."""
+    collected = 0
+    drops: list[tuple[str, str, int]] = []
+    for name in ctx.registry.ledger_stages():
+        stage = ctx.registry.get(name)
+        partitions: list[str | None] = list(ctx.sources()) if stage.per_source else [None]
+        counts: Counter[str] = Counter()
+        for partition in partitions:
+            if not ctx.store.has_version(name, partition):
+                continue
+            stats = ctx.store.latest(name, partition).stats
+            if name == ctx.registry.ledger_stages()[0]:
+                collected += int(stats.get("files_seen", 0))
+            counts.update({k: int(v) for k, v in stats.items() if k.startswith("ledger:")})
+        drops += [(name, k.removeprefix("ledger:"), n) for k, n in sorted(counts.items()) if n]
+        if name == upto:
+            break
+    return collected, drops
+
+
+def nothing_left(ctx: StageContext, upto: str) -> str:
+    """The one line that says a corpus has nothing left, where it went, and where to read
+    the ledgers."""
+    collected, drops = corpus_funnel(ctx, upto)
+    where = "; ".join(f"{stage}: {n} {reason}" for stage, reason, n in drops) or "none dropped"
+    return (
+        f"nothing left to promote: none of the {collected} collected files is left after "
+        f"{upto} ({where}); every file's reason is in the ledgers under "
+        f"{ctx.store.join('assets')}/<stage>/<source>/"
+    )
+
+
+def _some_file_is_left(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
+    manifest = ctx.store.latest(stage.name, None)
+    return CheckOutcome(
+        passed=manifest.rows > 0,
+        metadata={"files_left": manifest.rows},
+        description=None if manifest.rows else nothing_left(ctx, stage.name),
+    )
+
+
+SOME_FILE_IS_LEFT = Check(
+    "some_file_is_left",
+    "The corpus still holds at least one file; with none, the run stops here with the reason "
+    "of every drop instead of training a tokenizer or packing rows on nothing.",
+    _some_file_is_left,
+)

@@ -70,6 +70,8 @@ class ReportInputs:
     chunk_kind_bytes: Mapping[str, float] | None = None  # None or {}: counted from the rows
     packing_telemetry: Mapping[str, Any] | None = None
     stages: Sequence[str] = ()  # the pipeline's stage order (the registry's), for the funnel
+    # every operational source, catalog order: one with nothing collected is listed too
+    sources: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,65 @@ def ledger_funnel(ledger: pa.Table, stages: Sequence[str] = ()) -> Funnel:
         stages=stages,
         drops=drops,
     )
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """One source's line in the report: what was collected, what became documents, and the
+    main reasons for the rest."""
+
+    source: str
+    collected: int
+    documents: int
+    tokens: int
+    why: str  # the top drop reasons, "stage: reason count; ..."
+
+
+def source_rows(
+    ledger: pa.Table, documents: pa.Table, sources: Sequence[str] = (), top: int = 3
+) -> list[SourceRow]:
+    """Every source (the given ones first, in order, then any other the ledger names) with
+    its counts; a source with no documents says why."""
+    known = list(dict.fromkeys([*sources, *ledger.column("source_id").to_pylist()]))
+    collected = _count_by(ledger, "source_id")
+    docs = _count_by(documents, "source_id")
+    tokens = {
+        r["source_id"]: int(r["num_tokens_sum"] or 0)
+        for r in documents.group_by("source_id").aggregate([("num_tokens", "sum")]).to_pylist()
+    }
+    dropped = ledger.filter(pc.equal(ledger.column("status"), "dropped"))
+    reasons = (
+        pa.table(
+            {
+                "source_id": dropped.column("source_id"),
+                "why": pc.binary_join_element_wise(
+                    dropped.column("stage"), pc.fill_null(dropped.column("reason"), "(none)"), ": "
+                ),
+            }
+        )
+        .group_by(["source_id", "why"])
+        .aggregate([("why", "count")])
+        .to_pylist()
+    )
+    out = []
+    for source in known:
+        mine = sorted(
+            ((r["why"], r["why_count"]) for r in reasons if r["source_id"] == source),
+            key=lambda kv: (-kv[1], kv[0]),
+        )
+        why = "; ".join(f"{w} {n}" for w, n in mine[:top]) or (
+            "nothing collected" if not collected.get(source) else ""
+        )
+        out.append(
+            SourceRow(
+                source,
+                int(collected.get(source, 0)),
+                int(docs.get(source, 0)),
+                tokens.get(source, 0),
+                why,
+            )
+        )
+    return out
 
 
 def _read_table(snapshot_dir: Path, name: str, columns: list[str]) -> pa.Table:
@@ -403,9 +464,25 @@ def _fmt(value: float) -> str:
     return f"{int(value):,}"
 
 
-def _html_page(title: str, rows: list[tuple[str, str]], plots: list[tuple[str, str]]) -> str:
+_SOURCE_HEADER = (
+    "<tr><th>source</th><th>collected</th><th>documents</th><th>tokens</th>"
+    "<th>main drop reasons</th></tr>"
+)
+
+
+def _html_page(
+    title: str,
+    rows: list[tuple[str, str]],
+    plots: list[tuple[str, str]],
+    sources: Sequence[SourceRow] = (),
+) -> str:
     esc = html.escape
     table = "\n".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    source_table = "\n".join(
+        f"<tr><td>{esc(s.source)}</td><td>{s.collected}</td><td>{s.documents}</td>"
+        f'<td>{s.tokens}</td><td class="why">{esc(s.why)}</td></tr>'
+        for s in sources
+    )
     figures = "\n".join(
         f'<figure><img src="{esc(name)}" alt="{esc(caption)}">'
         f"<figcaption>{esc(caption)}</figcaption></figure>"
@@ -421,6 +498,7 @@ body {{ font-family: sans-serif; margin: 2em auto; max-width: 1100px; color: #22
 table {{ border-collapse: collapse; margin-bottom: 2em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.25em 0.75em; text-align: left; }}
 td {{ text-align: right; font-variant-numeric: tabular-nums; }}
+td.why {{ text-align: left; }}
 figure {{ margin: 0 0 2em 0; }}
 img {{ max-width: 100%; border: 1px solid #eee; }}
 figcaption {{ color: #555; font-size: 0.9em; }}
@@ -430,6 +508,11 @@ figcaption {{ color: #555; font-size: 0.9em; }}
 <h1>{esc(title)}</h1>
 <table>
 {table}
+</table>
+<h2>Sources</h2>
+<table>
+{_SOURCE_HEADER}
+{source_table}
 </table>
 {figures}
 </body>
@@ -447,7 +530,9 @@ def render_report(
     if not manifest_path.is_file():
         raise ReportInputError(f"{manifest_path}: missing; not a promoted snapshot")
     manifest = json.loads(manifest_path.read_text())
-    ledger = _read_table(snap, "ledger.parquet", ["stage", "status", "reason", "dup_of"])
+    ledger = _read_table(
+        snap, "ledger.parquet", ["source_id", "stage", "status", "reason", "dup_of"]
+    )
     documents = _read_table(
         snap,
         "documents.parquet",
@@ -579,7 +664,8 @@ def render_report(
     written = [_render_png(out_dir / name, size, draw, config.dpi) for name, _, size, draw in plan]
     snapshot_id = str(manifest.get("snapshot_id", snap.name))
     title = f"Quality report: snapshot {snapshot_id}"
-    page = _html_page(title, labelled, [(name, caption) for name, caption, _, _ in plan])
+    by_source = source_rows(ledger, documents, inputs.sources)
+    page = _html_page(title, labelled, [(name, caption) for name, caption, _, _ in plan], by_source)
     html_file = _write_atomic(out_dir / REPORT_HTML, page.encode())
     written.append(html_file)
 

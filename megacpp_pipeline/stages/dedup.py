@@ -26,7 +26,11 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
-from megacpp_pipeline.pipeline.runner import drop_reasons_table, summary_metadata
+from megacpp_pipeline.pipeline.runner import (
+    SOME_FILE_IS_LEFT,
+    drop_reasons_table,
+    summary_metadata,
+)
 from megacpp_pipeline.storage.store import Manifest
 
 
@@ -120,6 +124,7 @@ STAGE = Stage(
     writes_ledger=True,
     body=_body,
     checks=(
+        SOME_FILE_IS_LEFT,
         Check(
             "no_two_kept_files_share_a_hash",
             "Across every source, each content_sha256 is kept at most once, and every input "

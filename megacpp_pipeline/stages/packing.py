@@ -24,7 +24,7 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
-from megacpp_pipeline.pipeline.runner import summary_metadata
+from megacpp_pipeline.pipeline.runner import nothing_left, summary_metadata
 from megacpp_pipeline.snapshot import packed_rows as rows_contract
 
 UTILIZATION_PNG = "utilization_train.png"
@@ -122,7 +122,7 @@ def _every_row_is_seq_len(ctx: StageContext, stage: Stage, partition: str | None
     return CheckOutcome(
         passed=not problems and rows > 0,
         metadata={"rows": rows, "seq_len": seq_len, "problems": "; ".join(problems[:5]) or "none"},
-        description=problems[0] if problems else None if rows else "no packed rows at all",
+        description=problems[0] if problems else None if rows else nothing_left(ctx, stage.name),
     )
 
 

@@ -48,6 +48,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         },
         packing_telemetry=(packed.extra.get("telemetry") or {}).get("train"),
         stages=ctx.registry.ledger_stages(),
+        sources=ctx.sources(),
     )
     result = report.render_report(inputs, snap / REPORT_DIR)
     manifest = read_manifest(snap)
