@@ -39,6 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, complete_marker, sha256_file
+
 JSONL_SCHEMA_VERSION = "1"
 
 JSONL_RECORDS = pa.schema(
@@ -53,8 +55,8 @@ JSONL_RECORDS = pa.schema(
 )
 
 STATE_FILE = "_state.json"
-MANIFEST_FILE = "manifest.json"
-COMPLETE_FILE = "_COMPLETE"
+MANIFEST_FILE = MANIFEST
+COMPLETE_FILE = COMPLETE
 REJECTS_FILE = "rejects.jsonl"
 LOCK_FILE = "_lock"
 TRAIN_DIR = "train"
@@ -311,14 +313,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _crash_point(name: str) -> None:
     spec = os.environ.get(_CRASH_ENV)
     if not spec:
@@ -500,7 +494,7 @@ class _Converter:
             file=rel,
             rows=table.num_rows,
             bytes=final.stat().st_size,
-            sha256=_sha256_file(final),
+            sha256=sha256_file(final),
             first_line=line_no[0].as_py(),
             last_line=line_no[-1].as_py(),
             start_offset=start,
@@ -660,13 +654,12 @@ class _Converter:
             train=state.train,
             validation=state.validation,
             rejects_file=REJECTS_FILE,
-            rejects_sha256=_sha256_file(rejects_path),
+            rejects_sha256=sha256_file(rejects_path),
         )
         data = manifest.model_dump_json(indent=1).encode()
         _write_atomic(self.out / MANIFEST_FILE, data)
         _crash_point("before_complete")
-        marker = json.dumps({"manifest_sha256": hashlib.sha256(data).hexdigest()}).encode()
-        _write_atomic(self.out / COMPLETE_FILE, marker + b"\n")
+        _write_atomic(self.out / COMPLETE_FILE, complete_marker(self.out.name, data))
 
     def report(self, resumed_from: int, already_complete: bool) -> ConversionReport:
         state = self.state

@@ -33,6 +33,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.core.schemas import text_sha256
 from megacpp_pipeline.corpus import minhash
+from megacpp_pipeline.storage.versions import sha256_file
 
 I32 = npt.NDArray[np.int32]
 
@@ -97,17 +98,12 @@ class BenchmarkTask:
 def verify_benchmark(spec: BenchmarkSpec, base_dir: Path) -> Path:
     """The benchmark file, after checking its sha256 against the pin (catalog load time)."""
     path = spec.path(base_dir)
-    digest = hashlib.sha256()
     try:
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
+        actual = sha256_file(path)
     except OSError as e:
         raise BenchmarkError(spec.id, path, "uri", f"cannot read ({e.strerror})") from None
-    if digest.hexdigest() != spec.sha256:
-        raise BenchmarkError(
-            spec.id, path, "sha256", f"pinned {spec.sha256}, file has {digest.hexdigest()}"
-        )
+    if actual != spec.sha256:
+        raise BenchmarkError(spec.id, path, "sha256", f"pinned {spec.sha256}, file has {actual}")
     return path
 
 

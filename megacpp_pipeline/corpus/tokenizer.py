@@ -16,7 +16,7 @@ import tokenizers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from megacpp_pipeline.storage.versions import sha256_file
+from megacpp_pipeline.storage.versions import sha256_file, write_bytes_atomic
 
 BOS = "<|bos|>"
 EOS = "<|eos|>"
@@ -226,7 +226,5 @@ def save_tokenizer(tok: Tokenizer, path: str | os.PathLike[str]) -> TokenizerInf
     """Write atomically (tmp + os.replace); the same tokenizer always gives the same bytes."""
     check_special_tokens(tok, path)
     target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(tok.to_str(pretty=True), encoding="utf-8")
-    os.replace(tmp, target)
+    write_bytes_atomic(target, tok.to_str(pretty=True).encode("utf-8"))
     return describe(target)

@@ -4,7 +4,6 @@ packed-row schema and row groups, checked once when a loader opens the split."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -22,9 +21,10 @@ from megacpp_pipeline.loader.errors import (
     SnapshotManifestError,
 )
 from megacpp_pipeline.snapshot.packed_rows import REQUIRED_COLUMNS, packed_rows_schema
+from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
 
-COMPLETE_MARKER = "_COMPLETE"
-MANIFEST_NAME = "manifest.json"
+COMPLETE_MARKER = COMPLETE
+MANIFEST_NAME = MANIFEST
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,7 @@ def split_shards(manifest: dict[str, Any], split: str, snapshot_dir: Path) -> li
     return list(shards)
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+file_sha256 = sha256_file  # the loader's name for it, kept for its importers
 
 
 def verify_files_sha256(snapshot_dir: Path, manifest: dict[str, Any], paths: Sequence[str]) -> None:

@@ -11,7 +11,6 @@ import html
 import io
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.gates.enrich import KIND_NAMES
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from megacpp_pipeline.storage.versions import write_bytes_atomic
 
 # Dagster runs log at DEBUG; matplotlib's font lookup would add a "findfont" line per
 # missing math font to every report run.
@@ -438,9 +438,7 @@ def plot_utilization(fig: Figure, rows: RowStats, config: ReportConfig) -> None:
 
 
 def _write_atomic(path: Path, data: bytes) -> WrittenFile:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, data)
     return WrittenFile(path, hashlib.sha256(data).hexdigest())
 
 
