@@ -15,7 +15,9 @@ import multiprocessing
 import os
 import signal
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.pool import Pool
 from typing import Any
 
 import numpy as np
@@ -131,19 +133,27 @@ class ParallelGate:
         global _GATE, _TABLE
         _GATE, _TABLE = self.gate, table
         try:
-            ctx = multiprocessing.get_context("fork")
-            pool = ctx.Pool(min(self.workers, len(bounds)), initializer=worker_init)
-            try:
+            with forked_pool(min(self.workers, len(bounds))) as pool:
                 parts = pool.map(_run_slice, bounds, chunksize=1)
-                pool.close()  # workers finish and exit on their own; no signals needed
-            except BaseException:
-                pool.terminate()
-                raise
-            finally:
-                pool.join()
         finally:
             _GATE, _TABLE = None, None
         return merge(parts)
+
+
+@contextmanager
+def forked_pool(workers: int) -> Iterator[Pool]:
+    """A pool of forked workers (they inherit what the parent set up, nothing is pickled
+    but arguments and results) that ends with the block: closed when it completes, so the
+    workers finish and exit on their own, terminated when it raises."""
+    pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_init)
+    try:
+        yield pool
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
 
 
 def _start_methods() -> list[str]:

@@ -10,7 +10,6 @@ whose stats say 0 files in, 0 kept, 0 dropped, and its checks pass.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -21,7 +20,7 @@ import pyarrow as pa
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
-from megacpp_pipeline.pipeline.parallel import default_workers, parallel, worker_init
+from megacpp_pipeline.pipeline.parallel import default_workers, forked_pool, parallel
 from megacpp_pipeline.pipeline.registry import (
     Body,
     Check,
@@ -65,18 +64,11 @@ def _run_sources_forked(
     global _JOB
     _JOB = (replace(ctx, workers=1), stage, body)
     try:
-        pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_init)
-        try:
+        with forked_pool(workers) as pool:
             for done, messages in pool.imap(_run_one_source, partitions, chunksize=1):
                 for message in messages:
                     ctx.log(message)
                 yield done
-            pool.close()
-        except BaseException:
-            pool.terminate()
-            raise
-        finally:
-            pool.join()
     finally:
         _JOB = None
 
