@@ -7,7 +7,8 @@ WHEELS := .cache/wheels
 DEMO_WHEELS := pythran==0.19.0 pybind11==3.1.0 nanobind==3.1.0
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install instance demo demo-wheels test test-slow lint ui bench clean
+.PHONY: install instance demo demo-wheels test-packages slow-test-packages test test-slow lint ui \
+	bench clean
 
 install: $(STAMP)
 
@@ -32,10 +33,37 @@ demo-wheels: $(STAMP)
 demo: demo-wheels instance
 	$(BIN)/megacpp run --config examples/demo/sources.yaml --data-dir data
 
-test: $(STAMP) instance
+# Real C++ the tests calibrate on beside the demo wheels: Debian's packaged headers (libc++,
+# nlohmann-json, glibc and the kernel's UAPI headers), and cmake + g++ for the build-lane test.
+# Installed when this runs as root with apt-get (as CI does; a failed install fails the
+# target). Elsewhere the real-data tests read the demo wheels instead, and the summary at the
+# end of pytest names which tree each real-data test read.
+TEST_DEBS := libc++-14-dev nlohmann-json3-dev libc6-dev linux-libc-dev cmake g++
+SLOW_TEST_DEBS := $(TEST_DEBS) libboost1.74-dev
+define install_debs
+	@missing=$$(for p in $(1); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; \
+	done | tr '\n' ' '); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	else \
+	  echo "not installed: $$missing(needs root and apt-get); the real-data tests read the demo wheels"; \
+	fi
+endef
+
+test-packages:
+	$(call install_debs,$(TEST_DEBS))
+
+slow-test-packages:
+	$(call install_debs,$(SLOW_TEST_DEBS))
+
+test: demo-wheels test-packages instance
 	$(BIN)/pytest
 
-test-slow: $(STAMP) instance
+test-slow: demo-wheels slow-test-packages instance
 	sh scripts/install-browser.sh || echo "chromium unavailable: the browser tests will skip"
 	$(BIN)/pytest -m "slow or browser"
 

@@ -27,7 +27,7 @@ from megacpp_pipeline.corpus.dedup import (
     ledger_rows,
     markdown_top_clusters,
 )
-from tests.fixtures import dedup_labelled
+from tests.fixtures import dedup_labelled, real_cpp
 
 SPAN_HPP = """// Copyright 2021 The Kestrel Authors
 // SPDX-License-Identifier: MIT
@@ -444,25 +444,26 @@ def test_estimated_jaccard_agrees_with_datasketch_affine32_on_labelled_pairs(
     assert abs(float(np.mean(errors))) < 0.02  # no bias beyond the estimator's noise
 
 
-NLOHMANN = Path("/usr/include/nlohmann")
-
-
-@pytest.mark.skipif(not NLOHMANN.is_dir(), reason="nlohmann-json3-dev is not installed")
 def test_vendored_relicensed_copy_of_real_headers_is_found_file_by_file(tmp_path: Path) -> None:
-    headers = sorted(p for p in NLOHMANN.rglob("*.hpp") if p.stat().st_size > 2000)
-    upstream = [("nlohmann", p.relative_to(NLOHMANN).as_posix(), p.read_text()) for p in headers]
+    tree = real_cpp.debian_or_wheel("nlohmann", "pybind11")  # both are vendored everywhere
+    upstream = [
+        (tree.key, path, content.decode("utf-8"))
+        for path, content in sorted(tree.files)  # dedup takes a source's files in path order
+        if path.endswith((".hpp", ".h")) and len(content) > 2000
+    ]
+    assert len(upstream) >= 20, tree.label
     # A vendoring project's copy: its own licence banner on top, tabs instead of spaces.
     banner = "// Vendored into acme-engine. Copyright 2025 Acme. SPDX-License-Identifier: MIT\n"
     vendored = [
-        ("vendor", f"third_party/json/{path}", banner + text.replace("    ", "\t"))
+        ("vendor", f"third_party/{tree.key}/{path}", banner + text.replace("    ", "\t"))
         for _, path, text in upstream
     ]
     result = find_duplicates([table(*upstream), table(*vendored)], DedupConfig(), tmp_path)
     rows = result.decisions.to_pylist()
-    assert [r["status"] for r in rows[: len(upstream)]] == ["kept"] * len(upstream)
+    assert [r["status"] for r in rows[: len(upstream)]] == ["kept"] * len(upstream), tree.label
     for (_, path, _), row in zip(upstream, rows[len(upstream) :], strict=True):
-        assert row["reason"] == DropReason.NEAR_DUPLICATE
-        assert row["dup_of"] == f"nlohmann:{path}"
+        assert row["reason"] == DropReason.NEAR_DUPLICATE, (tree.label, path)
+        assert row["dup_of"] == f"{tree.key}:{path}"
 
 
 def test_shard_without_the_scrubbed_columns_is_refused_naming_them(tmp_path: Path) -> None:

@@ -337,12 +337,7 @@ def test_the_column_form_of_vendored_agrees_with_the_one_path_form(parts, prefix
 
 # --- real headers ------------------------------------------------------------------------
 
-needs_wheels = pytest.mark.skipif(
-    not real_cpp.demo_wheels_present(), reason="demo wheels missing: run `make demo`"
-)
 
-
-@needs_wheels
 @pytest.mark.parametrize("source_id", ["pythran", "pybind11", "nanobind"])
 def test_every_demo_file_is_cpp_and_none_is_dropped(source_id: str) -> None:
     table = real_cpp.demo_normalized(source_id)
@@ -351,7 +346,6 @@ def test_every_demo_file_is_cpp_and_none_is_dropped(source_id: str) -> None:
     assert set(result.kept["language"].to_pylist()) == {"c++"}
 
 
-@needs_wheels
 def test_pythran_vendors_boost_and_xsimd_only_by_declared_prefix() -> None:
     table = real_cpp.demo_normalized("pythran")
     paths = table["path"].to_pylist()
@@ -362,36 +356,38 @@ def test_pythran_vendors_boost_and_xsimd_only_by_declared_prefix() -> None:
     assert declared.stats["vendored"] == expected > 1900
 
 
-def _debian(trees: dict[str, real_cpp.DebianTree], name: str) -> language.GateResult:
-    tree = trees[name]
-    if not real_cpp.debian_installed(tree):
-        pytest.skip(f"{tree.package} not installed (apt-get install {tree.package})")
-    table = real_cpp.debian_normalized(tree)
-    return run(table, LanguageConfig(keep_c=True), table["path"].to_pylist())
+def _real(tree: real_cpp.RealSource, source: list[str] | None = None) -> language.GateResult:
+    table = tree.normalized()
+    return run(table, LanguageConfig(keep_c=True), source or table["path"].to_pylist())
 
 
-def test_libcxx_headers_are_cpp_but_two_c_shims() -> None:
-    result = _debian(real_cpp.DEBIAN_CPP, "libcxx")
+# The C files of a real C++ library: libc++ holds two C shims; nanobind (the wheels'
+# stand-in) holds none.
+C_SHIMS = {
+    "libcxx": ["__support/ibm/gettod_zos.h", "__support/xlocale/__nop_locale_mgmt.h"],
+    "nanobind": [],
+}
+
+
+def test_libcxx_headers_are_cpp_but_two_c_shims_and_nanobinds_are_all_cpp() -> None:
+    tree = real_cpp.debian_or_wheel("libcxx", "nanobind")
+    result = _real(tree)
     c_files = [p for p, lang in languages(result).items() if lang == "c"]
-    assert sorted(c_files) == [
-        "__support/ibm/gettod_zos.h",
-        "__support/xlocale/__nop_locale_mgmt.h",
-    ]
+    assert sorted(c_files) == C_SHIMS[tree.key], tree.label
+    assert result.dropped.num_rows == 0, tree.label
 
 
 @pytest.mark.parametrize("name", ["glibc", "linux-uapi"])
 def test_no_real_c_header_is_taken_for_cpp_by_its_syntax(name: str) -> None:
-    result = _debian(real_cpp.DEBIAN_C, name)
-    assert result.stats["decided_by:cpp_syntax"] == 0
-    assert result.stats["header:c"] > 0
+    tree = real_cpp.debian_or_python_c(name)
+    result = _real(tree)
+    assert result.stats["decided_by:cpp_syntax"] == 0, tree.label
+    assert result.stats["header:c"] > 0, tree.label
 
 
-def test_glibc_headers_become_c_when_the_source_holds_c_files() -> None:
-    tree = real_cpp.DEBIAN_C["glibc"]
-    if not real_cpp.debian_installed(tree):
-        pytest.skip(f"{tree.package} not installed (apt-get install {tree.package})")
-    table = real_cpp.debian_normalized(tree)
-    paths = table["path"].to_pylist()
-    source = paths + [p.rsplit(".", 1)[0] + ".c" for p in paths]  # a glibc tree has its .c
-    result = run(table, LanguageConfig(keep_c=True), source)
-    assert set(result.kept["language"].to_pylist()) == {"c"}
+def test_real_c_headers_become_c_when_the_source_holds_c_files() -> None:
+    tree = real_cpp.debian_or_python_c("glibc")
+    paths = [path for path, _ in tree.files]
+    source = paths + [p.rsplit(".", 1)[0] + ".c" for p in paths]  # a C tree has its .c files
+    result = _real(tree, source)
+    assert set(result.kept["language"].to_pylist()) == {"c"}, tree.label
