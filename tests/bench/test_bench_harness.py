@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -105,12 +106,64 @@ def test_growth_exponent_is_the_log_log_slope() -> None:
     assert harness.fit_exponent([27.0], [1.0]) is None
 
 
-def test_a_scale_that_would_overrun_the_budget_is_not_started(tmp_path: Path) -> None:
-    done = harness.Scale(1, files=10, mb_in=1.0)
-    done.run = {"returncode": 0, "wall_s": 100.0, "peak_rss_mb": 500.0}
-    fits = harness.scaling_fits([done, harness.Scale(16, skipped="not started")])
-    rss = next(f for f in fits if f.what.startswith("peak RSS growth"))
-    assert rss.passed is None and "not measured" in rss.note
+FAKE_WALL_S = {1: 100.0, 4: 250.0, 16: 625.0}
+
+
+class _FakeScales:
+    """scaleup.build and endtoend.run stand-ins: a scale "takes" FAKE_WALL_S[n] seconds
+    without spending them, so only the harness's decisions are under test."""
+
+    def __init__(self) -> None:
+        self.built: list[int] = []
+        self.ran: list[tuple[str, float]] = []  # (label, timeout_s handed to the run)
+
+    def build(self, n: int, work: Path) -> scaleup.ScaledCorpus:
+        self.built.append(n)
+        return scaleup.ScaledCorpus(work / f"{n}x.yaml", n, files=10 * n, bytes=n * 1_000_000)
+
+    def run(self, catalog: Path, work: Path, label: str, *, timeout_s: float) -> endtoend.EndToEnd:
+        self.ran.append((label, timeout_s))
+        n = int(label.removesuffix("x"))
+        return endtoend.EndToEnd(
+            label, 0, FAKE_WALL_S[n], cpu_s=FAKE_WALL_S[n], peak_rss_mb=500.0 + n, stages=[],
+            snapshot=None, tokens_out=None, documents=None, ledger=None, samples=1, log="",
+        )  # fmt: skip
+
+
+@pytest.fixture
+def fake_scales(monkeypatch: pytest.MonkeyPatch) -> _FakeScales:
+    fake = _FakeScales()
+    monkeypatch.setattr(harness.scaleup, "build", fake.build)
+    monkeypatch.setattr(harness.endtoend, "run", fake.run)
+    return fake
+
+
+def test_a_scale_predicted_to_overrun_the_budget_is_not_started_and_the_fits_say_so(
+    tmp_path: Path, fake_scales: _FakeScales
+) -> None:
+    # 1x took 100 s and 4x 250 s: the power law through them predicts 625 s for 16x, more
+    # than the 600 s left of the budget, so 16x is never built or run.
+    deadline = time.monotonic() + 600
+    scales = harness.run_scales([1, 4, 16], tmp_path, deadline, wrap_profile=None)
+    assert fake_scales.built == [1, 4] and [label for label, _ in fake_scales.ran] == ["1x", "4x"]
+    assert all(500 < timeout <= 600 for _, timeout in fake_scales.ran)  # the budget left
+    assert [s.ok for s in scales] == [True, True, False]
+    skipped = scales[2].skipped
+    assert skipped.startswith("not started: 625 s predicted (exponent 0.66 through 1x and 4x)")
+    assert skipped.endswith("s left of the budget"), skipped
+    fits = {f.what: f for f in harness.scaling_fits(scales)}
+    rss = fits["peak RSS growth, 16x over 1x"]
+    assert rss.passed is None and rss.note.startswith("not measured at both 1x and 16x")
+    assert fits["wall time vs MB in"].points == 2
+
+
+def test_with_under_a_minute_of_budget_left_no_scale_is_started(
+    tmp_path: Path, fake_scales: _FakeScales
+) -> None:
+    scales = harness.run_scales([1, 4], tmp_path, time.monotonic() + 30, wrap_profile=None)
+    assert fake_scales.built == [] and fake_scales.ran == []
+    assert [s.skipped.split(":")[0] for s in scales] == ["not started", "not started"]
+    assert scales[0].skipped.endswith("s left of the budget")
 
 
 def test_the_next_scale_is_predicted_by_the_power_law_through_the_last_two() -> None:
