@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import os
 import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,7 +31,8 @@ from megacpp_pipeline.gates.scrub import (
     run,
     scrub_text,
 )
-from tests.fixtures.scrub_eval import DECOY_CLASSES, build_eval_set, evaluate
+from tests.fixtures.scrub_eval import DECOY_CLASSES, FAMILIES, build_eval_set, evaluate
+from tests.fixtures.scrub_heldout import build_heldout_set
 
 CONFIG = ScrubConfig()
 
@@ -238,6 +244,141 @@ def test_names_prompts_formats_and_paths_assigned_to_secret_names_are_kept(line:
     assert scrubbed(line) == line
 
 
+# ---- credentials in the shapes real code carries them (the issue's list)
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCY/EXAMPLEKEY"
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (f"// aws_secret_access_key = {AWS_SECRET}", "// aws_secret_access_key = <API_KEY>"),
+        (f"# AWS_SECRET_ACCESS_KEY={AWS_SECRET}", "# AWS_SECRET_ACCESS_KEY=<API_KEY>"),
+        (
+            f"// export AWS_SECRET_ACCESS_KEY={AWS_SECRET}",
+            "// export AWS_SECRET_ACCESS_KEY=<API_KEY>",
+        ),
+        (f"/* aws_secret_access_key: {AWS_SECRET} */", "/* aws_secret_access_key: <API_KEY> */"),
+        # a base64 value may start with `/` or `+` and still not be a path
+        ("// secret_key = /K7MDENG+bPxRfiCY/wJalrXUtnFEMI", "// secret_key = <API_KEY>"),
+    ],
+)
+def test_aws_secret_written_unquoted_in_a_comment_is_replaced(line: str, expected: str) -> None:
+    assert scrubbed(line) == expected
+
+
+@pytest.mark.parametrize(
+    "password", ["Tr0ub4dor&3", "p@ss!w0rd#2", "Zx9$%^&*?q", "river7546-S", "Hmv-Y127y", "x9%dQm!7"]
+)
+def test_password_with_punctuation_in_a_plain_std_string_is_replaced(password: str) -> None:
+    text = f'std::string password = "{password}";'
+    assert scrubbed(text) == 'std::string password = "<PASSWORD>";'
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        # quoted and unquoted assignments, in code and in comments
+        ('#define DB_PASSWORD "S3cr3t!x"', '#define DB_PASSWORD "<PASSWORD>"'),
+        ("#define ADMIN_PASSWORD S3cr3t!x", "#define ADMIN_PASSWORD <PASSWORD>"),
+        ('auto dbPass = std::string("S3cr3t!x");', 'auto dbPass = std::string("<PASSWORD>");'),
+        ('const std::string PWD = R"(S3c"r3t!x)";', 'const std::string PWD = R"(<PASSWORD>)";'),
+        ("// passwd: S3cr3t!x", "// passwd: <PASSWORD>"),
+        ("// root_password = S3cr3t!x.", "// root_password = <PASSWORD>."),
+        ('// the default pwd is "S3cr3t!x"', '// the default pwd is "<PASSWORD>"'),
+        # config snippets, raw and with `\n` escapes
+        ('R"ini(\n[db]\ndb_pass = S3cr3t!x\n)ini"', 'R"ini(\n[db]\ndb_pass = <PASSWORD>\n)ini"'),
+        (
+            'R"yaml(\ndb:\n  password: S3cr3t!x\n)yaml"',
+            'R"yaml(\ndb:\n  password: <PASSWORD>\n)yaml"',
+        ),
+        ('"db:\\n  password: S3cr3t!x\\n"', '"db:\\n  password: <PASSWORD>\\n"'),
+        (
+            '"{\\"user\\": \\"a\\", \\"password\\": \\"S3cr3t!x\\"}"',
+            '"{\\"user\\": \\"a\\", \\"password\\": \\"<PASSWORD>\\"}"',
+        ),
+        (
+            '"DB_HOST=db\\nADMIN_PASSWORD=S3cr3t!x\\n"',
+            '"DB_HOST=db\\nADMIN_PASSWORD=<PASSWORD>\\n"',
+        ),
+        # command lines
+        ("// mysql -u app --password=S3cr3t!x prod", "// mysql -u app --password=<PASSWORD> prod"),
+        ("// mysql -u root -pS3cr3t!x prod", "// mysql -u root -p<PASSWORD> prod"),
+        ("// ./server --db-pass S3cr3t!x", "// ./server --db-pass <PASSWORD>"),
+        ('setenv("DB_PASSWORD", "S3cr3t!x", 1);', 'setenv("DB_PASSWORD", "<PASSWORD>", 1);'),
+        # URLs and connection strings
+        ('"postgres://app:S3cr3t!x@db:5432/p"', '"postgres://app:<PASSWORD>@db:5432/p"'),
+        ('"redis://:S3cr3t!x@cache:6379/0"', '"redis://:<PASSWORD>@cache:6379/0"'),
+        (
+            '"Server=db;User Id=app;Password=S3c&r3t!x;"',
+            '"Server=db;User Id=app;Password=<PASSWORD>;"',
+        ),
+        ('"UID=app;PWD={S3c;r3t!x};"', '"UID=app;PWD={<PASSWORD>};"'),
+        # HTTP headers
+        (f'"Authorization: Bearer {AWS_SECRET}"', '"Authorization: Bearer <API_KEY>"'),
+        (f'{{"X-Api-Key", "{AWS_SECRET}"}},', '{"X-Api-Key", "<API_KEY>"},'),
+        (f"// curl -H 'X-Auth-Token: {AWS_SECRET}'", "// curl -H 'X-Auth-Token: <API_KEY>'"),
+        (
+            f'"https://api.example.com/v1?api_token={AWS_SECRET}&n=1"',
+            '"https://api.example.com/v1?api_token=<API_KEY>&n=1"',
+        ),
+    ],
+)
+def test_credential_in_each_shape_family_is_replaced(line: str, expected: str) -> None:
+    assert scrubbed(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # an empty value
+        'std::string password = "";',
+        "// AWS_SECRET_ACCESS_KEY=",
+        '"postgres://app:@db/prod"',
+        '"Authorization: Bearer "',
+        '"UID=app;PWD=;"',
+        # a placeholder
+        '"postgres://app:<password>@db/prod"',
+        'R"yaml(\npassword: ${DB_PASSWORD}\n)yaml"',
+        "// export DB_PASSWORD=$DB_PASSWORD_FROM_VAULT",
+        '"smtps://relay:%RELAY_PASS%@smtp.contoso.com:465"',
+        "// api_key = YOUR_API_KEY_HERE",
+        '"Password=********;"',
+        # a variable or an expression
+        "password = cfg.password;",
+        "m_token_produced = !m_token_produced;",
+        'req.set_header("Authorization", "Bearer " + access_token);',
+        "// export DB_PASSWORD=$(pass show db/prod)",
+        # format strings and prose
+        'printf("password: %s\\n", pw);',
+        'const char* kDsn = "postgres://%s:%s@%s/%s";',
+        '"  --password=<pw>      database password (required)\\n"',
+        "// Token: IDENTIFIER | NUMBER | STRING",
+        # names that spell their own value, numbers, aliases
+        '#define SN_setct_AuthResTBS "setct-AuthResTBS"',
+        "#define SSL_CTRL_SET_TLS_EXT_SRP_PASSWORD 81",
+        "#define ed25519_sha512_set_private_key nettle_ed25519_sha512_set_private_key",
+    ],
+)
+def test_credential_name_with_no_secret_after_it_is_kept(line: str) -> None:
+    assert scrubbed(line) == line
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "flood",
+    [
+        ('"' + "password=" * 2000 + '"\n') * 50,  # each candidate looked at its whole line
+        ("mysql -pX" * 5000 + "\n") * 20,  # each `mysql` re-read its line's `-p` flags
+        "token" + " " * 200_000 + "x",  # the separators backtracked over the blanks
+    ],
+)
+def test_credential_floods_scrub_in_linear_time(flood: str) -> None:
+    started = time.perf_counter()
+    scrub_text(flood, CONFIG)
+    assert time.perf_counter() - started < 20
+
+
 # --------------------------------------------------------------------------- private keys
 
 
@@ -316,6 +457,44 @@ def test_paths_that_name_no_user_are_kept(line: str) -> None:
     assert scrubbed(line) == line
 
 
+def test_public_172_addresses_outside_the_private_block_are_replaced() -> None:
+    # detect-secrets' pattern skips 172.160-172.255 (its `172\\.2[0-9]` matches `172.24`)
+    assert scrubbed('"upstream:\\n  address: 172.240.206.144\\n"') == (
+        '"upstream:\\n  address: <IP_ADDRESS>\\n"'
+    )
+    assert scrubbed('const char* kServer = "172.20.1.1";') == 'const char* kServer = "172.20.1.1";'
+
+
+def test_object_identifiers_are_not_addresses() -> None:
+    line = '#define GNUTLS_OID_X520_NAME "2.5.4.41"'
+    assert scrubbed(line) == line
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('"-I/home/alice/proj/include",', '"-I<LOCAL_PATH>",'),
+        ('"HOME_DIR=/home/alice/proj\\n"', '"HOME_DIR=<LOCAL_PATH>\\n"'),
+        ('"[cache]\\ndir = /Users/bob/cache\\n"', '"[cache]\\ndir = <LOCAL_PATH>\\n"'),
+    ],
+)
+def test_home_path_after_a_flag_or_before_an_escape_is_replaced_alone(
+    line: str, expected: str
+) -> None:
+    assert scrubbed(line) == expected
+
+
+def test_truncated_key_loses_its_short_last_line_too() -> None:
+    lines = [*_pem_lines("RSA PRIVATE KEY")[:-1], "tg=="]
+    assert scrubbed("/*\n" + "\n".join(lines) + "\n...\n*/") == "/*\n<PRIVATE_KEY>\n...\n*/"
+
+
+def test_ssh_key_in_a_raw_string_keeps_the_closing_parenthesis() -> None:
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + _tok(random.Random(2), ALNUM, 43)
+    text = f'std::string pub = R"({key} alice@laptop)";'
+    assert scrubbed(text) == 'std::string pub = R"(<SSH_KEY>)";'
+
+
 # --------------------------------------------------------------------------- decoys
 
 
@@ -335,19 +514,43 @@ def test_decoys_of_every_false_positive_class_stay_byte_identical(
 
 
 @pytest.mark.parametrize("kind", [str(k) for k in Kind])
-def test_every_kind_in_the_labelled_set_reaches_99_percent_exact_output(
+def test_every_kind_in_the_labelled_set_reaches_99_5_percent_exact_output(
     eval_set: list, kind: str
 ) -> None:
     items = [i for i in eval_set if i.category == kind]
     assert len(items) == 200
+    assert len({i.shape for i in items}) >= 20  # the issue: at least 20 distinct shapes a kind
     wrong = [i.item_id for i in items if scrubbed(i.text) != i.expected]
-    assert len(wrong) <= 2, wrong
+    assert len(wrong) <= 1, wrong
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_shape_family_in_the_labelled_set_reaches_99_5_percent_exact_output(
+    eval_set: list, family: str
+) -> None:
+    items = [i for i in eval_set if i.label == "secret" and i.family == family]
+    assert len(items) >= 25
+    wrong = [i.item_id for i in items if scrubbed(i.text) != i.expected]
+    assert len(wrong) <= len(items) // 200, wrong  # none, below 200 items
 
 
 def test_evaluation_meets_the_issue_targets() -> None:
-    report = evaluate(build_eval_set(seed=5, per_kind=100, per_decoy_class=50), CONFIG)
-    assert report.min_recall >= 0.99, report.recall
-    assert all(rate == 0.0 for rate in report.decoy_altered_rate.values()), report.failures[:3]
+    report = evaluate(build_eval_set(seed=5, per_kind=200, per_decoy_class=50), CONFIG)
+    assert report.min_recall >= 0.995, (report.recall, report.family_recall)
+    assert report.altered_decoys == 0, report.failures[:3]
+
+
+def test_held_out_set_keeps_its_decoys_and_its_recall_floor() -> None:
+    """The second set shares no word list with the detectors, so it is a measurement, not a
+    target (bench/bench_scrub.py reports it); this pins what it measured, so that a change
+    that loses ground on it is noticed. Its known gaps: passwords passed by position, XML
+    and .netrc, `the password is x`, key names the detectors do not know."""
+    report = evaluate(build_heldout_set(seed=3, per_kind=120, per_decoy_class=20), CONFIG)
+    assert min(report.recall.values()) >= 0.70, report.recall
+    for family in ("connection_string", "url", "command_line"):
+        assert report.family_recall[family] >= 0.95, report.family_recall
+    altered = {c: r for c, r in report.decoy_altered_rate.items() if r}
+    assert set(altered) <= {"oids_and_builds"}, altered  # `#define FIRMWARE_BUILD "4.19.112.3"`
 
 
 def test_cpp_specific_decoys_named_by_the_issue_are_kept() -> None:
@@ -369,9 +572,35 @@ def test_cpp_specific_decoys_named_by_the_issue_are_kept() -> None:
 # --------------------------------------------------------------------------- contracts
 
 
-def test_same_input_and_config_give_the_same_output_and_findings() -> None:
-    text = "\n".join(i.text for i in build_eval_set(seed=3, per_kind=3, per_decoy_class=1))
-    assert scrub_text(text, CONFIG) == scrub_text(text, ScrubConfig())
+_SCRUB_IN_A_FRESH_INTERPRETER = """
+import json, sys
+from megacpp_pipeline.gates.scrub import ScrubConfig, scrub_text
+out, findings = scrub_text(sys.stdin.read(), ScrubConfig())
+print(json.dumps([out, [[str(f.kind), f.detector, f.start_byte, f.end_byte, f.value_hash]
+                        for f in findings]]))
+"""
+
+
+def test_a_fresh_interpreter_with_another_hash_seed_gives_the_same_output_and_findings() -> None:
+    # independent computations: a second process, with its own set/dict hashing order and
+    # its own compiled patterns, must agree byte for byte with this one
+    text = "\n".join(i.text for i in build_eval_set(seed=3, per_kind=25, per_decoy_class=2))
+    out, findings = scrub_text(text, CONFIG)
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRUB_IN_A_FRESH_INTERPRETER],
+        input=text,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    other_out, other_findings = json.loads(done.stdout)
+    assert other_out == out
+    assert other_findings == [
+        [str(f.kind), f.detector, f.start_byte, f.end_byte, f.value_hash] for f in findings
+    ]
+    assert len(findings) == 7 * 25  # one per planted secret, none across file boundaries
 
 
 def test_finding_spans_are_utf8_byte_offsets_into_the_input() -> None:
@@ -497,13 +726,40 @@ def test_audit_names_file_kind_detector_and_span_but_never_the_value() -> None:
         assert not any(v in str(cell) for cell in row.values() for v in values)
 
 
-def test_blocking_check_finds_nothing_in_the_gate_output() -> None:
+def _planted_fragments(value: str) -> list[str]:
+    """What of a planted secret must not survive: the value, and each line of a multi-line
+    one (a PEM block's base64 rows)."""
+    rows = [r.strip(' "\\n*/#') for r in value.replace("\\n", "\n").splitlines()]
+    return [value, *(r for r in rows if len(r) >= 16 and "BEGIN" not in r and "END" not in r)]
+
+
+def test_gate_output_holds_none_of_the_planted_secret_values() -> None:
+    # the oracle is the labelled set, not the detectors: every secret the set planted is
+    # known verbatim, and none of it may be left in what run() keeps
+    items = build_eval_set(seed=21, per_kind=60, per_decoy_class=5)
+    table = licensed_table({f"{i.item_id}.cpp": i.text for i in items})
+    kept = {r["path"]: r["text"] for r in run(table, CONFIG).kept.to_pylist()}
+    assert len(kept) == len(items)
+    leaks = [
+        i.item_id
+        for i in items
+        if i.label == "secret"
+        and any(f in kept[f"{i.item_id}.cpp"] for f in _planted_fragments(i.value))
+    ]
+    assert leaks == []
+    decoys = [i for i in items if i.label == "decoy"]
+    assert [i.item_id for i in decoys if kept[f"{i.item_id}.cpp"] != i.text] == []
+
+
+def test_blocking_check_passes_on_the_gate_output_and_fires_on_its_input() -> None:
     items = build_eval_set(seed=21, per_kind=10, per_decoy_class=5)
     table = licensed_table({f"{i.item_id}.cpp": i.text for i in items})
     result = run(table, CONFIG)
     assert result.kept.num_rows == table.num_rows
     assert residual_table(result.kept, CONFIG).num_rows == 0
-    assert residual_table(table, CONFIG).num_rows > 0  # the check does fire on raw input
+    fired = residual_table(table, CONFIG)
+    secrets = {f"{i.item_id}.cpp" for i in items if i.label == "secret"}
+    assert set(fired.column("path").to_pylist()) == secrets
 
 
 def test_run_on_an_empty_shard_keeps_the_schema() -> None:

@@ -1,16 +1,17 @@
-"""Credentials found by the name they are given: a value assigned to `password`, `api_key`,
-`secret`, `token` and the like (quoted, or bare in connection strings and command lines), and
-the password in a URL's `user:password@`. Whether the value is a secret or a name, format or
-hash is plausibility's call."""
+"""Credentials found by the name they are given: a value assigned to a name like `password`,
+`db_pass`, `client_secret`, `auth_token` or `X-Api-Key`, in code, comments, embedded config
+(INI, YAML, JSON, .env), command lines, connection strings and HTTP headers, and the password
+in a URL's `user:password@`. Whether the value is a secret or a name, placeholder, format or
+hash is plausibility's call; whether an unquoted value may be taken at all depends on where
+the name sits (see `_unquoted_context`).
+"""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
-
-from detect_secrets.plugins.basic_auth import BasicAuthDetector
-from detect_secrets.plugins.keyword import DENYLIST as DETECT_SECRETS_KEYWORDS
 
 from megacpp_pipeline.gates.scrub.hits import Hit, Kind
 from megacpp_pipeline.gates.scrub.plausibility import (
@@ -24,79 +25,328 @@ if TYPE_CHECKING:
     from megacpp_pipeline.gates.scrub.config import ScrubConfig
 
 
-# ---- passwords in URLs (user:password@host), detect-secrets' basic-auth pattern
+# ---- which names hold a credential
+#
+# A name is split into words at `_ - .` and camelCase humps (`kDbPass` -> k, db, pass).
+# Words that end in one of the long words count too (`dbpassword`, `authtoken`); the short
+# ones must stand alone (`bypass` and `renderpass` are not passwords).
 
-
-def find_basic_auth(text: str, config: ScrubConfig) -> Iterator[Hit]:
-    for m in BasicAuthDetector.denylist[0].finditer(text):
-        start, end = m.span(1)
-        if not on_include_line(text, start):
-            yield Hit(start, end, Kind.PASSWORD, "basic_auth_url")
-
-
-# ---- generic secrets assigned to names like password / secret / token / api_key
-
-_PASSWORD_NAMES = ("db_?pass", "database_?pass", "key_?pass", "password", "passwd", "pwd")
-_PASSWORD_NAME = re.compile("|".join(_PASSWORD_NAMES) + "|contrase", re.IGNORECASE)
-_KEYWORDS = (
-    *DETECT_SECRETS_KEYWORDS,
-    "token",
-    "access_?key",
-    "secret_?key",
-    "credential",
-    "bearer",
+PASSWORD_WORDS = frozenset(
+    {"password", "passwd", "pwd", "pass", "pw", "passphrase", "passcode"}
+    | {"contrasena", "contraseña"}
 )
-_KEYWORD_ALT = "|".join(_KEYWORDS)
-_ASSIGNED_QUOTED = re.compile(
-    rf"(?P<name>(?:{_KEYWORD_ALT})\w*+)"  # possessive: no O(line) backtrack per keyword
-    r"(?:[^\S\n]*\[[^\S\n]*\w*[^\S\n]*\])?[\"'\]]{0,2}[^\S\n]*(?:=|:=|==|!=|:|\(|\{|,|->|=>)?"
-    r"[^\S\n]*\(?[^\S\n]*"
-    r"(?:L|u8|u|U)?(?P<q>[\"'`])(?P<value>[^\"'`\n\\]{1,256})(?P=q)",
-    re.IGNORECASE,
+_PASSWORD_ENDINGS = ("password", "passwd", "passphrase", "contrasena", "contraseña")
+SECRET_WORDS = frozenset(
+    {"secret", "token", "credential", "cred", "creds", "apikey", "bearer", "auth", "authorization"}
 )
-# `host=db;password=S3cr3t!;`, `export DB_PASSWORD=x`, `--token=abc`: only after ; & ? " '
-# whitespace or --, with no spaces around `=`, so that C++ assignments such as
-# `password = read_password();` stay out.
-_ASSIGNED_BARE = re.compile(
-    rf"(?:(?<=[;&?\"'\s])|(?<=--))(?P<name>(?:{_KEYWORD_ALT})\w*+)=(?P<value>[^\s\"'`;&,)]{{4,128}})",
-    re.IGNORECASE,
+_SECRET_ENDINGS = ("secret", "token", "apikey", "credential", "secretkey", "accesskey")
+# `key` alone is a map key; after one of these it is a credential (detect-secrets' list)
+KEY_QUALIFIERS = frozenset(
+    {"api", "access", "secret", "auth", "client", "service", "account", "db", "database"}
+    | {"priv", "private"}
+)
+_KEY_COMPOUNDS = frozenset(q + "key" for q in KEY_QUALIFIERS)
+# a last word that says the name is about the credential, not the credential itself
+# (`password_field`, `token_type`, `secret_key_env_var`, `MAX_PASSWORD_LEN`)
+NOT_A_VALUE = frozenset(
+    {"name", "names", "type", "kind", "field", "label", "prompt", "hint", "len", "length"}
+    | {"size", "count", "num", "max", "min", "file", "path", "dir", "env", "var", "format"}
+    | {"fmt", "pattern", "regex", "policy", "hash", "digest", "salt", "url", "uri", "id"}
+    | {"index", "idx", "prefix", "suffix", "char", "chars", "mask", "flag", "mode", "error"}
+    | {"message", "msg", "timeout", "ttl", "expiry", "expires", "endpoint", "callback"}
 )
 
+_KEY_SPELLINGS = sorted(
+    q + sep + "key" for q in KEY_QUALIFIERS - {"secret", "auth"} for sep in ("_", "-", "")
+)
+# what wakes the finder up (the gate's column-wise RE2 prefilter, case-insensitive): every
+# credential word and `key` compound a name can hold, and the two commands with a `-p` flag.
+# `auth` and `pass` are spelled out to what a name ends with: `Author:` heads most files and
+# `passed`, `bypass`, `pass_through` are everywhere.
+_PASS_ENDS = (*(f"pass{c}" for c in " \t=:\"'({[,)"), "--pass", "pass\\")
+_AUTH_ENDS = (*(f"auth{c}" for c in "_-. \t=:\"'([,"), "authtoken", "authkey", "authoriz")
+TRIGGERS: tuple[str, ...] = (
+    *("passw", "passp", "passc", *_PASS_ENDS, *_AUTH_ENDS),
+    *("pw", "secret", "token", "cred", "bearer", "contrase"),
+    *_KEY_SPELLINGS,
+    *("mysql", "sshpass"),
+)
+# what the finder then looks for with str.find in the lowercased text: few, since each is a
+# pass over the file (a case-insensitive regex alternation is a few MB/s in Python's `re`);
+# `key` stands for every `api_key`, `accesskey`, `x-api-key` and is checked on the spot
+ANCHORS: tuple[str, ...] = ("pass", "pw", "secret", "token", "cred", "auth", "bearer", "key")
+ANCHORS += ("contrase", "mysql")
+_QUALIFIER_LAST = frozenset("_-" + "".join(q[-1] for q in KEY_QUALIFIERS))
+_KEY_QUALIFIED = re.compile(
+    "(?:" + "|".join(sorted(KEY_QUALIFIERS - {"secret", "auth"})) + r")[_-]?\Z"
+)
 
-def _keyword_literals() -> tuple[str, ...]:
-    """detect-secrets' keyword regexes spelled out as plain lowercase words (`api_?key` gives
-    `api_key` and `apikey`), so they can be found with str.find instead of a case-insensitive
-    alternation, which Python's `re` scans at a few MB/s."""
-    out: list[str] = []
-    for k in _KEYWORDS:
-        out += [k.replace("_?", "_"), k.replace("_?", "")] if "_?" in k else [k]
-    return tuple(dict.fromkeys(out))
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[a-z]+|\d+|[^\x00-\x7f]+")
 
 
-KEYWORD_LITERALS = _keyword_literals()
+@functools.lru_cache(maxsize=8192)  # the same few names (`token`, `m_pass`) come back often
+def credential_kind(name: str) -> Kind | None:
+    """PASSWORD or API_KEY if `name` names a credential, else None."""
+    words = [w.lower() for w in _WORD.findall(name)]
+    if not words:
+        return None
+    words = [w[:-1] if len(w) > 4 and w.endswith("s") else w for w in words]
+    if words[-1] in NOT_A_VALUE:
+        return None
+    if any(w in PASSWORD_WORDS or w.endswith(_PASSWORD_ENDINGS) for w in words):
+        return Kind.PASSWORD
+    if any(w in SECRET_WORDS or w in _KEY_COMPOUNDS or w.endswith(_SECRET_ENDINGS) for w in words):
+        return Kind.API_KEY
+    if "key" in words and KEY_QUALIFIERS.intersection(words[: words.index("key")]):
+        return Kind.API_KEY
+    return None
+
+
+# ---- where a name sits
+
+_NAME_CHARS = re.compile(r"[\w.\-]{0,64}")
+_ESCAPE_LETTERS = frozenset("nrt0")
+_COMMENT_START = re.compile(r"[ \t]*(?:/\*|\*|#(?![ \t]*(?:define|include|if|undef|pragma)\b))")
+# a line that is a config entry on its own: `password = x`, `  db_pass: x`, `export X=y`,
+# `- DB_PASSWORD=x` (in a raw string, a block comment, a heredoc)
+_CONFIG_LINE_HEAD = re.compile(r"[ \t]*+(?:[-*#;][ \t]*+)?(?:(?:export|set|setenv)[ \t]++)?\Z")
+_CONFIG_LINE_TAIL = re.compile(r"(?:[ \t]+[#;].*)?[ \t]*\Z")  # `x = y;` is C++, `x = y ; c` INI
+
+
+def _name_span(text: str, pos: int) -> tuple[int, int]:
+    """The identifier around text[pos] (letters, digits, `_ . -`), at most 64 each side."""
+    before = _NAME_CHARS.match(text[max(0, pos - 64) : pos][::-1])
+    start = pos - (before.end() if before else 0)
+    # `"host=db\npassword=x"`: the `n` of an escape is not part of the name
+    if start and text[start - 1] == "\\" and text[start] in _ESCAPE_LETTERS:
+        start += 1
+    after = _NAME_CHARS.match(text, pos)
+    end = after.end() if after else pos
+    while start < end and text[start] in ".-":
+        start += 1
+    while end > start and text[end - 1] in ".-":
+        end -= 1
+    return start, end
+
+
+def _in_string(line_head: str) -> bool:
+    """An odd number of unescaped double quotes before the name on its line."""
+    return (line_head.count('"') - line_head.count('\\"')) % 2 == 1
+
+
+_LINE_WINDOW = 1024  # how far a value's line is read either side: long lines cost no more
+
+
+def _line_around(text: str, start: int, end: int) -> tuple[int, int]:
+    """The start of the line holding text[start] and the end of the one holding text[end],
+    each at most _LINE_WINDOW away (a longer line is cut there)."""
+    lo = max(0, start - _LINE_WINDOW)
+    line_start = text.rfind("\n", lo, start) + 1 or lo
+    line_end = text.find("\n", end, end + _LINE_WINDOW)
+    return line_start, (line_end if line_end >= 0 else min(len(text), end + _LINE_WINDOW))
+
+
+def _unquoted_context(text: str, start: int, value_end: int) -> str | None:
+    """Where an unquoted value may be taken, and how it ends: where C++ cannot put an
+    expression (a comment, a string literal, a config line of its own, after `--`, `;`, `?`
+    or `&`). In code, `password = read_password();` assigns a variable, not a secret."""
+    if start and text[start - 1] in "?&":
+        return "query"
+    if text.startswith("--", start - 2) or (start and text[start - 1] == ";"):
+        return "argument"
+    line_start, line_end = _line_around(text, start, value_end)
+    head = text[line_start:start]
+    if "//" in head or "/*" in head or _COMMENT_START.match(head):
+        return "comment"
+    if _in_string(head):
+        return "string"
+    if _CONFIG_LINE_HEAD.fullmatch(head) and _CONFIG_LINE_TAIL.match(text, value_end, line_end):
+        return "config"
+    return None
+
+
+# ---- what follows the name
+
+_SCHEME = r"(?:(?i:bearer|basic|token|bot|digest|oauth)[ ]+)?"
+# the key's closing quote(s) or bracket, an operator (or none: `#define NAME "x"`), maybe a
+# wrapper call (`std::string(`, `QStringLiteral(`), then a quote: a quoted value follows
+# (whitespace runs are possessive, `*+`: a name followed by a megabyte of blanks must not
+# backtrack through every way of splitting them)
+_QUOTED_AFTER = re.compile(
+    r"(?:[^\S\n]*+\[[^\S\n]*+\w*[^\S\n]*+\])?(?:\\?[\"'`]|\]){0,2}[^\S\n]*+"
+    r"(?:=|:=|==|!=|:|\(|\{|,|->|=>|\bis\b|\bwas\b)?[^\S\n]*+"
+    r"(?:[A-Za-z_][\w:]*+[^\S\n]*+[({][^\S\n]*+)?[({]?[^\S\n]*+"
+    r"(?P<prefix>(?:L|u8|u|U)?R?)(?P<q>\\?[\"'`])"
+)
+_LITERAL_BODY = {
+    '"': re.compile(r'(?:[^"\\\n]|\\.){1,256}(?=")'),
+    "'": re.compile(r"(?:[^'\\\n]|\\.){1,256}(?=')"),
+    "`": re.compile(r"[^`\\\n]{1,256}(?=`)"),
+    '\\"': re.compile(r'[^"\\\n]{1,256}(?=\\")'),
+    "\\'": re.compile(r"[^'\\\n]{1,256}(?=\\')"),
+}
+_RAW_OPEN = re.compile(r"(?P<delim>[^()\\\s\"]{0,16})\(")
+_SCHEME_VALUE = re.compile(r"(?i:bearer|basic|token|bot|digest|oauth) +(?=\S+\Z)")
+# `password=x`, `password = x`, `password: x`, `Authorization: Bearer x`, `PWD={x;y}`
+_BARE_AFTER = re.compile(
+    r"(?:\\?[\"'])?(?P<op>[^\S\n]*+(?:=|:(?![:/]))[^\S\n]*+|(?<=\w) (?=[^\s\-\"'`]))"
+    + _SCHEME
+    + r"(?P<value>\{[^{}\n]{1,256}\}|[^\s\"'`\\;,<>(){}\[\]|]{1,256})"
+)
+
+
+def _quoted_value(text: str, pos: int) -> tuple[int, int] | None:
+    """Span of the literal's content whose opening quote ends at `pos` (prefix and quote
+    already matched); raw strings `R"d(...)d"` on one line included."""
+    m = _QUOTED_AFTER.match(text, pos)
+    if m is None:
+        return None
+    quote, start = m.group("q"), m.end()
+    if "R" in m.group("prefix") and quote == '"':
+        d = _RAW_OPEN.match(text, start)
+        if d is None:
+            return None
+        close = text.find(")" + d.group("delim") + '"', d.end(), d.end() + 257)
+        if close < 0 or "\n" in text[d.end() : close]:
+            return None
+        return d.end(), close
+    body = _LITERAL_BODY[quote].match(text, start)
+    return (start, body.end()) if body else None
+
+
+_DEFINE_HEAD = re.compile(r"[ \t]*+#[ \t]*+define[ \t]++\Z")
+_DEFINE_VALUE = re.compile(
+    r"[ \t]++(?P<value>[^\s\"'`\\;,<>(){}\[\]|]{1,256})[ \t]*+(?:/[/*].*)?$", re.MULTILINE
+)
+
+
+def _define_value(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """`#define DB_PASSWORD S3cr3t!`: a macro whose whole body is one unquoted token."""
+    if end >= len(text) or text[end] not in " \t":
+        return None
+    line_start, _ = _line_around(text, start, start)
+    if not _DEFINE_HEAD.fullmatch(text, line_start, start):
+        return None
+    m = _DEFINE_VALUE.match(text, end)
+    return m.span("value") if m else None
 
 
 def find_assigned_secret(text: str, config: ScrubConfig) -> Iterator[Hit]:
     lowered = folded(text)
-    seen: set[tuple[int, int]] = set()
-    for word in KEYWORD_LITERALS:
-        pos = lowered.find(word)
+    names: set[int] = set()
+    flags_read_to = 0  # `-p` flags after `mysql` are read once, however many `mysql`s a line has
+    for anchor in ANCHORS:
+        pos = lowered.find(anchor)
         while pos >= 0:
-            for pattern in (_ASSIGNED_QUOTED, _ASSIGNED_BARE):
-                m = pattern.match(text, pos)
-                if m is None or m.span("value") in seen:
-                    continue
-                seen.add(m.span("value"))
-                yield from _assigned_hit(text, m, config)
-            pos = lowered.find(word, pos + 1)
+            if anchor == "pass" and lowered.startswith("sshpass", pos - 3):
+                yield from _sshpass_password(text, pos - 3, config)
+            elif anchor == "mysql":
+                if pos >= flags_read_to:
+                    flags_read_to = _line_around(text, pos, pos)[1]
+                    yield from _mysql_passwords(text, pos, flags_read_to, config)
+            elif anchor != "key" or (
+                lowered[pos - 1 : pos] in _QUALIFIER_LAST  # cheap: most `key`s are map keys
+                and _KEY_QUALIFIED.search(lowered, max(0, pos - 9), pos)
+            ):
+                start, end = _name_span(text, pos)
+                if start not in names:
+                    names.add(start)
+                    yield from _named_value(text, start, end, config)
+            pos = lowered.find(anchor, pos + len(anchor))
 
 
-def _assigned_hit(text: str, m: re.Match[str], config: ScrubConfig) -> Iterator[Hit]:
-    start, end = m.span("value")
-    value = m.group("value")
-    kind = Kind.PASSWORD if _PASSWORD_NAME.search(m.group("name")) else Kind.API_KEY
-    if not plausible_secret(value, kind, config):
+def _named_value(text: str, start: int, end: int, config: ScrubConfig) -> Iterator[Hit]:
+    kind = credential_kind(text[start:end])
+    if kind is None:
+        return
+    quoted = _quoted_value(text, end)
+    if quoted is not None:
+        value_start, value_end = quoted
+        scheme = _SCHEME_VALUE.match(text, value_start, value_end)
+        value_start = scheme.end() if scheme else value_start
+        yield from _hit(text, value_start, value_end, kind, config, False, text[start:end])
+        return
+    unquoted = _unquoted_value(text, start, end)
+    if unquoted is not None:
+        yield from _hit(text, *unquoted, kind, config, True, text[start:end])
+
+
+def _unquoted_value(text: str, start: int, end: int) -> tuple[int, int] | None:
+    m = _BARE_AFTER.match(text, end)
+    if m is None or (m.group("op").isspace() and not text.startswith("--", start - 2)):
+        return _define_value(text, start, end)  # `name value`: flags only
+    value_start, value_end = m.span("value")
+    where = _unquoted_context(text, start, value_end)
+    if where is None:
+        return None
+    if text[value_start] == "{":
+        return value_start + 1, value_end - 1  # ODBC's braces quote a value that holds `;`
+    if where == "query":
+        amp = text.find("&", value_start, value_end)  # the next parameter
+        value_end = amp if amp >= 0 else value_end
+    elif where == "comment" and text[value_end - 1] in ".:" and value_end - value_start > 1:
+        value_end -= 1  # a sentence's full stop is not the password's
+    return value_start, value_end
+
+
+def _spells_name(value: str, name: str) -> bool:
+    """`#define SN_setct_AuthResTBS "setct-AuthResTBS"` (OpenSSL's object names): a value
+    spelled inside its own name names a thing. (Not the other way round: `Password1!` is a
+    password, if a weak one.)"""
+    v = "".join(c for c in value.lower() if c.isalnum())
+    return len(v) >= 4 and v in "".join(c for c in name.lower() if c.isalnum())
+
+
+def _hit(
+    text: str,
+    start: int,
+    end: int,
+    kind: Kind,
+    config: ScrubConfig,
+    bare: bool,
+    name: str = "",
+    detector: str = "assigned_secret",
+) -> Iterator[Hit]:
+    value = text[start:end]
+    if not plausible_secret(value, kind, config, bare=bare) or _spells_name(value, name):
         return
     if on_include_line(text, start) or is_hash_or_uuid(value, text, start, end):
         return
-    yield Hit(start, end, kind, "assigned_secret")
+    yield Hit(start, end, kind, detector)
+
+
+# `mysql -u root -pS3cr3t`, `mysqldump -uroot -p'x'`, `sshpass -p 'x' ssh host`
+_P_VALUE = r"(?:(?P<q>['\"])(?P<quoted>[^'\"\s]{1,128})(?P=q)|(?P<glued>[^\s'\"`;|<>]{1,128}))"
+_P_FLAG = re.compile(r"(?<=\s)-p" + _P_VALUE)
+_SSHPASS_P = re.compile(r"sshpass[ \t]+-p[ \t]*" + _P_VALUE)
+
+
+def _mysql_passwords(text: str, start: int, end: int, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _P_FLAG.finditer(text, start, end):
+        group = "quoted" if m.group("quoted") else "glued"
+        yield from _hit(text, *m.span(group), Kind.PASSWORD, config, bare=True)
+
+
+def _sshpass_password(text: str, start: int, config: ScrubConfig) -> Iterator[Hit]:
+    m = _SSHPASS_P.match(text, start, _line_around(text, start, start)[1])
+    if m is not None:
+        group = "quoted" if m.group("quoted") else "glued"
+        yield from _hit(text, *m.span(group), Kind.PASSWORD, config, bare=True)
+
+
+# ---- passwords in URLs: `scheme://user:password@host`, the user may be empty
+
+_URL_USERINFO = re.compile(
+    r"://[^\s:/?#\[\]@\"'<>`\\]*:(?P<password>[^\s/?#\[\]@\"'<>`\\]{1,256})@(?=[\w\[])"
+)
+
+
+def find_url_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _URL_USERINFO.finditer(text):
+        start, end = m.span("password")
+        if not on_include_line(text, start):
+            yield from _hit(text, start, end, Kind.PASSWORD, config, True, "", "url_password")
+
+
+# the URL finder's prefilter: starts with a literal, so `re` skips ahead fast
+URL_USERINFO_TRIGGER = re.compile(r"://[^\s/@]*:[^\s/@]*@")

@@ -9,13 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from detect_secrets.plugins.basic_auth import BasicAuthDetector
 from detect_secrets.plugins.private_key import PrivateKeyDetector
 
 from megacpp_pipeline.gates.scrub.credentials import (
-    KEYWORD_LITERALS,
+    TRIGGERS,
+    URL_USERINFO_TRIGGER,
     find_assigned_secret,
-    find_basic_auth,
+    find_url_password,
 )
 from megacpp_pipeline.gates.scrub.hits import Finder, Hit, Kind
 from megacpp_pipeline.gates.scrub.keys import find_private_key, find_ssh_key
@@ -70,13 +70,9 @@ DETECTORS: tuple[Detector, ...] = (
         for trig, ic, pats in VENDOR_KEYS
     ),
     Detector(
-        "basic_auth_url",
-        3,
-        find_basic_auth,
-        trigger_regexes=(BasicAuthDetector.denylist[0],),
-        common=True,
+        "url_password", 3, find_url_password, trigger_regexes=(URL_USERINFO_TRIGGER,), common=True
     ),
-    Detector("assigned_secret", 4, find_assigned_secret, KEYWORD_LITERALS, ignore_case=True),
+    Detector("assigned_secret", 4, find_assigned_secret, TRIGGERS, ignore_case=True),
     Detector("email", 5, find_email, triggers=("@",), common=True),
     Detector(
         "local_path",

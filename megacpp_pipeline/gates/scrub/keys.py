@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 _PEM_BEGIN = re.compile(r"-{4,5} ?BEGIN (?P<label>[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?) ?-{4,5}")
 _BASE64_LINE = re.compile(r"[^\S\n]*[\"'(]?[A-Za-z0-9+/=:\-, ]{16,}(?:\\n)?[\"']?[^\S\n]*(?:\n|$)")
+# the last line of a truncated block is shorter; taken only right after full ones
+_BASE64_LAST_LINE = re.compile(
+    r"[^\S\n]*[\"'(]?[A-Za-z0-9+/]{1,63}={0,2}(?:\\n)?[\"']?[^\S\n]*(?:\n|$)"
+)
 _PUTTY = re.compile(r"PuTTY-User-Key-File-\d+:.*?Private-MAC: ?[0-9a-fA-F]+", re.DOTALL)
 
 
@@ -22,7 +26,10 @@ def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
     pos = 0
     while (m := _PEM_BEGIN.search(text, pos)) is not None:
         end_re = re.compile(r"-{4,5} ?END " + re.escape(m.group("label")) + r" ?-{4,5}")
-        e = end_re.search(text, m.end())
+        # the END must come before the next BEGIN: else this block was cut short, and the
+        # END belongs to a later key (replacing everything in between would erase code)
+        next_begin = text.find("BEGIN ", m.end())
+        e = end_re.search(text, m.end(), len(text) if next_begin < 0 else next_begin)
         if e is not None:
             end = e.end()
         else:
@@ -35,6 +42,8 @@ def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
             ):
                 end = cursor + len(b.group(0).rstrip())
                 cursor = b.end()
+            if end > m.end() and (b := _BASE64_LAST_LINE.match(text, cursor)):
+                end = cursor + len(b.group(0).rstrip())
         yield Hit(m.start(), end, Kind.PRIVATE_KEY, "pem_private_key")
         pos = end
     for m in _PUTTY.finditer(text):
@@ -44,7 +53,7 @@ def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
 _SSH_PUBLIC_KEY = re.compile(
     r"(?<![\w-])(?:ssh-(?:rsa|dss|ed25519)|ecdsa-sha2-nistp(?:256|384|521)"
     r"|sk-(?:ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com)"
-    r" AAAA[0-9A-Za-z+/]{16,}={0,3}(?: [^\s\"'<>\\@]+@[^\s\"'<>\\]*[^\s\"'<>\\.,;])?"
+    r" AAAA[0-9A-Za-z+/]{16,}={0,3}(?: [^\s\"'<>\\@]+@[^\s\"'<>\\()]*[^\s\"'<>\\.,;()])?"
 )
 
 

@@ -38,6 +38,9 @@ _FILE_EXTENSION = re.compile(
 )
 
 
+_URL_PASSWORD_BEFORE = re.compile(r"://[^\s:/?#\[\]@\"'<>`\\]*:[^\s/?#\[\]@\"'<>`\\]*\Z")
+
+
 def find_email(text: str, config: ScrubConfig) -> Iterator[Hit]:
     for m in _EMAIL_DOMAIN.finditer(text):
         at = m.start()
@@ -55,6 +58,8 @@ def find_email(text: str, config: ScrubConfig) -> Iterator[Hit]:
             continue
         if text[start:at].lower() in config.role_email_users:
             continue
+        if _URL_PASSWORD_BEFORE.search(text, max(0, start - 256), start):
+            continue  # `scheme://user:changeme@host`: a password's place, the URL finder's call
         if on_include_line(text, start):
             continue
         yield Hit(start, at + 1 + len(domain), Kind.EMAIL, "email")
@@ -62,11 +67,21 @@ def find_email(text: str, config: ScrubConfig) -> Iterator[Hit]:
 
 # ---- IP addresses: detect-secrets' public-IPv4 pattern, then ipaddress decides what is public
 
-_IPV4 = IPPublicDetector.denylist[0]
+# detect-secrets' public-IPv4 pattern with its 172.16.0.0/12 exclusion closed by a dot: as
+# published, `172\.(?:1[6-9]|2[0-9]|3[01])` also skips every public 172.160-172.255 address
+# (it matches the `172.24` of `172.240.1.9`). ipaddress decides what is private anyway.
+_IPV4 = re.compile(
+    IPPublicDetector.denylist[0].pattern.replace(
+        r"172\.(?:1[6-9]|2[0-9]|3[01])", r"172\.(?:1[6-9]|2[0-9]|3[01])\."
+    ),
+    IPPublicDetector.denylist[0].flags,
+)
 # global unicast IPv6 is 2000::/3, so the first hextet is four hex digits starting 2 or 3
 _IPV6 = re.compile(r"(?<![\w:.])[23][0-9A-Fa-f]{3}:[0-9A-Fa-f:]*[0-9A-Fa-f](?![\w:.])")
+# an object identifier (`GNUTLS_OID_X520_NAME "2.5.4.41"`) is dotted numbers, not an address
 _VERSION_CONTEXT = re.compile(
     r"version|(?<![a-z])ver(?![a-z])|release|since|revision|(?<![a-z])rev(?![a-z])|\bv\s*$"
+    r"|(?<![a-z])oid(?![a-z])"
 )
 # no "http": URLs in comments are everywhere in C++ (`index.html?path=4.1.1.4`); the host
 # right after `://` or `@` is checked on its own
@@ -136,19 +151,31 @@ def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
 # ---- machine-local paths: a user's home directory or a per-user /tmp build directory
 
 _PATH_TAIL = r"(?P<tail>(?:[/\\]{1,2}[^\s\"'<>|*?,;:()\[\]{}\\/`]*)*)"
+# a POSIX path has no backslash separators: `\n` after it is a string's escape, not a folder
+_POSIX_TAIL = _PATH_TAIL.replace("[/\\\\]{1,2}", "/{1,2}")
 # Each pattern starts with a literal (so `re` can skip ahead fast); the character before the
 # path is checked separately (`/usr/home`, `~/home` and `x/home` are not a home directory).
 _POSIX_HOME = re.compile(
-    r"(?P<root>/(?:home|Users|usr/home)/(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*))" + _PATH_TAIL
+    r"(?P<root>/(?:home|Users|usr/home)/(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*))" + _POSIX_TAIL
 )
 _WINDOWS_HOME = re.compile(
     r"(?P<root>:(?:\\\\|\\|/)(?:[Uu]sers|USERS|Documents and Settings)(?:\\\\|\\|/)"
     r"(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*))" + _PATH_TAIL
 )
 _TMP_USER = re.compile(
-    r"(?P<root>/tmp/(?P<user>[A-Za-z][A-Za-z0-9._]*)-[A-Za-z0-9._-]*)" + _PATH_TAIL
+    r"(?P<root>/tmp/(?P<user>[A-Za-z][A-Za-z0-9._]*)-[A-Za-z0-9._-]*)" + _POSIX_TAIL
 )
 _SHARED_HOMES = frozenset({"shared", "public", "default", "default user", "all users"})
+
+
+def _after_short_flag(text: str, start: int) -> bool:
+    """`-I/home/alice/include`, `-L/Users/bob/lib`: a compiler flag glued to the path."""
+    return (
+        start >= 2
+        and text[start - 2] == "-"
+        and text[start - 1].isalpha()
+        and (start < 3 or not (WORD_CHAR.match(text[start - 3]) or text[start - 3] == "-"))
+    )
 
 
 def find_local_path(text: str, config: ScrubConfig) -> Iterator[Hit]:
@@ -166,7 +193,11 @@ def find_local_path(text: str, config: ScrubConfig) -> Iterator[Hit]:
                     or (start and WORD_CHAR.match(text[start - 1]))
                 ):
                     continue
-            elif start and (WORD_CHAR.match(text[start - 1]) or text[start - 1] in ".~-"):
+            elif (
+                start
+                and (WORD_CHAR.match(text[start - 1]) or text[start - 1] in ".~-")
+                and not _after_short_flag(text, start)
+            ):
                 continue
             end = m.end("root") if config.keep_path_tail else m.end()
             while end > m.end("root") and text[end - 1] in ".\\":

@@ -80,19 +80,50 @@ _CODE_NAME = re.compile(
     r"[a-z]+(?:_[a-z0-9]+)*|[A-Z]+(?:_[A-Z0-9]+)*|[a-z]+(?:[A-Z][a-z0-9]*)+|(?:[A-Z][a-z0-9]+){2,}"
     r"|[A-Za-z_][\w:.]*(?:\(\)?|->\w+)?"
 )
-_FORMAT = re.compile(r"%[-+ #0-9.]*[a-zA-Z]|\{\}|\$\{|\{\d+\}|<[A-Za-z_]+>")
-_FILE_LIKE = re.compile(r"(?:^[./~]|://)|\.(?:pem|key|json|txt|ya?ml|h|hpp|cpp|crt|cfg|ini|env)$")
-_KEY_CHARS = re.compile(r"[A-Za-z0-9+/=_\-.~:]+")
-
-
 _SNAKE_NAME = re.compile(
     r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+"
     r"|[A-Za-z][a-z0-9]*(?:-[A-Za-z][a-z0-9]*)+"  # kebab: `Access-Control-Allow-Headers`
 )
 _VERSION_VALUE = re.compile(r"[vV]?\d+(?:\.\d+)+")
-
-
+# a part of a snake or kebab name: a word, maybe with a number after it (`sha256`, `int64`,
+# `ed25519`, `v2`), or a number. `river7546-S`, `tundra0764_d`, `Hmv-Y127y` are shaped like
+# names but are passwords: a word and a year, digits inside a word.
+_NAME_PART = re.compile(r"[A-Za-z]+(?:\d{1,3}|\d{5,})?|\d+")
+_NAME_SEPARATOR = re.compile(r"[-_]")
 _CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+# printf / std::format / Qt conversions: `%s`, `%08x`, `%.*s`, `{}`, `{0}`, `{:>8}`, `%1`
+_FORMAT = re.compile(
+    r"%[-+ #0-9.*]*(?:hh|ll|[hlLzjtq])?[diouxXeEfFgGaAcspn]|%%|%\d|\{\d*(?::[^{}]*)?\}"
+)
+# a template or variable in the value's place: ${X}, $(cmd), {{ x }}, %(x)s, <x>, [x]
+_ONE_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
+_TEMPLATE = re.compile(r"\$[({]|\{\{|\}\}|%\(|<[^<>]*>|^\[.*\]$")
+_PLACEHOLDER = re.compile(
+    r"\$[A-Za-z_]\w*|%[A-Za-z_]\w*%|@[A-Za-z_]\w*@|__[A-Za-z]\w*__|\{[A-Za-z_][\w.\- ]*\}"
+    r"|(.)\1{2,}|\.\.\.+|…"  # `****`, `xxxxxxxx`, `...`
+)
+_PLACEHOLDER_WORDS = frozenset(
+    {"password", "passwd", "secret", "token", "changeme", "changeit", "example", "placeholder"}
+    | {"redacted", "hidden", "dummy", "none", "null", "nil", "undefined", "todo", "fixme"}
+    | {"default", "empty", "sample", "notset", "unset", "required", "optional"}
+)
+# `your_password`, `YOUR-TOKEN`, `YourApiKey`, `insert-key-here`
+_PLACEHOLDER_LEAD = re.compile(
+    r"(?i:your|insert|enter|replace)(?:[-_]|$)|(?:Your|Insert|Enter|Replace)[A-Z]"
+)
+_EXPRESSION = re.compile(r"[()\[\]]|->|::")
+_NUMBER = re.compile(
+    r"[-+]?(?:0[xX][0-9A-Fa-f']+|0[bB][01']+|\d[\d']*(?:\.\d*)?(?:[eE][-+]?\d+)?)[uUlLfFzZ]*"
+)
+_KEY_CHARS = re.compile(r"[A-Za-z0-9+/=_\-.~:!#$%&*?^@]+")
+# where a path starts (`/`, `./`, `../`, `~/`, `C:\`), and the segments a path is made of:
+# lowercase or Capitalized words, where base64 mixes cases at random (`/K7MDENG/bPxRf`)
+_PATH_START = re.compile(r"(?:\.{1,2}|~)?/|[A-Za-z]:[\\/]")
+_PATH_SEGMENT = re.compile(r"[a-z0-9_.\-]*|[A-Z][a-z0-9_.\-]*|[A-Z0-9_.\-]*")
+_FILE_NAME = re.compile(
+    r"(?P<stem>[\w.\-]+)\.(?:pem|key|json|txt|ya?ml|h|hpp|cpp|crt|cfg|ini|env|conf|p12|pfx|der|jks)"
+)
+_PATH_SEP = re.compile(r"[\\/]+")
 
 
 def _looks_like_code_name(value: str) -> bool:
@@ -105,15 +136,58 @@ def _looks_like_code_name(value: str) -> bool:
     return short <= max(1, len(words) // 4)
 
 
-def plausible_secret(value: str, kind: Kind, config: ScrubConfig) -> bool:
-    """False for values that name something rather than being a secret: identifiers
-    (`user_password_field`, `MEGACPP_API_KEY_2`, `kw_static_cast`), format strings, paths."""
-    if any(c.isspace() for c in value) or _FORMAT.search(value) or _FILE_LIKE.search(value):
+def _looks_like_path(value: str) -> bool:
+    if "://" in value:
+        return True
+    file = _FILE_NAME.fullmatch(value)
+    if file and (_PATH_SEGMENT.fullmatch(stem := file.group("stem")) or _names_something(stem)):
+        return True  # `secret.json`, `MyKey.pem`; not `SpKKiow9CYT.h`
+    start = _PATH_START.match(value)
+    if start is None:
         return False
-    if _SNAKE_NAME.fullmatch(value) or _VERSION_VALUE.fullmatch(value):
+    return all(_PATH_SEGMENT.fullmatch(s) for s in _PATH_SEP.split(value[start.end() :]))
+
+
+def _is_placeholder(value: str) -> bool:
+    """`<password>`, `${DB_PASSWORD}`, `$TOKEN`, `%API_KEY%`, `@DB_PASS@`, `****`, `changeme`,
+    `YourPassword`: a value to fill in, not a value."""
+    if _TEMPLATE.search(value) or _PLACEHOLDER.fullmatch(value):
+        return True
+    if "".join(c for c in value.lower() if c.isalnum()) in _PLACEHOLDER_WORDS:
+        return True
+    return _PLACEHOLDER_LEAD.match(value) is not None
+
+
+def _names_something(value: str) -> bool:
+    """Identifiers (`user_password_field`, `MEGACPP_API_KEY_2`, `kw_static_cast`), calls and
+    subscripts, versions, paths and URLs: what a name is assigned when it holds no secret."""
+    return bool(
+        (
+            _SNAKE_NAME.fullmatch(value)
+            and all(_NAME_PART.fullmatch(p) for p in _NAME_SEPARATOR.split(value))
+        )
+        or _VERSION_VALUE.fullmatch(value)
+        or _EXPRESSION.search(value)
+        or _looks_like_code_name(value)
+        or _looks_like_path(value)
+    )
+
+
+def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = False) -> bool:
+    """False for values that name something rather than being a secret, for placeholders and
+    for format strings; `bare` (unquoted) values must not be plain numbers either."""
+    if not value or "\\" in value or any(c.isspace() for c in value):
         return False
-    if _looks_like_code_name(value):
+    if _is_placeholder(value) or _names_something(value):
         return False
+    if _FORMAT.search(value):
+        # `%s`, `user=%s`, `v%d.%d`, `{}:{}` hold nothing but a word around the conversions;
+        # a password that happens to hold `%d` (`x9%dQm!`) still has more than a word left
+        rest = "".join(c for c in _FORMAT.sub("", value) if c.isalnum())
+        if not rest or rest.isdigit() or _ONE_WORD.fullmatch(rest):
+            return False
+    if bare and _NUMBER.fullmatch(value):
+        return False  # `#define PASSWORD_MAX 0x7fffffffUL`: a number, not a password
     if kind is Kind.PASSWORD:
         return len(value) >= config.min_password_length
     if len(value) < config.min_key_length or not _KEY_CHARS.fullmatch(value):
