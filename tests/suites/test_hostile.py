@@ -1,9 +1,10 @@
-"""Hostile input: one `megacpp run` over a directory, a tar archive and a git repository
-holding good C++ next to ~45 hostile cases must exit 0, keep every good file, put every bad
-file in the snapshot ledger with the expected stage and reason, and write nothing outside
-its data dir. Zip and JSONL cases go through the collect stage alone; config cases must stop
-the CLI before any work, naming the field. Per-file bounds of the slow gates (scrub, the
-licence parser) are pinned on inputs that used to take minutes.
+"""Hostile input: one `megacpp run` over a directory and a tar archive (the slow suite adds a
+git repository) holding good C++ next to ~45 hostile cases must exit 0, keep every good
+file, put every bad file in the snapshot ledger with the expected stage, reason and a detail
+a person can read, and write nothing outside its data dir. Zip, JSONL and git cases also go
+through the collect stage alone; config cases must stop the CLI before any work, naming the
+field. Inputs that used to take the slow gates (scrub, the licence parser, enrich's syntax
+lane) minutes are pinned by what they must return; a generous hang guard is the only clock.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.fixtures.hostile.cases import (
     KEPT,
     REPO,
     HostileRun,
+    escaped_files,
     good_cpp,
     hostile_run,
     tree_listing,
@@ -34,6 +36,9 @@ from tests.fixtures.hostile.cases import (
     write_tar,
     write_zip,
 )
+
+# A hang guard for subprocesses, not a performance limit: each finishes in seconds.
+HANG_GUARD_S = 300
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,8 @@ def _check_outcomes(run: HostileRun) -> tuple[list[str], dict[str, dict[str, str
             got = KEPT if (case.source, case.path) in documents else "kept but not in documents"
         else:
             got = f"{row['reason']} @ {row['stage']}"
-            assert row["detail"] or row["reason"], case  # a reason a person can read
+            if not row["detail"]:
+                wrong.append(f"{case.name} ({case.source}:{case.path!r}): dropped, no detail")
         want = KEPT if case.expect == KEPT else f"{case.expect} @ {case.stage}"
         outcomes[case.name] = {"expected": want, "actual": got}
         if got != want:
@@ -106,7 +112,12 @@ def test_nothing_is_written_outside_the_data_dir(run: HostileRun) -> None:
     assert not changed, sorted(changed)
     assert list(run.tmp.iterdir()) == [], "temporary files left behind"
     assert list(run.cwd.iterdir()) == [], "files appeared in the run's working directory"
-    assert not (run.root / "escape.h").exists() and not Path("/tmp/absolute_escape.h").exists()
+
+
+def test_no_escaping_tar_member_is_written_anywhere(run: HostileRun) -> None:
+    escapes = {"tar_dotdot_entry", "tar_absolute_entry", "tar_nested_dotdot"}
+    assert escapes <= {case.name for case in run.corpus.cases}  # the run held them
+    assert escaped_files(run.root) == []
 
 
 # --- zip and JSONL through the collect stage --------------------------------------------
@@ -125,7 +136,6 @@ def _outcome(row: dict | None) -> str:
     return KEPT if row["status"] == "kept" else str(row["reason"])
 
 
-@pytest.mark.timeout(120)
 def test_zip_bomb_lying_header_escapes_and_member_flood_are_ledgered(tmp_path: Path) -> None:
     good = {f"a/good_{k}.h": good_cpp(400 + k) for k in range(3)}  # sorted first
     archive = tmp_path / "hostile.zip"
@@ -137,10 +147,10 @@ def test_zip_bomb_lying_header_escapes_and_member_flood_are_ledgered(tmp_path: P
         assert _outcome(got.get(rel)) == KEPT, rel
     for case in cases:
         assert _outcome(got.get(case.path)) == case.expect, (case.name, got.get(case.path))
-    assert list(tmp_path.iterdir()) == [archive] or not (tmp_path / "zip_escape.h").exists()
+    assert {p.name for p in tmp_path.iterdir()} <= {archive.name, "cache"}  # nothing extracted
+    assert escaped_files(tmp_path) == []
 
 
-@pytest.mark.timeout(60)
 def test_jsonl_records_with_escaping_paths_or_torn_lines_are_ledgered(tmp_path: Path) -> None:
     good = {f"j/good_{k}.h": good_cpp(500 + k) for k in range(3)}
     export = tmp_path / "export.jsonl"
@@ -153,7 +163,6 @@ def test_jsonl_records_with_escaping_paths_or_torn_lines_are_ledgered(tmp_path: 
         assert _outcome(got.get(case.path)) == case.expect, (case.name, got)
 
 
-@pytest.mark.timeout(120)
 def test_tar_escapes_links_devices_duplicates_and_disorder_are_ledgered_in_path_order(
     tmp_path: Path,
 ) -> None:
@@ -170,9 +179,9 @@ def test_tar_escapes_links_devices_duplicates_and_disorder_are_ledgered_in_path_
     for case in cases:
         assert _outcome(got.get(case.path)) == case.expect, (case.name, got.get(case.path))
     assert [p.name for p in tmp_path.iterdir()] == ["hostile.tar.gz"]  # nothing extracted
+    assert escaped_files(tmp_path) == []
 
 
-@pytest.mark.timeout(120)
 def test_git_names_links_submodules_and_repo_config_are_data_at_collect(tmp_path: Path) -> None:
     """The git cases through the collect stage, which runs every git command the pipeline
     runs: hostile names and links are ledgered, and the repository's own fsmonitor, filter,
@@ -204,6 +213,7 @@ def test_the_full_run_with_tar_and_git_sources_keeps_every_good_file_and_runs_no
     kept = set(zip(docs["source_id"].to_pylist(), docs["path"].to_pylist(), strict=True))
     assert set(full.corpus.good) <= kept
     assert list(full.corpus.sentinel_dir.iterdir()) == [] and list(full.cwd.iterdir()) == []
+    assert escaped_files(full.root) == []
 
 
 def collect_sha(path: Path) -> str:
@@ -212,7 +222,6 @@ def collect_sha(path: Path) -> str:
     return sha256_of(path)
 
 
-@pytest.mark.timeout(60)
 def test_an_oversized_compile_database_is_refused_by_size_without_being_read(
     tmp_path: Path,
 ) -> None:
@@ -238,7 +247,11 @@ def test_an_oversized_compile_database_is_refused_by_size_without_being_read(
     assert sum(b.metadata.num_rows for b in batches) == 0
 
 
-# --- per-file bounds of the gates on pathological text --------------------------------------
+# --- pathological text: what the slow gates must return ----------------------------------
+# Each of these once took a gate minutes a file (the figures below); fixed, each takes about
+# a second of CPU. Nothing here measures time: the suite's pytest-timeout (600 s) and
+# HANG_GUARD_S on subprocesses are hang guards only.
+
 _SCRUB_FLOODS = {
     # 40k e-mail addresses: the overlap check between hits was quadratic (134 s a file)
     "emails": ("x@y.co " * 14 + "\n") * 3000,
@@ -247,27 +260,28 @@ _SCRUB_FLOODS = {
 }
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("flood", sorted(_SCRUB_FLOODS))
-def test_scrub_handles_a_flood_of_candidates_in_bounded_time(flood: str) -> None:
-    """pytest-timeout is the bound: before the fix each of these took minutes."""
+def test_scrub_replaces_every_address_of_a_flood_and_leaves_a_keyword_flood_alone(
+    flood: str,
+) -> None:
     text = _SCRUB_FLOODS[flood]
     out, findings = scrub.scrub_text(text, scrub.ScrubConfig())
     if flood == "emails":
         assert len(findings) == 14 * 3000 and "@" not in out
+        assert out.count("\n") == 3000  # replaced in place, the lines intact
     else:
-        assert out == text
+        assert (out, findings) == (text, [])
 
 
-@pytest.mark.timeout(60)
-def test_spdx_expression_with_10k_operands_parses_in_bounded_time() -> None:
+def test_spdx_floods_of_10k_operands_or_5k_nested_parentheses_parse_to_their_meaning() -> None:
     from megacpp_pipeline.gates import license
 
     flood = " OR ".join(["MIT", "Apache-2.0", "BSD-3-Clause", "Zlib"] * 2500)
     parsed = license.parse_expression(flood)
-    assert parsed.is_valid
+    assert parsed.is_valid and parsed.normalized == "MIT OR Apache-2.0 OR BSD-3-Clause OR Zlib"
     bad = license.parse_expression("(" * 5000 + "MIT" + ")" * 5000 + " AND Nope-1.0")
-    assert not bad.is_valid
+    assert not bad.is_valid and bad.normalized == "MIT AND Nope-1.0"
+    assert any("'Nope-1.0' is not an SPDX licence id" in e for e in bad.errors), bad.errors
 
 
 # --- config cases: the CLI stops before any work, naming the field --------------------------
@@ -332,7 +346,6 @@ def _write_config(tmp_path: Path, content: object) -> Path:
     return path
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("name", sorted(CONFIG_CASES))
 def test_a_bad_config_stops_the_cli_before_any_work_naming_the_field(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -357,7 +370,7 @@ def test_a_bad_config_through_the_real_entry_point_is_one_line_and_no_work(
         [sys.executable, "-m", "assets.cli", "run", "--config", str(config),
          "--data-dir", str(data)],
         cwd=REPO, env={**os.environ, "DAGSTER_HOME": str(home)}, capture_output=True, text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )  # fmt: skip
     assert out.returncode == 2
     assert "source 'ok': field subdir" in out.stderr and "Traceback" not in out.stderr
@@ -483,7 +496,7 @@ def test_a_1gb_compile_database_is_refused_by_size_without_being_read(tmp_path: 
 
 
 _DEEP_PARENS = """
-import sys
+import json
 import pyarrow as pa
 from megacpp_pipeline.gates import enrich
 from megacpp_pipeline.core import schemas
@@ -495,16 +508,26 @@ row = {"source_id": "s", "path": "p.cc", "revision": "r", "blob_sha": "b", "size
        "license_source": "file", "license_decision": "allowed", "license_detail": None,
        "scrub_replacements": 0}
 table = pa.Table.from_pylist([row], schema=schemas.SCRUBBED_FILES)
-result = enrich.run(table, enrich.EnrichConfig(parse_timeout_seconds=2.0))
-print(result.dropped["reason"].to_pylist())
+out = {}
+for budget in (20.0, 0.001):  # the default CPU budget, and one far below the 0.2 s parse
+    result = enrich.run(table, enrich.EnrichConfig(parse_timeout_seconds=budget))
+    dropped = [(r["reason"], r["detail"]) for r in result.dropped.to_pylist()]
+    out[str(budget)] = {"kept": result.kept["path"].to_pylist(), "dropped": dropped}
+print(json.dumps(out))
 """
 
 
-@pytest.mark.slow
-def test_enrich_bounds_the_whole_syntax_lane_per_file_on_100k_nested_parentheses() -> None:
+def test_100k_nested_parentheses_are_enriched_and_a_parse_over_its_budget_is_dropped() -> None:
+    """The query walk over the deep tree used to take minutes (enrich now bounds where matches
+    may start); the parse takes 0.2 s of CPU and is cut at the file's CPU budget. In a
+    subprocess, so that a regression is killed by the hang guard instead of wedging pytest."""
     out = subprocess.run(
         [sys.executable, "-c", _DEEP_PARENS], cwd=REPO, capture_output=True, text=True,
-        timeout=60,  # 30x the per-file budget
+        timeout=HANG_GUARD_S,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "parse_timeout" in out.stdout or out.stdout.strip() == "[]"
+    got = json.loads(out.stdout)
+    assert got["20.0"] == {"kept": ["p.cc"], "dropped": []}
+    assert got["0.001"]["kept"] == []
+    [(reason, detail)] = got["0.001"]["dropped"]
+    assert reason == "parse_timeout" and "0.001 s CPU budget" in detail, detail

@@ -13,6 +13,8 @@ import hmac
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,7 +24,7 @@ from megacpp_pipeline.collect import safe_relpath
 from megacpp_pipeline.gates.scrub import ScrubConfig
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
-from tests.fixtures.hostile.cases import REPO, HostileRun, hostile_run
+from tests.fixtures.hostile.cases import REPO, HostileRun, escaped_files, hostile_run
 
 # Stages that hold file text before the scrub gate: by design they carry the raw content.
 # every stage before scrub reads raw text (in registry order)
@@ -103,14 +105,14 @@ def test_every_kept_path_is_relative_and_inside_its_source(run: HostileRun) -> N
             assert row["reason"] == "unsafe_path", row
 
 
-def test_archive_entries_never_land_outside_the_data_dir(run: HostileRun) -> None:
-    for escaped in (
-        run.root.parent / "escape.h",
-        run.root / "escape.h",
-        Path("/tmp/absolute_escape.h"),
-        run.root.parent / "sneaky.h",
-    ):
-        assert not escaped.exists(), escaped
+def test_escaping_archive_entries_are_ledgered_unsafe_and_written_nowhere(
+    run: HostileRun,
+) -> None:
+    escapes = {"../escape.h", "/tmp/absolute_escape.h", "inc/../../sneaky.h"}
+    ledger = pq.read_table(run.snapshot / "ledger.parquet").to_pylist()
+    tar_drops = {r["path"]: r["reason"] for r in ledger if r["source_id"] == "htar"}
+    assert {path: tar_drops.get(path) for path in escapes} == dict.fromkeys(escapes, "unsafe_path")
+    assert escaped_files(run.root) == []
 
 
 def test_no_symlink_is_followed_out_of_the_root(run: HostileRun) -> None:
@@ -228,4 +230,20 @@ def test_the_ui_binds_to_localhost_by_default() -> None:
     assert re.search(r"`make ui`.*127\.0\.0\.1", readme)
     for name in ("Makefile", "README.md", "workspace.yaml", "dagster.yaml"):
         assert "0.0.0.0" not in (REPO / name).read_text(), name
-    assert os.environ.get("DAGSTER_WEBSERVER_HOST") in (None, "127.0.0.1", "localhost")
+
+
+def test_make_ui_passes_localhost_to_dagster_dev_whatever_the_environment_says() -> None:
+    """The command `make ui` would run, with an environment asking for every interface, still
+    names 127.0.0.1, and `dagster dev` takes `-h` as the webserver's host."""
+    wide_open = {**os.environ, "DAGSTER_WEBSERVER_HOST": "0.0.0.0", "HOST": "0.0.0.0"}
+    planned = subprocess.run(
+        ["make", "-n", "ui"], cwd=REPO, env=wide_open, capture_output=True, text=True, timeout=60
+    )
+    assert planned.returncode == 0, planned.stderr
+    (dev,) = [line for line in planned.stdout.splitlines() if "dagster dev" in line]
+    assert re.search(r"\s-h 127\.0\.0\.1\s", dev + " "), dev
+    usage = subprocess.run(
+        [str(Path(sys.executable).with_name("dagster")), "dev", "--help"],
+        env=wide_open, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert re.search(r"-h, --host\b.*\n?.*webserver", usage.stdout), usage.stdout[-2000:]
