@@ -335,3 +335,22 @@ def test_validate_rows_reports_a_missing_column_and_a_wrong_length() -> None:
 def test_a_negative_doc_id_is_refused_because_it_would_read_as_padding() -> None:
     with pytest.raises(PackingInputError, match="doc_id -1"):
         run_pack([docs_table([3], first_id=-1)], PackingConfig(seq_len=8))
+
+
+@pytest.mark.parametrize("policy", ["best_fit", "packed_rows", "single_doc"])
+def test_no_documents_pack_into_no_batches(policy: str) -> None:
+    config = PackingConfig(seq_len=16, policy=policy, packing_telemetry=True)
+    assert run_pack([], config) == []
+    assert run_pack([docs_table([]), docs_table([])], config) == []
+    assert merge_telemetry([]) is None
+
+
+@pytest.mark.parametrize("empty", ["train", "validation"])
+def test_a_split_without_documents_gets_no_batch_and_the_other_keeps_its_base(empty: str) -> None:
+    full = "validation" if empty == "train" else "train"
+    table = docs_table([5, 40, 0, 17], [full] * 4)
+    batches = run_pack([table], PackingConfig(seq_len=16, window_docs=2, fim_rate=0.5))
+    assert batches and {b.split for b in batches} == {full}
+    pack_ids = [i for b in batches for i in b.rows.column("pack_id").to_pylist()]
+    assert pack_ids == list(range(PACK_ID_BASE[full], PACK_ID_BASE[full] + len(pack_ids)))
+    assert reconstruct(batches, 16).keys() == expected_stream(table).keys()

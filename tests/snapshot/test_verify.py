@@ -1,8 +1,12 @@
-"""The round-trip promotion check decodes documents in bounded batches and still names the
-one document whose tokens no longer decode to its source text."""
+"""`megacpp verify` and the promotion checks from disk: the round trip decodes documents in
+bounded batches and still names the one whose tokens no longer decode to its source text; a
+deleted, truncated or unlisted file and a missing `_COMPLETE` each fail, naming the file."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from megacpp_pipeline import cli
 from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.promote import read_manifest
 from tests.fixtures.snapshot_fixture import build_snapshot
@@ -39,3 +44,97 @@ def test_round_trip_names_the_document_that_no_longer_decodes(tmp_path: Path, mo
     assert not out.passed
     path = pc.take(docs["path"], [17])[0].as_py()
     assert out.problems == [f"doc 17 ({path}): decoded text differs from the source"]
+
+
+# --- files that are missing, cut short, unlisted, or a snapshot without its marker ---------
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_snapshot(
+        tmp_path_factory.mktemp("verify") / "snap", docs_per_split={"train": 12, "validation": 4}
+    ).path
+
+
+def megacpp_verify(snapshot: Path) -> tuple[int, str]:
+    """`megacpp verify` in this process: its exit code and the last line of its stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["verify", str(snapshot)])
+    lines = err.getvalue().strip().splitlines()
+    return code, lines[-1] if lines else ""
+
+
+def damaged(pristine: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "snap"
+    shutil.copytree(pristine, copy)
+    return copy
+
+
+def test_the_untouched_snapshot_verifies(pristine: Path) -> None:
+    assert megacpp_verify(pristine) == (0, "")
+
+
+@pytest.mark.parametrize("rel", ["train/part-00000.parquet", "documents.parquet", "tokenizer.json"])
+def test_a_deleted_listed_file_fails_verify_naming_it_missing(
+    pristine: Path, tmp_path: Path, rel: str
+) -> None:
+    snap = damaged(pristine, tmp_path)
+    (snap / rel).unlink()
+    assert megacpp_verify(snap) == (
+        1,
+        f"megacpp verify: FAILED file_checksums: {snap / rel}: missing",
+    )
+
+
+@pytest.mark.parametrize("rel", ["validation/part-00000.parquet", "pieces.parquet"])
+def test_a_truncated_listed_file_fails_verify_naming_its_size(
+    pristine: Path, tmp_path: Path, rel: str
+) -> None:
+    snap = damaged(pristine, tmp_path)
+    size = (snap / rel).stat().st_size
+    with open(snap / rel, "r+b") as f:
+        f.truncate(size // 2)
+    code, last = megacpp_verify(snap)
+    assert code == 1
+    assert last == (
+        f"megacpp verify: FAILED file_checksums: {snap / rel}: "
+        f"{size // 2} bytes, manifest says {size}"
+    )
+
+
+@pytest.mark.parametrize(
+    "rel", ["train/part-00099.parquet", "notes.txt", "extra/dir/leftover.bin", ".hidden"]
+)
+def test_an_unlisted_extra_file_fails_verify_naming_it(
+    pristine: Path, tmp_path: Path, rel: str
+) -> None:
+    snap = damaged(pristine, tmp_path)
+    (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(snap / "train/part-00000.parquet", snap / rel)  # even a valid shard
+    assert megacpp_verify(snap) == (
+        1,
+        f"megacpp verify: FAILED file_checksums: {snap / rel}: not listed in the manifest",
+    )
+
+
+def test_files_under_the_report_folder_are_outside_the_contract(
+    pristine: Path, tmp_path: Path
+) -> None:
+    snap = damaged(pristine, tmp_path)
+    (snap / "report").mkdir()
+    (snap / "report" / "quality.md").write_text("# derived after promotion\n")
+    assert megacpp_verify(snap) == (0, "")
+
+
+def test_a_snapshot_without_complete_fails_every_check_as_not_a_snapshot(
+    pristine: Path, tmp_path: Path
+) -> None:
+    snap = damaged(pristine, tmp_path)
+    (snap / "_COMPLETE").unlink()
+    code, last = megacpp_verify(snap)
+    assert code == 1
+    assert last == (
+        f"megacpp verify: FAILED file_checksums: {snap}: SnapshotError: "
+        f"{snap}: no _COMPLETE; not a snapshot"
+    )
+    outcomes = verify.verify_snapshot(snap)
+    assert [o.name for o in outcomes if o.passed] == []

@@ -1,0 +1,115 @@
+"""The nightly refresh when a tracked branch really moves: each tick resolves the branch to
+the commit it points at now and requests that commit once; the run collects the commit the
+tick resolved (pinned on the run), even if the branch has moved again by the time it runs;
+the versions the store keeps stay readable and a commit collected once is not requested
+again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from assets.defs import build_defs
+from assets.factory import REVISION_TAG
+from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.hostile.cases import _git
+
+HEADER_V1 = "#pragma once\n// SPDX-License-Identifier: MIT\nint answer() { return 42; }\n"
+HEADER_V2 = "#pragma once\n// SPDX-License-Identifier: MIT\nint answer() { return 43; }\n"
+NEW_FILE = "#pragma once\n// SPDX-License-Identifier: MIT\nstruct Added { int v = 1; };\n"
+LATER_FILE = "#pragma once\n// SPDX-License-Identifier: MIT\nstruct Later { int w = 2; };\n"
+
+
+def commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for rel, text in files.items():
+        (repo / rel).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+class Nightly:
+    """One catalog tracking `main` of a local repository, its Dagster definitions and a
+    persistent instance: tick the schedule, run what it requested."""
+
+    def __init__(self, root: Path) -> None:
+        self.repo = root / "upstream"
+        self.repo.mkdir()
+        _git(self.repo, "init", "-q", "-b", "main")
+        self.data = root / "data"
+        catalog = root / "sources.yaml"
+        catalog.write_text(
+            "snapshot: nightly\nseq_len: 256\n"
+            "refresh:\n  cron: '30 3 * * *'\n"
+            f"sources:\n  - id: upstream\n    kind: git\n    uri: {self.repo}\n    track: main\n"
+        )
+        self.defs = build_defs(catalog, self.data, cache_dir=root / "cache")
+        (root / "home").mkdir()
+        self.instance = dg.DagsterInstance.local_temp(tempdir=str(root / "home"))
+        self.schedule = self.defs.get_schedule_def("nightly_refresh")
+        self.job = self.defs.resolve_job_def("per_source_refresh")
+
+    def tick(self) -> list[dg.RunRequest]:
+        context = dg.build_schedule_context(
+            instance=self.instance, repository_def=self.defs.get_repository_def()
+        )
+        return list(self.schedule.evaluate_tick(context).run_requests or [])
+
+    def run(self, request: dg.RunRequest) -> None:
+        result = self.job.execute_in_process(
+            partition_key=request.partition_key, tags=request.tags, instance=self.instance
+        )
+        assert result.success
+
+    def collected(self) -> tuple[str, dict[str, str]]:
+        """The latest raw_files version of the source: its revision and its files."""
+        store = ShardStore(str(self.data))
+        manifest = store.latest("raw_files", "upstream")
+        table = store.read_table(manifest)
+        files = dict(
+            zip(
+                table["path"].to_pylist(),
+                [c.decode() for c in table["content"].to_pylist()],
+                strict=True,
+            )
+        )
+        return str(manifest.extra["revision"]), files
+
+
+@pytest.fixture
+def nightly(tmp_path: Path) -> Nightly:
+    return Nightly(tmp_path)
+
+
+def test_a_branch_that_moved_is_collected_at_its_new_commit_once(nightly: Nightly) -> None:
+    first = commit(nightly.repo, {"answer.hpp": HEADER_V1}, "first")
+    (request,) = nightly.tick()
+    assert (request.run_key, request.tags[REVISION_TAG]) == (f"upstream:{first}", first)
+    nightly.run(request)
+    assert nightly.collected() == (first, {"answer.hpp": HEADER_V1})
+    assert nightly.tick() == []  # nothing moved: nothing to do
+
+    moved = commit(nightly.repo, {"answer.hpp": HEADER_V2, "added.hpp": NEW_FILE}, "moved")
+    (request,) = nightly.tick()
+    assert (request.run_key, request.tags[REVISION_TAG]) == (f"upstream:{moved}", moved)
+    # the branch moves again before the requested run starts: the run still collects the
+    # commit its tick resolved, and the next tick asks for the newer one
+    later = commit(nightly.repo, {"later.hpp": LATER_FILE}, "later")
+    nightly.run(request)
+    assert nightly.collected() == (moved, {"answer.hpp": HEADER_V2, "added.hpp": NEW_FILE})
+    (request,) = nightly.tick()
+    assert request.run_key == f"upstream:{later}"
+    nightly.run(request)
+    revision, files = nightly.collected()
+    assert revision == later and set(files) == {"answer.hpp", "added.hpp", "later.hpp"}
+    assert nightly.tick() == []
+
+    # the versions the store keeps are the latest commits, in order, each complete and sound
+    store = ShardStore(str(nightly.data))
+    complete = sorted((nightly.data / "assets/raw_files/upstream").glob("*/_COMPLETE"))
+    versions = [store.read_manifest(str(marker.parent)) for marker in complete]
+    revisions = [m.extra["revision"] for m in versions]
+    assert len(revisions) >= 2 and revisions == [first, moved, later][-len(revisions) :]
+    assert all(store.verify(m) == [] for m in versions)
