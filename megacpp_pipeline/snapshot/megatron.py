@@ -40,6 +40,9 @@ DTYPE_CODES: dict[np.dtype[Any], int] = {
     np.dtype(np.uint16): 8,
 }
 _DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
+# megatron-core memory-maps the .bin whole, and a file of zero bytes cannot be mapped: a pair
+# without tokens would be refused by the consumer it is written for, so it is never written.
+_NO_TOKENS = "no tokens to write: megatron-core cannot memory-map an empty .bin"
 
 
 class IndexedDatasetFormatError(Exception):
@@ -154,6 +157,8 @@ def write_indexed_dataset(
                 lengths[count] = array.size
                 count += 1
         lengths = lengths[:count]
+        if not lengths.sum():
+            raise MegatronExportError(prefix, "sequences", f"{count} sequences, {_NO_TOKENS}")
         _write_index(idx_tmp, dtype, lengths, np.arange(count + 1, dtype=np.int64))
         _promote(bin_tmp, idx_tmp, prefix)
     finally:
@@ -185,7 +190,9 @@ def export_snapshot(
     split: str = "train",
     dtype: np.dtype[Any] | type[np.number[Any]] | None = None,
 ) -> IndexedDatasetSummary:
-    """Write one Megatron sequence per document of `split`, in doc_id order.
+    """Write one Megatron sequence per document of `split`, in doc_id order. A split without
+    documents (a snapshot may have one with no rows) is refused: there is nothing to train on
+    and megatron-core cannot open an empty `.bin`.
 
     Two passes: `pieces.parquet` fixes where every piece lands in the output, then each row
     group's `input_ids` is scattered into a memory-mapped `.bin`, so a document whose pieces
@@ -245,6 +252,10 @@ def export_snapshot(
     # the running total of the lengths before it
     piece_dest = _exclusive_cumsum(piece_length)
     total = int(piece_length.sum())
+    if not total:
+        raise MegatronExportError(
+            root, f"splits.{split}", f"{len(doc_ids)} documents, {_NO_TOKENS}"
+        )
     by_pack = np.argsort(piece_pack, kind="stable")
     sorted_pack = piece_pack[by_pack]
     placed = np.zeros(len(piece_pack), dtype=np.int64)

@@ -22,6 +22,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.loader.errors import LoaderError
+from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
     IGNORE_INDEX,
     OPTIONAL_TOKEN_COLUMNS,
@@ -33,6 +35,7 @@ from megacpp_pipeline.snapshot.packed_rows import (
 from megacpp_pipeline.snapshot.promote import (
     REPORT_DIR,
     SnapshotConfig,
+    SnapshotError,
     SnapshotManifest,
     manifest_sha256_recorded,
     manifest_summary,
@@ -374,7 +377,8 @@ def check_consumer_smoke(snap: Path, config: SnapshotConfig) -> CheckOutcome:
 
 
 def check_megatron(snap: Path) -> CheckOutcome:
-    """The .bin/.idx export read back by an independent reader: same documents and tokens."""
+    """The .bin/.idx export read back by an independent reader: same documents and tokens
+    (splits without rows have no export: see megatron.export_snapshot)."""
     from megacpp_pipeline.snapshot import megatron
 
     out = CheckOutcome("megatron_read_back", True)
@@ -455,6 +459,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+# What the snapshot commands raise about the snapshot they were given: one line naming the
+# file, field and rule, exit 2 (the format of megacpp_pipeline.cli for its known errors).
+_SNAPSHOT_ERRORS = (SnapshotError, LoaderError, MegatronExportError, IndexedDatasetFormatError)
+
+
+def _one_line_errors(
+    command: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except _SNAPSHOT_ERRORS as e:
+            print(f"megacpp {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+
+    return run
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     print(manifest_summary(read_manifest(Path(args.snapshot_dir))))
     return 0
@@ -482,7 +504,7 @@ def _register_verify(p: argparse.ArgumentParser) -> None:
 def _register_inspect(p: argparse.ArgumentParser) -> None:
     p.description = "print the snapshot manifest's summary"
     p.add_argument("snapshot_dir")
-    p.set_defaults(func=_cmd_inspect)
+    p.set_defaults(func=_one_line_errors(_cmd_inspect))
 
 
 def _register_export(p: argparse.ArgumentParser) -> None:
@@ -490,7 +512,7 @@ def _register_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("snapshot_dir")
     p.add_argument("--out", required=True, help="output prefix")
     p.add_argument("--split", nargs="+", default=["train"], choices=["train", "validation"])
-    p.set_defaults(func=_cmd_export)
+    p.set_defaults(func=_one_line_errors(_cmd_export))
 
 
 COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {

@@ -1,7 +1,8 @@
 """Promotion, on snapshots the library builds itself (a trained tokenizer, the packer, then
 build_snapshot with every promotion check as its gate): a split with no rows goes through
-packing, promotion, the loader and the Megatron export as an empty split, not an error; and
-while a snapshot is being promoted, readers see the previous one whole and never the build."""
+packing, promotion and the loader as an empty split, and the Megatron export refuses it in
+one line instead of writing a pair megatron-core cannot open; while a snapshot is being
+promoted, readers see the previous one whole and never the build."""
 
 from __future__ import annotations
 
@@ -116,16 +117,21 @@ def every_check(build_dir: Path) -> list[str]:
     return [f"{o.name}: {o.problems[0]}" for o in outcomes if not o.passed]
 
 
-def megacpp_verify(snapshot: Path) -> tuple[int, str]:
+def megacpp(argv: list[str]) -> tuple[int, str]:
+    """The library's `megacpp` commands in this process: exit code and stderr."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["verify", str(snapshot)])
+        code = cli.main(argv)
     return code, err.getvalue()
+
+
+def megacpp_verify(snapshot: Path) -> tuple[int, str]:
+    return megacpp(["verify", str(snapshot)])
 
 
 # --- a split with no rows ------------------------------------------------------------------
 @pytest.mark.parametrize("empty", ["validation", "train"])
-def test_a_split_with_no_rows_is_promoted_read_and_exported_as_an_empty_split(
+def test_a_split_with_no_rows_is_promoted_and_read_as_empty_and_its_export_refused_in_a_line(
     tmp_path: Path, empty: str
 ) -> None:
     full = "train" if empty == "validation" else "validation"
@@ -148,24 +154,19 @@ def test_a_split_with_no_rows_is_promoted_read_and_exported_as_an_empty_split(
     finally:
         loader.close()
 
-    summary = megatron.export_snapshot(snap, tmp_path / "mega" / empty, split=empty)
-    assert (summary.sequences, summary.documents, summary.tokens, summary.bin_bytes) == (0,) * 4
-    with megatron.IndexedDatasetReader(tmp_path / "mega" / empty) as reader:
-        assert len(reader) == reader.document_count == reader.total_tokens == 0
-        with pytest.raises(IndexError):
-            reader[0]
-
-
-def test_megatron_core_reads_an_empty_split_export(tmp_path: Path) -> None:
-    indexed_dataset = pytest.importorskip(
-        "megatron.core.datasets.indexed_dataset", reason="megatron-core is an optional extra"
-    )
-    work = tmp_path / "work"
-    work.mkdir()
-    snap = build_snapshot(tmp_path / "data", snapshot_parts(work, {"train": 3, "validation": 0}))
-    megatron.export_snapshot(snap, tmp_path / "validation", split="validation")
-    dataset = indexed_dataset.IndexedDataset(str(tmp_path / "validation"), mmap=True)
-    assert len(dataset) == 0
+    # nothing to train on, and megatron-core cannot map an empty .bin: refused, not written
+    with pytest.raises(megatron.MegatronExportError, match=f"splits.{empty}: 0 documents"):
+        megatron.export_snapshot(snap, tmp_path / "mega" / empty, split=empty)
+    code, err = megacpp(["export-megatron", str(snap), "--out", str(tmp_path / "cli"),
+                         "--split", empty])  # fmt: skip
+    assert code == 2 and err.strip().splitlines() == [
+        f"megacpp export-megatron: MegatronExportError: {snap}: splits.{empty}: 0 documents, "
+        "no tokens to write: megatron-core cannot memory-map an empty .bin"
+    ]
+    exports = [p for p in tmp_path.rglob("*") if p.suffix in (".bin", ".idx", ".tmp")]
+    assert exports == []
+    summary = megatron.export_snapshot(snap, tmp_path / "mega" / full, split=full)
+    assert summary.documents == 5 and summary.tokens == manifest.splits[full].tokens
 
 
 # --- readers while a snapshot is being promoted --------------------------------------------

@@ -138,3 +138,19 @@ def test_a_snapshot_without_complete_fails_every_check_as_not_a_snapshot(
     )
     outcomes = verify.verify_snapshot(snap)
     assert [o.name for o in outcomes if o.passed] == []
+
+
+@pytest.mark.parametrize("command", ["inspect", "export-megatron"])
+def test_the_other_snapshot_commands_refuse_a_directory_without_complete_in_one_line(
+    pristine: Path, tmp_path: Path, command: str
+) -> None:
+    snap = damaged(pristine, tmp_path)
+    (snap / "_COMPLETE").unlink()
+    argv = [command, str(snap)] + (["--out", str(tmp_path / "out")] if command != "inspect" else [])
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    assert code == 2 and out.getvalue() == ""
+    assert err.getvalue().splitlines() == [
+        f"megacpp {command}: SnapshotError: {snap}: no _COMPLETE; not a snapshot"
+    ]
