@@ -20,6 +20,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             args.data_dir,
             cache_dir=args.cache_dir,
             stop_after=args.stop_after,
+            verbose=args.verbose,
         )
     except PipelineFailed as e:
         print(f"megacpp run: FAILED: {e}", file=sys.stderr)
@@ -40,6 +41,7 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         "or .cache/ in the repository)",
     )
     p.add_argument("--stop-after", default=None, help="stop after this asset (debugging)")
+    p.add_argument("--verbose", action="store_true", help="Dagster's event log on the console too")
     p.set_defaults(func=_cmd_run)
 
 

@@ -28,6 +28,9 @@ PARTITION_RANGE_START = "dagster/asset_partition_range_start"
 PARTITION_RANGE_END = "dagster/asset_partition_range_end"
 
 
+QUIET_CONSOLE: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
 class PipelineFailed(Exception):
     """A step or blocking check failed; the message names the asset, the check and why."""
 
@@ -103,6 +106,7 @@ def run_pipeline(
     log: TextIO = sys.stderr,
     stop_after: str | None = None,
     workers: int | None = None,
+    verbose: bool = False,
 ) -> RunOutcome:
     """Materialize every stage; a bad config fails before any work, and so does a data dir
     that cannot be one."""
@@ -117,6 +121,9 @@ def run_pipeline(
         raise PipelineFailed(f"{config}: no operational source to materialize")
     prepare_instance_home()
     instance = dg.DagsterInstance.get()
+    # Dagster's event log always goes to the instance (the UI shows it); to the console only
+    # when asked: its DEBUG lines are hundreds per run, and formatting them costs per event
+    run_config = {} if verbose else QUIET_CONSOLE
     outcome = RunOutcome()
     for group in run_plan(defs):
         keys = list(group.keys)
@@ -131,9 +138,9 @@ def run_pipeline(
         # The first run (the small source_catalog) runs here: it pays Dagster's lazy imports
         # and the instance's set-up once, and every forked run after inherits them.
         if outcome.runs:
-            step = _materialize_in_child(defs, instance, keys, tags)
+            step = _materialize_in_child(defs, instance, keys, tags, run_config)
         else:
-            step = _materialize(defs, instance, keys, tags)
+            step = _materialize(defs, instance, keys, tags, run_config)
         if step.run_id:
             outcome.runs.append(step.run_id)
         if step.failures:
@@ -166,7 +173,11 @@ class StepOutcome:
 
 
 def _materialize_in_child(
-    defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[str], tags: dict[str, str]
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    keys: list[str],
+    tags: dict[str, str],
+    run_config: dict[str, Any],
 ) -> StepOutcome:
     """One Dagster run in a forked child, as Dagster's multiprocess executor runs a step in
     its own process. Forking after the imports keeps the per-run cost at milliseconds."""
@@ -177,7 +188,7 @@ def _materialize_in_child(
     sys.stdout.flush()
     sys.stderr.flush()
     child = ctx.Process(
-        target=_child_main, args=(defs, instance, keys, tags, send), daemon=False
+        target=_child_main, args=(defs, instance, keys, tags, run_config, send), daemon=False
     )
     child.start()
     send.close()
@@ -199,10 +210,11 @@ def _child_main(
     instance: dg.DagsterInstance,
     keys: list[str],
     tags: dict[str, str],
+    run_config: dict[str, Any],
     send: Connection,
 ) -> None:
     try:
-        outcome = _materialize(defs, instance, keys, tags)
+        outcome = _materialize(defs, instance, keys, tags, run_config)
     except BaseException as e:  # reported, never swallowed: the parent fails the pipeline
         outcome = StepOutcome(None, [f"{type(e).__name__}: {e}"], _peak_rss_mb())
     send.send(outcome)
@@ -210,7 +222,11 @@ def _child_main(
 
 
 def _materialize(
-    defs: dg.Definitions, instance: dg.DagsterInstance, keys: Sequence[str], tags: dict[str, str]
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    keys: Sequence[str],
+    tags: dict[str, str],
+    run_config: dict[str, Any] | None = None,
 ) -> StepOutcome:
     result = dg.materialize(
         [*(defs.assets or []), *(defs.asset_checks or [])],  # type: ignore[list-item]
@@ -219,6 +235,7 @@ def _materialize(
         resources=defs.resources,
         raise_on_error=False,
         tags=tags,
+        run_config=run_config or {},
     )
     return StepOutcome(result.run_id, failures(result), _peak_rss_mb())
 

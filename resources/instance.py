@@ -8,7 +8,9 @@ here, 0.15 s a source for six stages, which made the event log, not the gates, t
 that grows with the number of sources. Kept engines, and WAL commits that sync at
 checkpoints (synchronous=NORMAL), bring it to a few ms (bench/bench_orchestration.py).
 It also records one planned-materialization event per stage and run instead of one per
-partition (what Dagster's DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS switch does).
+partition (what Dagster's DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS switch does), and
+remembers that an optional table or column exists instead of inspecting the schema again
+for every event.
 
 Safety: engines are per database file, at most `_MAX_ENGINES` at once (least recently used
 ones are disposed), and a forked child drops the parent's without closing them, so no two
@@ -42,6 +44,7 @@ _LIVE: weakref.WeakSet[PooledSqliteEventLogStorage] = weakref.WeakSet()
 class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
         self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._present: set[str] = set()  # tables and asset-key columns known to exist
         super().__init__(base_dir, inst_data)
         _LIVE.add(self)
 
@@ -96,6 +99,25 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 self._initialized_dbs.add(shard)
             with engine.connect() as conn, conn.begin():
                 yield conn
+
+    # Dagster asks on every asset event whether optional tables and columns exist (a fresh
+    # engine and a schema inspection each time); a schema only gains them, so a yes is kept.
+    def has_table(self, table_name: str) -> bool:
+        if table_name in self._present:
+            return True
+        # not through _connect: this is asked while the index transaction holds its lock
+        found = super().has_table(table_name)
+        if found:
+            self._present.add(table_name)
+        return found
+
+    def _has_asset_key_col_on_connection(self, conn: Connection, column_name: str) -> bool:
+        key = f"asset_keys.{column_name}"
+        if key not in self._present and super()._has_asset_key_col_on_connection(
+            conn, column_name
+        ):
+            self._present.add(key)
+        return key in self._present
 
     def _forget_after_fork(self) -> None:
         for engine in self._engines.values():
