@@ -62,6 +62,8 @@ def _table(files: list[tuple[str, Path]]) -> pa.Table:
             "encoding": ["utf-8"] * n,
             "text": texts,
             "content_sha256": [text_sha256(t) for t in texts],
+            "language": ["c++"] * n,
+            "vendored": [False] * n,
             "license_expression": [None] * n,
             "license_source": ["none"] * n,
             "license_decision": ["allowed"] * n,

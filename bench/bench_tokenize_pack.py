@@ -98,6 +98,8 @@ def enriched_table(docs: list[tuple[str, str]]) -> pa.Table:
             "encoding": ["utf-8"] * n,
             "text": [t for _, t in docs],
             "content_sha256": [schemas.text_sha256(t) for _, t in docs],
+            "language": ["c++"] * n,
+            "vendored": [False] * n,
             "license_expression": [None] * n,
             "license_source": ["repo-declared"] * n,
             "license_decision": ["allowed"] * n,

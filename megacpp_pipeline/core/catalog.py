@@ -60,6 +60,9 @@ class SourceSpec(BaseModel):
     declared_license: str | None = None
     role: Literal["operational", "catalog"] = "operational"
     compile_commands: str | None = None  # path of a compile_commands.json inside the source
+    # path prefixes inside the source that hold vendored copies of other projects (besides
+    # the usual third_party/, vendor/, external/ ... folders); dedup keeps upstream copies first
+    vendored_paths: list[str] = Field(default_factory=list)
 
     @field_validator("sha256")
     @classmethod
@@ -97,6 +100,98 @@ class SourceSpec(BaseModel):
         if self.kind != "git" and self.revision is not None:
             raise ValueError("revision is only for git sources (archives pin by sha256)")
         return self
+
+
+class RemovalSpec(BaseModel):
+    """One `removals:` entry: exactly one of {source}, {source, path}, {sha256}, {file}, each
+    with an optional reason. `path` is a glob as in a source's include list (`**/` spans
+    folders); `sha256` names content (every copy, in every source); `file` is a JSONL file
+    of such entries (not `file` again), relative to the yaml's folder."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str | None = None
+    path: str | None = None
+    sha256: str | None = None
+    file: str | None = None
+    reason: str | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _source_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9_-]+", v):
+            raise ValueError("must be a source id ([a-z0-9_-]+)")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not _HEX64.match(v.lower()):
+            raise ValueError("must be 64 hex characters (the sha256 of the collected file)")
+        return None if v is None else v.lower()
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("/") or ".." in v.split("/")):
+            raise ValueError("must be a relative glob inside the source")
+        return v
+
+    @model_validator(mode="after")
+    def _one_form(self) -> RemovalSpec:
+        if self.path is not None and self.source is None:
+            raise ValueError("path needs source")
+        forms = [f for f in ("source", "sha256", "file") if getattr(self, f) is not None]
+        if len(forms) != 1:
+            raise ValueError(
+                "needs exactly one of source (with an optional path), sha256 or file"
+                + (f"; has {' and '.join(forms)}" if forms else "")
+            )
+        return self
+
+    def describe(self) -> str:
+        if self.sha256 is not None:
+            what = f"sha256 {self.sha256}"
+        elif self.file is not None:
+            what = f"file {self.file}"
+        elif self.path is not None:
+            what = f"source {self.source} path {self.path}"
+        else:
+            what = f"source {self.source}"
+        return what + (f" (reason: {self.reason})" if self.reason else "")
+
+
+class BenchmarkSpec(BaseModel):
+    """One `benchmarks:` entry of sources.yaml: a pinned file of tasks and the fields whose
+    text counts. A record's task id is its `id_field` value, or its 1-based record number
+    (JSONL line, parquet row) when `id_field` is null."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[a-z0-9_.-]+$")
+    uri: str  # a local path (relative: to the yaml's folder) or file:// URI
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    format: Literal["jsonl", "parquet"]
+    fields: list[str] = Field(min_length=1)
+    id_field: str | None = "task_id"
+
+    @field_validator("uri")
+    @classmethod
+    def _local(cls, v: str) -> str:
+        if "://" in v and not v.startswith("file://"):
+            raise ValueError("must be a local path or file:// URI (pin a downloaded copy)")
+        return v
+
+    @field_validator("fields")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("names a field twice")
+        return v
+
+    def path(self, base_dir: Path) -> Path:
+        p = Path(self.uri.removeprefix("file://")).expanduser()
+        return p if p.is_absolute() else (base_dir / p).resolve()
 
 
 class ShardConfig(BaseModel):
@@ -143,6 +238,9 @@ class Catalog(BaseModel):
     collect: CollectLimits = Field(default_factory=CollectLimits)
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-gate config sections
+    # content that must not be in the corpus: removal requests and evaluation benchmarks
+    removals: list[RemovalSpec] = Field(default_factory=list)
+    benchmarks: list[BenchmarkSpec] = Field(default_factory=list)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @model_validator(mode="after")
@@ -152,6 +250,13 @@ class Catalog(BaseModel):
             if s.id in seen:
                 raise ValueError(f"duplicate source id {s.id!r}")
             seen.add(s.id)
+        return self
+
+    @model_validator(mode="after")
+    def _unique_benchmarks(self) -> Catalog:
+        ids = [b.id for b in self.benchmarks]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"benchmarks: duplicate id in {ids}")
         return self
 
     @field_validator("stages")
@@ -225,7 +330,27 @@ def parse_catalog(
         lines = [_describe(err, data) for err in e.errors()]  # type: ignore[arg-type]
         raise CatalogError(f"{origin}: " + "; ".join(lines)) from None
     catalog.base_dir = base_dir
+    _check_files(catalog, origin)
     return catalog
+
+
+def _check_files(catalog: Catalog, origin: str) -> None:
+    """What the entries point at, before any work: removal request files are read and every
+    line validated, benchmark files match their pins."""
+    from megacpp_pipeline.corpus.decontaminate import BenchmarkError, verify_benchmark
+    from megacpp_pipeline.gates.removals import RemovalError, load_removals
+
+    try:
+        load_removals(
+            catalog.removals,
+            catalog.base_dir,
+            known_sources={s.id for s in catalog.sources},
+            origin=origin,
+        )
+        for spec in catalog.benchmarks:
+            verify_benchmark(spec, catalog.base_dir)
+    except (RemovalError, BenchmarkError) as e:
+        raise CatalogError(str(e)) from None
 
 
 # libyaml's loader where PyYAML has it: the pure-Python one takes ~3 ms a source, which

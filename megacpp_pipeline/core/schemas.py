@@ -50,6 +50,14 @@ _TEXT = [
 ]
 NORMALIZED_FILES = _schema("normalized_files", [*_KEY, *_TEXT])
 
+# what the file is: decided right after normalize, carried by every later per-file table
+CLASS_FIELDS = [
+    pa.field("language", pa.string(), nullable=False),  # "c++" | "c"
+    pa.field("vendored", pa.bool_(), nullable=False),  # a copy of another project's code
+]
+_CLASS = CLASS_FIELDS
+CLASSIFIED_FILES = _schema("classified_files", [*_KEY, *_TEXT, *_CLASS])
+
 _LICENSE = [
     pa.field("license_expression", pa.string()),  # normalized SPDX expression
     # file | reuse | notice-text | repo-declared | none
@@ -57,12 +65,14 @@ _LICENSE = [
     pa.field("license_decision", pa.string(), nullable=False),  # allowed|denied|invalid|unknown
     pa.field("license_detail", pa.string()),  # which notice matched, deprecated ids, ...
 ]
-LICENSED_FILES = _schema("licensed_files", [*_KEY, *_TEXT, *_LICENSE])
+LICENSE_FIELDS = _LICENSE
+LICENSED_FILES = _schema("licensed_files", [*_KEY, *_TEXT, *_CLASS, *_LICENSE])
 
 _SCRUB = [pa.field("scrub_replacements", pa.int32(), nullable=False)]
-SCRUBBED_FILES = _schema("scrubbed_files", [*_KEY, *_TEXT, *_LICENSE, *_SCRUB])
+SCRUB_FIELDS = _SCRUB
+SCRUBBED_FILES = _schema("scrubbed_files", [*_KEY, *_TEXT, *_CLASS, *_LICENSE, *_SCRUB])
 
-DEDUPED_FILES = _schema("deduped_files", [*_KEY, *_TEXT, *_LICENSE, *_SCRUB])
+DEDUPED_FILES = _schema("deduped_files", [*_KEY, *_TEXT, *_CLASS, *_LICENSE, *_SCRUB])
 
 BUILD_CONTEXT = pa.struct(
     [
@@ -87,13 +97,15 @@ _ENRICH = [
     pa.field("structure_source", pa.string(), nullable=False),  # syntax|build
     pa.field("build_context", BUILD_CONTEXT),
 ]
-ENRICHED_FILES = _schema("enriched_files", [*_KEY, *_TEXT, *_LICENSE, *_SCRUB, *_ENRICH])
+ENRICH_FIELDS = _ENRICH
+ENRICHED_FILES = _schema("enriched_files", [*_KEY, *_TEXT, *_CLASS, *_LICENSE, *_SCRUB, *_ENRICH])
 
 TOKENIZED_DOCS = _schema(
     "tokenized_docs",
     [
         *_KEY,
         pa.field("content_sha256", pa.string(), nullable=False),
+        *_CLASS,
         pa.field("license_expression", pa.string()),
         pa.field("license_source", pa.string(), nullable=False),
         pa.field("structure_source", pa.string(), nullable=False),
@@ -115,6 +127,7 @@ DOCUMENTS = pa.schema(
         pa.field("revision", pa.string(), nullable=False),
         pa.field("blob_sha", pa.string(), nullable=False),
         pa.field("content_sha256", pa.string(), nullable=False),
+        *_CLASS,
         pa.field("license_expression", pa.string()),
         pa.field("license_source", pa.string(), nullable=False),
         pa.field("structure_source", pa.string(), nullable=False),
@@ -123,6 +136,30 @@ DOCUMENTS = pa.schema(
     ],
     metadata={"megacpp.table": "documents", "megacpp.schema_version": "1"},
 )
+
+
+def extend(
+    table: pa.Table,
+    columns: dict[str, pa.Array | pa.ChunkedArray],
+    fields: list[pa.Field],
+    name: str,
+) -> pa.Table:
+    """`table` with a gate's own columns set: a field already there is replaced in place,
+    the others appended in `fields` order; the result is labelled table `name`. Every column
+    the gate does not decide passes through, so it works on whatever earlier stages added
+    (its stage's schema says what)."""
+    out = table.replace_schema_metadata(
+        {"megacpp.table": name, "megacpp.schema_version": SCHEMA_VERSION}
+    )
+    for f in fields:
+        column = columns[f.name]
+        if column.type != f.type:
+            column = column.cast(f.type)
+        if f.name in out.column_names:
+            out = out.set_column(out.schema.get_field_index(f.name), f, column)
+        else:
+            out = out.append_column(f, column)
+    return out
 
 
 def git_blob_sha(content: bytes) -> str:

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from megacpp_pipeline.core.catalog import BenchmarkSpec
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.core.schemas import text_sha256
@@ -38,39 +39,6 @@ from megacpp_pipeline.storage.versions import sha256_file
 I32 = npt.NDArray[np.int32]
 
 # benchmarks in the catalog ---------------------------------------------------------------
-
-
-class BenchmarkSpec(BaseModel):
-    """One `benchmarks:` entry of sources.yaml: a pinned file of tasks and the fields whose
-    text counts. A record's task id is its `id_field` value, or its 1-based record number
-    (JSONL line, parquet row) when `id_field` is null."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(pattern=r"^[a-z0-9_.-]+$")
-    uri: str  # a local path (relative: to the yaml's folder) or file:// URI
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    format: Literal["jsonl", "parquet"]
-    fields: list[str] = Field(min_length=1)
-    id_field: str | None = "task_id"
-
-    @field_validator("uri")
-    @classmethod
-    def _local(cls, v: str) -> str:
-        if "://" in v and not v.startswith("file://"):
-            raise ValueError("must be a local path or file:// URI (pin a downloaded copy)")
-        return v
-
-    @field_validator("fields")
-    @classmethod
-    def _distinct(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("names a field twice")
-        return v
-
-    def path(self, base_dir: Path) -> Path:
-        p = Path(self.uri.removeprefix("file://")).expanduser()
-        return p if p.is_absolute() else (base_dir / p).resolve()
 
 
 class BenchmarkError(ValueError):

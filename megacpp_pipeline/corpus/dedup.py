@@ -3,21 +3,23 @@ an earlier file, so a repeated file is judged whole, with its provenance, before
 (seed: "exact duplicates should be removed before chunking; near-duplicate handling is
 valuable for vendored and lightly modified code").
 
-Representative rule, for exact and near clusters alike: the member with the lowest
-doc_index, and doc_index is the position in the canonical stream (sources in catalog order,
-then path), so the earliest operational source's copy of a vendored file is the one kept.
+Representative rule, for exact and near clusters alike: the member of lowest rank, where a
+file that is not vendored ranks before every vendored one, then by doc_index, the position
+in the canonical stream (sources in catalog order, then path). So the upstream copy of a
+library wins over a project's vendored copy of it, whatever their catalog order, and among
+copies of the same kind the earliest operational source's is kept.
 
 Stages, each bounded by a slice of a shard or by one band, never by the corpus:
 1. signatures: per slice of a shard (about 2 MB of text), an exact key and a MinHash
    signature per file; texts are dropped as soon as the slice is done (docs/*.parquet,
    signatures.u64, shingles.u64 when verifying);
-2. exact: polars groups exact keys; each group's lowest doc_index is its representative;
+2. exact: polars groups exact keys; each group's lowest rank is its representative;
 3. bands: per slice, (band, band_hash, doc_index) rows as parquet under bands/;
 4. candidates: polars groups rows by (band, band_hash) into buckets and emits (doc, bucket's
    lowest doc) pairs; bands are independent, the partition key for a distributed executor;
    a pair counts when its similarity clears the threshold;
 5. clusters: union-find over integer doc ids (scipy connected components) joins exact and
-   near pairs; every component keeps its lowest doc_index.
+   near pairs; every component keeps its member of lowest rank.
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ _DOCS_SCHEMA = pa.schema(
         pa.field("exact_key", pa.string(), nullable=False),
         pa.field("n_shingles", pa.int64(), nullable=False),
         pa.field("shingle_offset", pa.int64(), nullable=False),  # into shingles.u64
+        pa.field("vendored", pa.bool_(), nullable=False),  # a vendored copy ranks after upstream
     ]
 )
 
@@ -245,7 +248,8 @@ def find_duplicates(shards: Iterable[pa.Table], config: DedupConfig, workdir: Pa
     stats: Counter[str] = Counter()
     n_docs = _write_signatures(shards, config, work, stats)
     docs = pl.read_parquet(work.docs / "*.parquet") if n_docs else _empty_docs()
-    exact_rep = _exact_representatives(docs, n_docs)
+    rank = _ranks(docs, n_docs)
+    exact_rep = _exact_representatives(docs, rank, n_docs)
     edges_u = [np.arange(n_docs, dtype=np.int64)]
     edges_v = [exact_rep]
     if config.near and n_docs:
@@ -254,7 +258,7 @@ def find_duplicates(shards: Iterable[pa.Table], config: DedupConfig, workdir: Pa
         edges_u.append(u)
         edges_v.append(v)
     representative = _component_representatives(
-        np.concatenate(edges_u), np.concatenate(edges_v), n_docs
+        np.concatenate(edges_u), np.concatenate(edges_v), rank
     )
     similarity = _similarity_to_representative(work, config, n_docs, representative)
     decisions = _decisions(docs, exact_rep, representative, similarity)
@@ -351,6 +355,9 @@ def _sign(
             "exact_key": exact_key,
             "n_shingles": n_shingles,
             "shingle_offset": shingle_offset + shingles.offsets[:-1],
+            "vendored": piece["vendored"].combine_chunks()
+            if "vendored" in piece.column_names
+            else pa.array(np.zeros(piece.num_rows, dtype=bool)),
         },
         schema=_DOCS_SCHEMA,
     )
@@ -382,14 +389,23 @@ def _write_band_rows(
     )
 
 
-def _exact_representatives(docs: pl.DataFrame, n_docs: int) -> minhash.I64:
-    """Stage 2: for every doc, the lowest doc_index with the same exact key."""
+def _ranks(docs: pl.DataFrame, n_docs: int) -> minhash.I64:
+    """Each doc's place in the representative rule: upstream copies (not vendored) first,
+    then canonical order (catalog, then path). The lowest rank of a cluster is kept."""
     if n_docs == 0:
         return np.empty(0, dtype=np.int64)
-    rep = docs.select(pl.col("doc_index").min().over("exact_key").alias("rep"), "doc_index").sort(
-        "doc_index"
-    )
-    return rep["rep"].to_numpy().astype(np.int64)
+    ordered = docs.sort("doc_index")
+    vendored = ordered["vendored"].to_numpy().astype(np.int64)
+    return vendored * n_docs + ordered["doc_index"].to_numpy().astype(np.int64)
+
+
+def _exact_representatives(docs: pl.DataFrame, rank: minhash.I64, n_docs: int) -> minhash.I64:
+    """Stage 2: for every doc, the doc of lowest rank with the same exact key."""
+    if n_docs == 0:
+        return np.empty(0, dtype=np.int64)
+    ranked = docs.sort("doc_index").with_columns(rank=pl.Series(rank))
+    best = ranked.select(pl.col("rank").min().over("exact_key").alias("best"))["best"]
+    return (best.to_numpy().astype(np.int64) % n_docs).astype(np.int64)
 
 
 def _near_pairs(
@@ -455,15 +471,17 @@ def _true_jaccard(
     return out
 
 
-def _component_representatives(u: minhash.I64, v: minhash.I64, n_docs: int) -> minhash.I64:
-    """Stage 5: union-find over doc ids; each component's representative is its lowest id."""
+def _component_representatives(u: minhash.I64, v: minhash.I64, rank: minhash.I64) -> minhash.I64:
+    """Stage 5: union-find over doc ids; each component's representative is its doc of
+    lowest rank."""
+    n_docs = len(rank)
     if n_docs == 0:
         return np.empty(0, dtype=np.int64)
     graph = coo_matrix((np.ones(len(u), dtype=np.int8), (u, v)), shape=(n_docs, n_docs))
     _, label = connected_components(graph, directed=False)
-    lowest = np.full(label.max() + 1, n_docs, dtype=np.int64)
-    np.minimum.at(lowest, label, np.arange(n_docs, dtype=np.int64))
-    return lowest[label]
+    lowest = np.full(label.max() + 1, 2 * n_docs, dtype=np.int64)
+    np.minimum.at(lowest, label, rank)
+    return lowest[label] % n_docs
 
 
 def _similarity_to_representative(
@@ -530,7 +548,7 @@ def _clusters(decisions: pa.Table) -> pa.Table:
             size=pl.len().cast(pl.Int64),
             exact=(pl.col("reason") == str(DropReason.EXACT_DUPLICATE)).sum().cast(pl.Int64),
             near=(pl.col("reason") == str(DropReason.NEAR_DUPLICATE)).sum().cast(pl.Int64),
-            representative=pl.col("key").first(),
+            representative=pl.col("key").filter(pl.col("status") == "kept").first(),
             members_sample=pl.col("key").slice(1, MEMBERS_SAMPLE),
         )
         .sort(["size", "cluster_id"], descending=[True, False])

@@ -56,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
-from megacpp_pipeline.core.schemas import BUILD_CONTEXT, ENRICHED_FILES
+from megacpp_pipeline.core.schemas import BUILD_CONTEXT, ENRICH_FIELDS, extend
 
 if TYPE_CHECKING:
     from megacpp_pipeline.gates.build_context import BuildDatabase
@@ -780,11 +780,7 @@ def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = Non
         "structure_source": pa.array(sources, pa.string()),
         "build_context": pa.array(contexts, BUILD_CONTEXT),
     }
-    columns = [
-        new_columns[f.name] if f.name in new_columns else base.column(f.name)
-        for f in ENRICHED_FILES
-    ]
-    kept = pa.Table.from_arrays(columns, schema=ENRICHED_FILES)
+    kept = extend(base, new_columns, ENRICH_FIELDS, "enriched_files")
 
     take = pa.array(drop_rows, pa.int64())
     license_col = table.column("license_expression").take(take).to_pylist()

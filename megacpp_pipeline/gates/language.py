@@ -63,11 +63,8 @@ _CPP_EXTENSIONS = [
     ".tcc", ".inl", ".ixx", ".cppm", ".cu", ".cuh",
 ]  # fmt: skip
 
-# the kept table's new columns (schema: the input's, then these)
-LANGUAGE_FIELDS = [
-    pa.field("language", pa.string(), nullable=False),  # Language: "c++" | "c"
-    pa.field("vendored", pa.bool_(), nullable=False),
-]
+# the kept table's new columns (schema: the input's, then these): the file's class
+LANGUAGE_FIELDS = schemas.CLASS_FIELDS
 
 
 class LanguageConfig(BaseModel):

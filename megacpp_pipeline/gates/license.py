@@ -718,7 +718,8 @@ def run(
     declared_license: str | None,
     reuse_files: Mapping[str, bytes] | None = None,
 ) -> GateResult:
-    """Keep the files whose licence policy allows (schema LICENSED_FILES); ledger the rest
+    """Keep the files whose licence policy allows (their columns plus the licence ones,
+    schemas.LICENSE_FIELDS); ledger the rest
     with the expression and the reason. `reuse_files` maps POSIX paths relative to the
     source root to the bytes of every REUSE.toml, .reuse/dep5 and *.license file."""
     missing = [name for name in schemas.NORMALIZED_FILES.names if name not in table.column_names]
@@ -799,19 +800,22 @@ def run(
     rows = [verdicts[finding_key] for finding_key in findings]
 
     keep = [row.decision.decision == "allowed" for row in rows]
-    base = table.select(schemas.NORMALIZED_FILES.names)
+    base = table
     if not all(keep):  # filtering copies every column, texts included
         base = base.filter(pa.array(keep, pa.bool_()))
     kept_idx = [k for k, flag in enumerate(keep) if flag]
-    kept = pa.Table.from_arrays(
-        [
-            *base.columns,
-            pa.array([rows[k].expression for k in kept_idx], pa.string()),
-            pa.array([findings[k][0] for k in kept_idx], pa.string()),
-            pa.array([rows[k].decision.decision for k in kept_idx], pa.string()),
-            pa.array([rows[k].detail for k in kept_idx], pa.string()),
-        ],
-        schema=schemas.LICENSED_FILES,
+    kept = schemas.extend(
+        base,
+        {
+            "license_expression": pa.array([rows[k].expression for k in kept_idx], pa.string()),
+            "license_source": pa.array([findings[k][0] for k in kept_idx], pa.string()),
+            "license_decision": pa.array(
+                [rows[k].decision.decision for k in kept_idx], pa.string()
+            ),
+            "license_detail": pa.array([rows[k].detail for k in kept_idx], pa.string()),
+        },
+        schemas.LICENSE_FIELDS,
+        "licensed_files",
     )
     dropped_idx = [k for k, flag in enumerate(keep) if not flag]
     source_ids = table.column("source_id").to_pylist()

@@ -22,74 +22,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
+from megacpp_pipeline.collect.source import glob_to_regex
+from megacpp_pipeline.core.catalog import RemovalSpec
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.core.schemas import git_blob_sha
 from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.dedup import DedupConfig
-
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class RemovalSpec(BaseModel):
-    """One `removals:` entry: exactly one of {source}, {source, path}, {sha256}, {file}, each
-    with an optional reason. `path` is a glob as in a source's include list (`**/` spans
-    folders); `sha256` names content (every copy, in every source); `file` is a JSONL file
-    of such entries (not `file` again), relative to the yaml's folder."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: str | None = None
-    path: str | None = None
-    sha256: str | None = None
-    file: str | None = None
-    reason: str | None = None
-
-    @field_validator("source")
-    @classmethod
-    def _source_id(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[a-z0-9_-]+", v):
-            raise ValueError("must be a source id ([a-z0-9_-]+)")
-        return v
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex(cls, v: str | None) -> str | None:
-        if v is not None and not _HEX64.match(v.lower()):
-            raise ValueError("must be 64 hex characters (the sha256 of the collected file)")
-        return None if v is None else v.lower()
-
-    @field_validator("path")
-    @classmethod
-    def _relative(cls, v: str | None) -> str | None:
-        if v is not None and (not v or v.startswith("/") or ".." in v.split("/")):
-            raise ValueError("must be a relative glob inside the source")
-        return v
-
-    @model_validator(mode="after")
-    def _one_form(self) -> RemovalSpec:
-        if self.path is not None and self.source is None:
-            raise ValueError("path needs source")
-        forms = [f for f in ("source", "sha256", "file") if getattr(self, f) is not None]
-        if len(forms) != 1:
-            raise ValueError(
-                "needs exactly one of source (with an optional path), sha256 or file"
-                + (f"; has {' and '.join(forms)}" if forms else "")
-            )
-        return self
-
-    def describe(self) -> str:
-        if self.sha256 is not None:
-            what = f"sha256 {self.sha256}"
-        elif self.file is not None:
-            what = f"file {self.file}"
-        elif self.path is not None:
-            what = f"source {self.source} path {self.path}"
-        else:
-            what = f"source {self.source}"
-        return what + (f" (reason: {self.reason})" if self.reason else "")
 
 
 class RemovalError(ValueError):
@@ -176,9 +117,6 @@ def _validated(entry: RemovalSpec | Mapping[str, Any], where: str) -> RemovalSpe
 def _removal(spec: RemovalSpec, where: str, known: Collection[str] | None) -> Removal:
     if known is not None and spec.source is not None and spec.source not in known:
         raise RemovalError(where, "source", f"no source {spec.source!r} in the catalog")
-    # Imported here: collect imports the catalog, which imports this module's RemovalSpec.
-    from megacpp_pipeline.collect import glob_to_regex
-
     return Removal(spec, where, glob_to_regex(spec.path) if spec.path is not None else None)
 
 

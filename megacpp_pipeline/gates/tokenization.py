@@ -179,26 +179,36 @@ def _tokenize_batch(
             ids_arr.filter(mask),
             kinds_arr.filter(mask),
         )
-    kept = pa.table(
+    columns = {
+        "source_id": kept_src.column("source_id"),
+        "path": kept_src.column("path"),
+        "revision": kept_src.column("revision"),
+        "blob_sha": kept_src.column("blob_sha"),
+        "size": kept_src.column("size"),
+        "content_sha256": kept_src.column("content_sha256"),
+        "license_expression": kept_src.column("license_expression"),
+        "license_source": kept_src.column("license_source"),
+        "structure_source": kept_src.column("structure_source"),
+        "split": pa.array(
+            assign_split(kept_src.column("source_id"), kept_src.column("path"), config),
+            pa.string(),
+        ),
+        "num_tokens": pa.array(n_tokens[keep].astype(np.int32), pa.int32()),
+        "token_ids": kept_ids,
+        "chunk_kind": kept_kinds,
+    }
+    # the file's class (language, vendored) rides along when earlier stages decided it
+    columns.update(
         {
-            "source_id": kept_src.column("source_id"),
-            "path": kept_src.column("path"),
-            "revision": kept_src.column("revision"),
-            "blob_sha": kept_src.column("blob_sha"),
-            "size": kept_src.column("size"),
-            "content_sha256": kept_src.column("content_sha256"),
-            "license_expression": kept_src.column("license_expression"),
-            "license_source": kept_src.column("license_source"),
-            "structure_source": kept_src.column("structure_source"),
-            "split": pa.array(
-                assign_split(kept_src.column("source_id"), kept_src.column("path"), config),
-                pa.string(),
-            ),
-            "num_tokens": pa.array(n_tokens[keep].astype(np.int32), pa.int32()),
-            "token_ids": kept_ids,
-            "chunk_kind": kept_kinds,
-        },
-        schema=schemas.TOKENIZED_DOCS,
+            f.name: kept_src.column(f.name)
+            for f in schemas.CLASS_FIELDS
+            if f.name in kept_src.column_names
+        }
+    )
+    fields = [f for f in schemas.TOKENIZED_DOCS if f.name in columns]
+    kept = pa.table(
+        [columns[f.name] for f in fields],
+        schema=pa.schema(fields, metadata=schemas.TOKENIZED_DOCS.metadata),
     )
     dropped = (
         drops(

@@ -144,7 +144,7 @@ STAGE = Stage(
     description="Chunk spans (func_signature, func_body, class_decl, comment, ...) from "
     "tree-sitter-cpp; build context from compile_commands.json where it exists; "
     "structure_source records which lane produced each file's structure.",
-    input="deduped_files",
+    input="decontaminated_files",
     # the compile database is read from raw_files; declaring it also gives the UI's
     # "Materialize all" backfill a partition-to-partition path down to this asset
     reads=("raw_files",),

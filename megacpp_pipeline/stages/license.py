@@ -108,7 +108,7 @@ STAGE = Stage(
     description="File-level licence decision: SPDX-License-Identifier lines, REUSE metadata, "
     "standard notices, then the source's declared licence; expressions validated against the "
     "SPDX lists; only `allowed` files continue.",
-    input="normalized_files",
+    input="quality_files",
     reads=("raw_files",),
     config_key="license",
     config=license.LicenseConfig,

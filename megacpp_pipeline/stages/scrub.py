@@ -74,7 +74,7 @@ STAGE = Stage(
     description="PII and secrets replaced by exact placeholders (<EMAIL>, <IP_ADDRESS>, "
     "<API_KEY>, <PASSWORD>, <PRIVATE_KEY>, <SSH_KEY>, <LOCAL_PATH>); every replacement audited "
     "by a salted hash, never the value.",
-    input="licensed_files",
+    input="removed_files",
     config_key="scrub",
     config=scrub.ScrubConfig,
     code=(scrub.__name__, __name__),

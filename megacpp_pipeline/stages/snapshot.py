@@ -80,6 +80,10 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
+        removed = _no_removed_content(ctx, stage, None)  # needs the store, not the build
+        ctx.log(f"promotion check no_removed_content: {'pass' if removed.passed else 'FAIL'}")
+        if not removed.passed:
+            failures.append(f"no_removed_content_in_snapshot: {removed.description}")
         return failures
 
     root = Path(store.local_path(store.root))
@@ -135,6 +139,44 @@ def _promotion_check(name: str) -> Check:
     return Check(name, _DESCRIPTIONS[name], evaluate)
 
 
+def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
+    """No removed file, and no copy of removed content, is among the documents; another
+    file that is only a near duplicate of a removed one is listed with why it stays."""
+    from megacpp_pipeline.gates import removals
+    from megacpp_pipeline.stages.removals import removed_table
+
+    removed = removed_table(ctx)
+    requested = {r.sha256 for r in ctx.catalog.removals if r.sha256}
+    near = ctx.config(ctx.registry.get("deduped_files"))
+    findings = []
+    if removed.num_rows or requested:
+        for source in ctx.sources():
+            kept = ctx.store.latest("tokenized_docs", source)
+            texts = ctx.store.latest("enriched_files", source)
+            documents = {
+                p
+                for t in ctx.store.iter_tables(kept, columns=["path"])
+                for p in t["path"].to_pylist()
+            }
+            for t in ctx.store.iter_tables(
+                texts, columns=["source_id", "path", "text", "content_sha256"]
+            ):
+                t = t.filter(pa.array([p in documents for p in t["path"].to_pylist()]))
+                findings += removals.find_in_snapshot(removed, t, near, requested)
+    bad = removals.violations(findings)
+    remaining = removals.remaining_near_duplicates(findings)
+    return CheckOutcome(
+        passed=not bad,
+        metadata={
+            "removed_files": removed.num_rows,
+            "violations": len(bad),
+            "near_duplicates_remaining": len(remaining),
+            "why": Markdown("\n".join(f"- {f.why}" for f in [*bad, *remaining][:20]) or "none"),
+        },
+        description=bad[0].why if bad else None,
+    )
+
+
 STAGE = Stage(
     name="snapshot",
     grain=Grain.GLOBAL,
@@ -153,6 +195,14 @@ STAGE = Stage(
         __name__,
     ),
     body=_body,
-    checks=tuple(_promotion_check(name) for name in verify.ALL_CHECKS),
+    checks=(
+        *(_promotion_check(name) for name in verify.ALL_CHECKS),
+        Check(
+            "no_removed_content_in_snapshot",
+            "No file a removals entry names, and no copy of its content, is a document; near "
+            "duplicates in other files are listed with why they stay.",
+            _no_removed_content,
+        ),
+    ),
     manifest_check=False,
 )

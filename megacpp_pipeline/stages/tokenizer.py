@@ -92,7 +92,7 @@ STAGE = Stage(
     description="The tokenizer artifact: a pinned tokenizer.json (sha256 verified) or a "
     "byte-level BPE trained deterministically on the deduped train split; special tokens "
     "(BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids.",
-    input="deduped_files",
+    input="decontaminated_files",
     config_key="tokenizer",
     config=tokenizer.TokenizerConfig,
     code=(tokenizer.__name__, __name__),

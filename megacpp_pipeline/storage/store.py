@@ -1,24 +1,32 @@
 """The shard store: every gate writes bounded parquet shards plus a manifest into a new
-version directory, and a version exists for readers only once `_COMPLETE` is in it.
+version folder, and a version exists for readers only once `_COMPLETE` is in it.
 
-Seed rule (protobuf-2gb-wall-and-shards): many files, explicit metadata, atomic promotion,
-completion markers. Each shard goes to `*.tmp`, is reopened and validated, then renamed into
-place; the manifest is written after its shards; `_COMPLETE` last; `LATEST` is swung after.
+Seed rule (protobuf-2gb-wall-and-shards): many files, explicit metadata, completion markers.
+The rules hold on object storage as on local disk, with no rename, no directory mtime and no
+process id trusted across hosts:
+- a version's folder has a unique name (begin time + random), so every shard is written
+  straight to its final name; each is read back (size, sha256 of the bytes whose parquet
+  metadata was checked before upload) before the manifest may list it;
+- `manifest.json`, then `_COMPLETE` (holding the manifest's sha256) are the commit point;
+- `LATEST` is written only by the committing writer of that partition, and only forward;
+- a writer holds a lease, `<version>.lease` beside the folder (storage/lease.py), put before
+  its first object and refreshed by a heartbeat; a version without `_COMPLETE` is removed
+  only once its lease is dead (no heartbeat for its TTL, or a gone process of this machine).
 A crash at any point leaves the previous version intact and readable.
 
-Layout: <root>/assets/<asset>/<partition or _>/<version>/{part-*.parquet, manifest.json,
-_COMPLETE}. The root is any pyarrow filesystem URI (local path by default; s3://, gs://).
+Layout: <root>/assets/<asset>/<partition or _>/{<version>/{part-*.parquet, manifest.json,
+_COMPLETE}, <version>.lease, LATEST}. The root is a local path or any pyarrow filesystem URI
+(storage/filesystem.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import socket
-import uuid
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
@@ -26,9 +34,20 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
+from megacpp_pipeline.storage.filesystem import is_local, needs_directories, resolve
+from megacpp_pipeline.storage.lease import (
+    DEFAULT_TTL_S,
+    Lease,
+    LeaseKeeper,
+    LeaseLostError,
+    WriterIdentity,
+    new_lease,
+    why_dead,
+)
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
     LATEST,
+    LEASE_SUFFIX,
     MANIFEST,
     UNPARTITIONED,
     Manifest,
@@ -38,18 +57,24 @@ from megacpp_pipeline.storage.versions import (
     complete_marker,
     config_hash,
     is_data_table,
-    pid_alive,
+    is_version_name,
+    lease_name,
+    new_version_id,
     recorded_manifest_sha256,
     schema_fingerprint,
     sha256_on,
+    tmp_name,
+    tmp_owner,
 )
 
 __all__ = [
     "COMPLETE",
+    "DEFAULT_TTL_S",
     "LATEST",
     "MANIFEST",
     "UNPARTITIONED",
     "IncompleteVersionError",
+    "LeaseLostError",
     "Manifest",
     "ShardInfo",
     "ShardStore",
@@ -62,9 +87,6 @@ __all__ = [
     "schema_fingerprint",
 ]
 
-WRITER = "_WRITER"
-_WRITER_GRACE_S = 60.0
-
 
 class StoreError(Exception):
     """A store operation failed; the message names the path and what was wrong."""
@@ -74,8 +96,12 @@ class IncompleteVersionError(StoreError):
     """A reader was pointed at a directory without `_COMPLETE`."""
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 class ShardStore:
-    """A root directory of versioned asset outputs on a pyarrow filesystem."""
+    """A root of versioned asset outputs on a pyarrow filesystem (local path or URI)."""
 
     def __init__(
         self,
@@ -86,18 +112,30 @@ class ShardStore:
         compression: str = "zstd",
         keep_versions: int = 2,
         filesystem: pafs.FileSystem | None = None,
+        lease_ttl_s: float = DEFAULT_TTL_S,
+        writer_host: str | None = None,
+        clock: Callable[[], datetime] = _utcnow,
     ) -> None:
+        """`lease_ttl_s`: how long this store's writers may go without a heartbeat before a
+        cleaner on any host may remove their unfinished version. `writer_host`: the host
+        name written into leases (default: this machine's). `clock`: UTC now, for leases."""
         if filesystem is not None:  # e.g. a wrapped or mounted filesystem; root is its path
             self.fs, self.root = filesystem, root
-        elif "://" in root:
-            self.fs, self.root = pafs.FileSystem.from_uri(root)
         else:
-            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
+            try:
+                self.fs, self.root = resolve(root)
+            except ValueError as e:
+                raise StoreError(str(e)) from e
         self.uri = root
         self.max_rows_per_shard = max_rows_per_shard
         self.max_bytes_per_shard = max_bytes_per_shard
         self.compression = compression
         self.keep_versions = keep_versions
+        self.lease_ttl_s = lease_ttl_s
+        self.writer_host = writer_host
+        self.clock = clock
+        self._local = is_local(self.fs)
+        self._dirs = needs_directories(self.fs)
 
     # paths -------------------------------------------------------------------------------
     def join(self, *parts: str) -> str:
@@ -108,9 +146,13 @@ class ShardStore:
 
     def local_path(self, path: str) -> str:
         """The OS path for a store path, for libraries that need one (local roots only)."""
-        if not isinstance(self.fs, pafs.LocalFileSystem):
+        if not self._local:
             raise StoreError(f"{path}: a local path was asked of a non-local store {self.uri}")
         return path
+
+    @property
+    def is_local(self) -> bool:
+        return self._local
 
     # low-level file ops --------------------------------------------------------------------
     def exists(self, path: str) -> bool:
@@ -123,16 +165,44 @@ class ShardStore:
         except (FileNotFoundError, OSError) as e:
             raise StoreError(f"{path}: cannot read ({e})") from e
 
-    def write_bytes_atomic(self, path: str, data: bytes) -> None:
-        # the pid in the name lets a cleaner tell a dead writer's temp file from a live one's
-        tmp = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    def read_bytes_if_exists(self, path: str) -> bytes | None:
+        """The object's bytes, or None when there is none (other failures raise OSError)."""
         try:
-            with self.fs.open_output_stream(tmp) as f:
-                f.write(data)
-            self.fs.move(tmp, path)
+            with self.fs.open_input_stream(path) as f:
+                return bytes(f.read())
+        except FileNotFoundError:
+            return None
+        except OSError:
+            if not self.exists(path):
+                return None
+            raise
+
+    def put_bytes(self, path: str, data: bytes, *, owner: str = "store") -> None:
+        """A whole object: readers see nothing, or all of `data`. An object store's PUT is
+        that already; on local disk the bytes go to a temp file named for `owner` (a
+        version id) and are renamed into place, so a crash leaves at worst that temp file,
+        which the next cleaner removes once the owner's lease is dead (a temp file of no
+        version is never removed by a cleaner)."""
+        try:
+            if not self._local:
+                with self.fs.open_output_stream(path) as f:
+                    f.write(data)
+                return
+            parent, name = path.rsplit("/", 1)
+            tmp = f"{parent}/{tmp_name(name, owner)}"
+            try:
+                with self.fs.open_output_stream(tmp) as f:
+                    f.write(data)
+                self.fs.move(tmp, path)
+            except OSError:
+                self._discard(tmp)
+                raise
         except OSError as e:
-            self._discard(tmp)
             raise StoreError(f"{path}: write failed ({e})") from e
+
+    def write_bytes_atomic(self, path: str, data: bytes) -> None:
+        """The former name of `put_bytes`."""
+        self.put_bytes(path, data)
 
     def sha256_of(self, path: str) -> str:
         return sha256_on(self.fs, path)
@@ -140,6 +210,10 @@ class ShardStore:
     def _discard(self, path: str) -> None:
         with contextlib.suppress(OSError):
             self.fs.delete_file(path)
+
+    def _delete_dir(self, path: str) -> None:
+        with contextlib.suppress(OSError):
+            self.fs.delete_dir(path)
 
     # writing -------------------------------------------------------------------------------
     def begin(
@@ -151,18 +225,43 @@ class ShardStore:
         config: BaseModel | Mapping[str, Any] | None = None,
         run_id: str | None = None,
     ) -> VersionWriter:
+        """A new version, leased to this process; it is invisible until `commit()`. Use it
+        as a context manager to have a failing gate's version removed at once."""
         pdir = self.partition_dir(asset, partition)
-        self._clean_abandoned_versions(pdir)
+        self.clean_abandoned(pdir)
         now = datetime.now(UTC)
-        version = f"{now:%Y%m%dT%H%M%S%f}-{uuid.uuid4().hex[:8]}"
+        version = new_version_id(now)
         vdir = f"{pdir}/{version}"
-        try:
-            self.fs.create_dir(vdir, recursive=True)
-        except OSError as e:
-            raise StoreError(f"{vdir}: cannot create version directory ({e})") from e
-        self.write_bytes_atomic(
-            f"{vdir}/{WRITER}", f"{socket.gethostname()} {os.getpid()}".encode()
+        if self._dirs:
+            try:
+                self.fs.create_dir(pdir, recursive=True)
+            except OSError as e:
+                raise StoreError(f"{vdir}: cannot create version directory ({e})") from e
+        lease = new_lease(
+            version,
+            WriterIdentity.of_this_process(self.writer_host),
+            now=self.clock(),
+            ttl_s=self.lease_ttl_s,
         )
+        lease_path = f"{pdir}/{lease_name(version)}"
+        keeper = LeaseKeeper(
+            lease,
+            read=lambda: self.read_bytes_if_exists(lease_path),
+            write=lambda data: self.put_bytes(lease_path, data, owner=version),
+            clock=self.clock,
+        )
+        # the lease before any object of the version: a folder without one is nobody's
+        try:
+            keeper.put_first()
+        except StoreError as e:
+            raise StoreError(f"{vdir}: cannot create version directory ({e})") from e
+        if self._dirs:
+            try:
+                self.fs.create_dir(vdir, recursive=True)
+            except OSError as e:
+                self._discard(lease_path)
+                raise StoreError(f"{vdir}: cannot create version directory ({e})") from e
+        keeper.start()
         return VersionWriter(
             self,
             Manifest(
@@ -175,60 +274,101 @@ class ShardStore:
                 config_hash=config_hash(config),
             ),
             vdir,
+            keeper,
         )
 
-    def _clean_abandoned_versions(self, pdir: str) -> None:
-        """Remove versions without `_COMPLETE` whose writer process is gone (a crash left
-        them); a version still being written by a live process is left alone."""
-        for info in self._list_dirs(pdir):
-            vdir = info.path
-            if self.exists(f"{vdir}/{COMPLETE}"):
-                continue
-            alive = self._writer_alive(vdir)
-            if alive or (alive is None and self._just_created(info)):
-                continue
-            with contextlib.suppress(OSError):
-                self.fs.delete_dir(vdir)
-        # stale pointer temp files of dead writers (a live writer's LATEST.<pid>-<id>.tmp stays)
+    # cleaning ------------------------------------------------------------------------------
+    def clean_abandoned(self, pdir: str) -> list[str]:
+        """Remove what dead writers left in a partition folder: versions without
+        `_COMPLETE`, their leases and temp files. A version whose lease is alive, whatever
+        host holds it, is never touched. Returns what was removed, each with why."""
+        removed: list[str] = []
         try:
-            for info in self.fs.get_file_info(pafs.FileSelector(pdir, allow_not_found=True)):
-                if info.type == pafs.FileType.File and info.base_name.endswith(".tmp"):
-                    pid = info.base_name.rsplit(".", 2)[-2].split("-")[0]
-                    if not (pid.isdigit() and pid_alive(int(pid))):
-                        self._discard(info.path)
+            entries = self.fs.get_file_info(pafs.FileSelector(pdir, allow_not_found=True))
         except OSError:
-            pass
+            return removed
+        dirs = {
+            i.base_name
+            for i in entries
+            if i.type == pafs.FileType.Directory and is_version_name(i.base_name)
+        }
+        leased = {
+            i.base_name[: -len(LEASE_SUFFIX)]
+            for i in entries
+            if i.type == pafs.FileType.File and i.base_name.endswith(LEASE_SUFFIX)
+        }
+        here = WriterIdentity.of_this_process(self.writer_host)
+        for version in sorted(dirs | leased):
+            done = self._clean_version(
+                pdir, version, here, has_dir=version in dirs, listed_lease=version in leased
+            )
+            if done is not None:
+                removed.append(f"{pdir}/{version}: {done}")
+        # local temp files are named for the version that wrote them: theirs once it is dead
+        owners: dict[str, str | None] = {}
+        for info in entries:
+            owner = tmp_owner(info.base_name) if info.type == pafs.FileType.File else None
+            if owner is None:
+                continue
+            if owner not in owners:
+                owners[owner] = self._lease_verdict(pdir, owner, here)[1]
+            if owners[owner] is not None:
+                self._discard(info.path)
+        return removed
 
-    @staticmethod
-    def _just_created(info: pafs.FileInfo) -> bool:
-        """A concurrent writer creates its version directory, then its `_WRITER` record: a
-        directory younger than a minute without a record may be one in between (a crash
-        right there leaves one that the next writer after that minute removes)."""
-        if info.mtime is None:
-            return False
-        age = datetime.now(UTC) - info.mtime.astimezone(UTC)
-        return age.total_seconds() < _WRITER_GRACE_S
+    def _clean_version(
+        self, pdir: str, version: str, here: WriterIdentity, *, has_dir: bool, listed_lease: bool
+    ) -> str | None:
+        """What was removed of one version and why; None when it was left alone."""
+        vdir = f"{pdir}/{version}"
+        if not listed_lease and self.exists(f"{vdir}/{COMPLETE}"):
+            return None  # the common case: a committed version, its lease long gone
+        # the lease before `_COMPLETE`: a writer removes its lease only after `_COMPLETE`,
+        # so "no lease, then no _COMPLETE" can never be a writer that just committed
+        lease, why = self._lease_verdict(pdir, version, here)
+        if why is None:
+            return None
+        done = []
+        if has_dir and not self.exists(f"{vdir}/{COMPLETE}"):
+            self._delete_dir(vdir)
+            done.append("unfinished version removed")
+        if lease is not None:
+            self._discard(f"{pdir}/{lease_name(version)}")
+            done.append("lease removed")
+        return f"{' and '.join(done)}: {why}" if done else None
+
+    def _lease_verdict(
+        self, pdir: str, version: str, here: WriterIdentity
+    ) -> tuple[Lease | None, str | None]:
+        """The version's lease and why its writer is gone (None: alive, keep everything)."""
+        path = f"{pdir}/{lease_name(version)}"
+        try:
+            raw = self.read_bytes_if_exists(path)
+        except OSError:
+            return None, None  # cannot tell: keep
+        if raw is None:
+            return None, "no lease (its writer finished, aborted or was cleaned)"
+        stored_at = self.fs.get_file_info(path).mtime
+        stored_at = stored_at.astimezone(UTC) if stored_at is not None else None
+        try:
+            lease = Lease.model_validate_json(raw)
+        except ValueError:
+            # unreadable (written by something else): judged by its age alone
+            age = (self.clock() - stored_at).total_seconds() if stored_at else 0.0
+            return None, (f"unreadable lease {age:.0f} s old" if age > self.lease_ttl_s else None)
+        return lease, why_dead(lease, now=self.clock(), here=here, stored_at=stored_at)
+
+    def _clean_abandoned_versions(self, pdir: str) -> None:
+        """The former name of `clean_abandoned`."""
+        self.clean_abandoned(pdir)
 
     def _prune_old_versions(self, pdir: str) -> None:
         """Keep the newest `keep_versions` complete versions; older ones go."""
         complete = [i for i in self._list_dirs(pdir) if self.exists(f"{i.path}/{COMPLETE}")]
         for info in complete[: max(0, len(complete) - self.keep_versions)]:
-            try:
-                # _COMPLETE first, so a half-deleted old version is never readable
-                self._discard(f"{info.path}/{COMPLETE}")
-                self.fs.delete_dir(info.path)
-            except OSError:
-                pass
-
-    def _writer_alive(self, vdir: str) -> bool | None:
-        """None when there is no writer record (yet, or the crash came before it)."""
-        try:
-            host, pid = self.read_bytes(f"{vdir}/{WRITER}").decode().split()
-        except (StoreError, ValueError):
-            return None
-        if host != socket.gethostname():
-            return True  # cannot tell for another host: keep it
-        return pid_alive(int(pid))
+            # _COMPLETE first, so a half-deleted old version is never readable
+            self._discard(f"{info.path}/{COMPLETE}")
+            self._delete_dir(info.path)
 
     def _list_dirs(self, path: str) -> list[pafs.FileInfo]:
         try:
@@ -236,7 +376,12 @@ class ShardStore:
         except OSError:
             return []
         return sorted(
-            (i for i in infos if i.type == pafs.FileType.Directory), key=lambda i: i.base_name
+            (
+                i
+                for i in infos
+                if i.type == pafs.FileType.Directory and is_version_name(i.base_name)
+            ),
+            key=lambda i: i.base_name,
         )
 
     # reading -------------------------------------------------------------------------------
@@ -420,51 +565,96 @@ class TableWriter:
 class VersionWriter:
     """One new version of one asset partition; invisible to readers until `commit()`."""
 
-    def __init__(self, store: ShardStore, manifest: Manifest, vdir: str) -> None:
+    def __init__(
+        self, store: ShardStore, manifest: Manifest, vdir: str, keeper: LeaseKeeper
+    ) -> None:
         self.store = store
         self.manifest = manifest
         self.dir = vdir
+        self.lease = keeper
         self._writers: dict[str, TableWriter] = {}
+        self._made_dirs: set[str] = {vdir}
         self.last_schema: pa.Schema | None = None
+        self.closed = False
+        # a writer dropped without commit or abort (its gate raised) stops beating, so its
+        # version expires after the TTL like a dead process's
+        weakref.finalize(self, keeper.stop)
+
+    def __enter__(self) -> VersionWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None and not self.closed:
+            self.abort()
 
     def table(self, name: str, schema: pa.Schema) -> TableWriter:
         if name not in self._writers:
             self._writers[name] = TableWriter(self, name, schema)
         return self._writers[name]
 
-    def write_parquet(self, relpath: str, table: pa.Table, **kwargs: Any) -> ShardInfo:
-        """tmp -> reopen and validate -> rename: a shard is listed only once it reads back."""
-        fs, final = self.store.fs, f"{self.dir}/{relpath}"
-        tmp = f"{final}.tmp"
-        parent = final.rsplit("/", 1)[0]
+    def _check_lease(self) -> None:
         try:
-            fs.create_dir(parent, recursive=True)
-            options: dict[str, Any] = {"compression": self.store.compression}
-            options.update(kwargs)
-            pq.write_table(table, tmp, filesystem=fs, **options)
-            meta = pq.read_metadata(tmp, filesystem=fs)
-            if meta.num_rows != table.num_rows:
-                raise StoreError(f"{final}: wrote {table.num_rows} rows, read back {meta.num_rows}")
-            written = meta.schema.to_arrow_schema()
-            if written.names != table.schema.names:
-                raise StoreError(f"{final}: columns changed on the way to disk")
-            sha = self.store.sha256_of(tmp)
-            size = fs.get_file_info(tmp).size
-            fs.move(tmp, final)
+            self.lease.check()
+        except LeaseLostError as e:
+            raise StoreError(f"{self.dir}: {e}") from e
+
+    def _ensure_parent(self, path: str) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if self.store._dirs and parent not in self._made_dirs:
+            self.store.fs.create_dir(parent, recursive=True)
+            self._made_dirs.add(parent)
+
+    def _upload(self, final: str, data: pa.Buffer | bytes) -> tuple[int, str]:
+        """Put `data` at its final name, then read it back: the store must hold exactly
+        these bytes (size and sha256) before anything lists them."""
+        want = hashlib.sha256(data).hexdigest()
+        fs = self.store.fs
+        try:
+            self._ensure_parent(final)
+            with fs.open_output_stream(final) as f:
+                f.write(data)
+            size = fs.get_file_info(final).size
+            if size != len(data):
+                raise StoreError(f"{final}: uploaded {len(data)} bytes, the store has {size}")
+            got = self.store.sha256_of(final)
         except OSError as e:
-            self.store._discard(tmp)
-            raise StoreError(f"{final}: shard write failed ({e})") from e
+            self.store._discard(final)
+            raise StoreError(f"{final}: write failed ({e})") from e
+        if got != want:
+            self.store._discard(final)
+            raise StoreError(f"{final}: sha256 read back differs from the bytes written")
+        return len(data), want
+
+    def write_parquet(self, relpath: str, table: pa.Table, **kwargs: Any) -> ShardInfo:
+        """Encode in memory, check the parquet metadata, upload to the final name, read
+        back: a shard is listed only once the store holds exactly the checked bytes."""
+        self._check_lease()
+        final = f"{self.dir}/{relpath}"
+        options: dict[str, Any] = {"compression": self.store.compression}
+        options.update(kwargs)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **options)
+        data = sink.getvalue()
+        meta = pq.read_metadata(pa.BufferReader(data))
+        if meta.num_rows != table.num_rows:
+            raise StoreError(f"{final}: wrote {table.num_rows} rows, read back {meta.num_rows}")
+        written = meta.schema.to_arrow_schema()
+        if written.names != table.schema.names:
+            raise StoreError(f"{final}: columns changed on the way to disk")
+        size, sha = self._upload(final, data)
         self.last_schema = written
         return ShardInfo(path=relpath, rows=table.num_rows, bytes=size, sha256=sha)
 
     def write_file(self, relpath: str, data: bytes) -> ShardInfo:
-        final = f"{self.dir}/{relpath}"
-        if "/" in relpath:
-            self.store.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
-        self.store.write_bytes_atomic(final, data)
-        info = ShardInfo(
-            path=relpath, rows=0, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
-        )
+        """A non-parquet artifact of this version, listed in the manifest's `files`."""
+        self._check_lease()
+        size, sha = self._upload(f"{self.dir}/{relpath}", data)
+        info = ShardInfo(path=relpath, rows=0, bytes=size, sha256=sha)
         self.manifest.files.append(info)
         return info
 
@@ -478,7 +668,9 @@ class VersionWriter:
         stats: Mapping[str, float] | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> Manifest:
-        """Close every table, write the manifest, then `_COMPLETE`, then swing `LATEST`."""
+        """Close every table; confirm the lease and that every listed object is in the
+        store; write the manifest, then `_COMPLETE` (the commit point), then move `LATEST`
+        forward, then drop the lease."""
         for name, writer in self._writers.items():
             self.manifest.tables[name] = writer.close()
         if upstream:
@@ -487,20 +679,62 @@ class VersionWriter:
             self.manifest.stats.update({k: float(v) for k, v in stats.items()})
         if extra:
             self.manifest.extra.update(extra)
-        store = self.store
+        store, version = self.store, self.manifest.version
+        try:
+            self.lease.confirm()
+        except LeaseLostError as e:
+            raise StoreError(f"{self.dir}: not committed: {e}") from e
+        missing = self._missing_objects()
+        if missing:
+            raise StoreError(
+                f"{self.dir}: not committed: {missing[0]} (and {len(missing) - 1} more)"
+            )
         raw = self.manifest.model_dump_json(indent=2).encode()
-        store.write_bytes_atomic(f"{self.dir}/{MANIFEST}", raw)
+        store.put_bytes(f"{self.dir}/{MANIFEST}", raw, owner=version)
         # the marker holds the manifest's sha256, so a changed manifest byte is caught too
-        store.write_bytes_atomic(
-            f"{self.dir}/{COMPLETE}", complete_marker(self.manifest.version, raw)
-        )
-        store._discard(f"{self.dir}/{WRITER}")
+        store.put_bytes(f"{self.dir}/{COMPLETE}", complete_marker(version, raw), owner=version)
+        self.closed = True
         pdir = store.partition_dir(self.manifest.asset, self.manifest.partition)
-        store.write_bytes_atomic(f"{pdir}/{LATEST}", self.manifest.version.encode())
+        if self._latest_is_older(pdir):
+            store.put_bytes(f"{pdir}/{LATEST}", version.encode(), owner=version)
+        store._discard(f"{pdir}/{lease_name(version)}")
         store._prune_old_versions(pdir)
         return self.manifest
 
+    def _missing_objects(self) -> list[str]:
+        """Every object the manifest will list that the store does not hold at its size
+        (one listing): a cleaner that wrongly removed this version is caught here."""
+        try:
+            infos = self.store.fs.get_file_info(
+                pafs.FileSelector(self.dir, recursive=True, allow_not_found=True)
+            )
+        except OSError as e:
+            return [f"{self.dir}: cannot list ({e})"]
+        sizes = {i.path[len(self.dir) + 1 :]: i.size for i in infos}
+        return [
+            f"{self.dir}/{s.path}: missing or not {s.bytes} bytes"
+            for s in self.manifest.all_shards()
+            if sizes.get(s.path) != s.bytes
+        ]
+
+    def _latest_is_older(self, pdir: str) -> bool:
+        """Whether `LATEST` should move to this version: never back past a newer complete
+        version another writer of this partition committed meanwhile."""
+        try:
+            current = self.store.read_bytes_if_exists(f"{pdir}/{LATEST}")
+        except OSError:
+            return True
+        if current is None:
+            return True
+        named = current.decode(errors="replace").strip()
+        if named <= self.manifest.version or not is_version_name(named):
+            return True
+        return not self.store.exists(f"{pdir}/{named}/{COMPLETE}")
+
     def abort(self) -> None:
-        """Drop this version's files; used when the gate itself failed."""
-        with contextlib.suppress(OSError):
-            self.store.fs.delete_dir(self.dir)
+        """Drop this version's files and its lease; used when the gate itself failed."""
+        self.lease.stop()
+        self.closed = True
+        self.store._delete_dir(self.dir)
+        pdir = self.store.partition_dir(self.manifest.asset, self.manifest.partition)
+        self.store._discard(f"{pdir}/{lease_name(self.manifest.version)}")

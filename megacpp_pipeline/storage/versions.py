@@ -2,7 +2,10 @@
 versions in the store, promoted snapshots, JSONL conversions). A folder of files, then
 `manifest.json` listing them, then `_COMPLETE` written last; its absence means "not a
 version". `_COMPLETE` holds `<version id> <sha256 of manifest.json>`, so a reader that checks
-it catches a changed manifest byte too. A partition's `LATEST` names its newest version.
+it catches a changed manifest byte too. A partition's `LATEST` names its newest version; a
+version being written has a lease, `<version>.lease`, beside its folder (storage/lease.py).
+Nothing here relies on renaming a folder or on its mtime: a version's folder has a unique
+name from the start, so it works the same on object storage.
 
 Seed rule (protobuf-2gb-wall-and-shards): many files, explicit metadata, completion markers.
 This module owns the names, the marker, the store's manifest model and the file hashing;
@@ -15,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +32,39 @@ COMPLETE = "_COMPLETE"
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 UNPARTITIONED = "_"
+LEASE_SUFFIX = ".lease"
+TMP_SUFFIX = ".tmp"
 MANIFEST_SCHEMA_VERSION = 1
 _CHUNK = 1 << 20
+
+
+# names in a partition folder -------------------------------------------------------------
+def new_version_id(now: datetime) -> str:
+    """A version's folder name: sorts by begin time, unique across writers and hosts."""
+    return f"{now:%Y%m%dT%H%M%S%f}-{uuid.uuid4().hex[:8]}"
+
+
+def is_version_name(name: str) -> bool:
+    """Version folders start with their timestamp; `_`/`.` names are the store's own."""
+    return bool(name) and name[0].isdigit()
+
+
+def lease_name(version: str) -> str:
+    return f"{version}{LEASE_SUFFIX}"
+
+
+def tmp_name(name: str, owner: str) -> str:
+    """A local temp file for `name`, owned by version `owner`: a cleaner that finds it after
+    a crash removes it once that version's lease is dead."""
+    return f"{name}.{owner}-{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+
+
+def tmp_owner(name: str) -> str | None:
+    """The version that owns a temp file named by `tmp_name` (None for any other name)."""
+    if not name.endswith(TMP_SUFFIX) or "." not in name[: -len(TMP_SUFFIX)]:
+        return None
+    owner = name[: -len(TMP_SUFFIX)].rsplit(".", 1)[1].rsplit("-", 1)[0]
+    return owner if is_version_name(owner) else None
 
 
 # the marker ------------------------------------------------------------------------------

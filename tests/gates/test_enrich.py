@@ -56,6 +56,8 @@ def deduped(files: dict[str, str], source_id: str = "demo") -> pa.Table:
             "encoding": ["utf-8"] * n,
             "text": texts,
             "content_sha256": [text_sha256(t) for t in texts],
+            "language": ["c++"] * n,
+            "vendored": [False] * n,
             "license_expression": ["MIT"] * n,
             "license_source": ["file"] * n,
             "license_decision": ["allowed"] * n,

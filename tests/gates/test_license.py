@@ -181,10 +181,12 @@ def normalized_table(files: dict[str, str], source_id: str = "demo") -> pa.Table
             "encoding": "utf-8",
             "text": text,
             "content_sha256": schemas.text_sha256(text),
+            "language": "c++",
+            "vendored": False,
         }
         for path, text in files.items()
     ]
-    return pa.Table.from_pylist(rows, schema=schemas.NORMALIZED_FILES)
+    return pa.Table.from_pylist(rows, schema=schemas.CLASSIFIED_FILES)
 
 
 def license_gate(

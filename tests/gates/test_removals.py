@@ -107,6 +107,8 @@ def licensed(
             "encoding": [encoding if isinstance(files[p], bytes) else "utf-8" for p, _, _ in rows],
             "text": [t for _, _, t in rows],
             "content_sha256": [schemas.text_sha256(t) for _, _, t in rows],
+            "language": ["c++"] * len(rows),
+            "vendored": [False] * len(rows),
             "license_expression": ["MIT"] * n,
             "license_source": ["file"] * n,
             "license_decision": ["allowed"] * n,

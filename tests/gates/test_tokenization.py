@@ -77,6 +77,8 @@ def enriched(
         "encoding": ["utf-8"] * n,
         "text": [t for _, t in docs],
         "content_sha256": [schemas.text_sha256(t) for _, t in docs],
+        "language": ["c++"] * n,
+        "vendored": [False] * n,
         "license_expression": ["MIT"] * n,
         "license_source": ["file"] * n,
         "license_decision": ["allowed"] * n,

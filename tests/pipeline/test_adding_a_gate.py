@@ -90,7 +90,7 @@ def test_inserting_a_gate_rewires_the_chain_and_every_derived_list() -> None:
     assert names[names.index("scrubbed_files") + 1] == "unbanned_files"
     assert registry.get("unbanned_files").input == "scrubbed_files"
     assert registry.get("deduped_files").input == "unbanned_files"
-    assert registry.get("tokenizer").input == "deduped_files"  # not rewired: reads dedup
+    assert registry.get("tokenizer").input == "decontaminated_files"  # not rewired
     assert "unbanned_files" in registry.refresh_head()
     ledger = registry.ledger_stages()
     assert ledger[ledger.index("scrubbed_files") + 1] == "unbanned_files"

@@ -35,18 +35,23 @@ def _stage(name: str, **kw) -> Stage:  # type: ignore[no-untyped-def]
 def test_the_default_order_is_the_pipeline_order() -> None:
     r = default_registry()
     assert r.names() == [
-        "source_catalog", "raw_files", "normalized_files", "licensed_files", "scrubbed_files",
-        "deduped_files", "enriched_files", "tokenizer", "tokenized_docs", "packed_rows",
+        "source_catalog", "raw_files", "normalized_files", "classified_files", "quality_files",
+        "licensed_files", "removed_files", "scrubbed_files", "deduped_files",
+        "decontaminated_files", "enriched_files", "tokenizer", "tokenized_docs", "packed_rows",
         "snapshot", "megatron_dataset", "quality_report",
     ]  # fmt: skip
     assert r.ledger_stages() == [
-        "raw_files", "normalized_files", "licensed_files", "scrubbed_files", "deduped_files",
+        "raw_files", "normalized_files", "classified_files", "quality_files", "licensed_files",
+        "removed_files", "scrubbed_files", "deduped_files", "decontaminated_files",
         "enriched_files", "tokenized_docs",
     ]  # fmt: skip
-    assert r.refresh_head() == ["raw_files", "normalized_files", "licensed_files", "scrubbed_files"]
+    assert r.refresh_head() == [
+        "raw_files", "normalized_files", "classified_files", "quality_files", "licensed_files",
+        "removed_files", "scrubbed_files",
+    ]  # fmt: skip
     assert set(r.config_models()) == {
-        "normalize", "license", "scrub", "dedup", "enrich", "tokenizer", "tokenize", "packing",
-        "snapshot",
+        "normalize", "language", "quality", "license", "scrub", "dedup", "decontaminate",
+        "enrich", "tokenizer", "tokenize", "packing", "snapshot",
     }  # fmt: skip
 
 

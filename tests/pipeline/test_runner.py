@@ -66,8 +66,9 @@ def test_a_source_with_no_files_gives_complete_empty_versions_whose_checks_pass(
     tmp_path: Path,
 ) -> None:
     ctx = _context(tmp_path, {"README.md": "# nothing for us\n"})
-    _run(ctx, "source_catalog", "raw_files", "normalized_files", "licensed_files")
-    for name in ("raw_files", "normalized_files", "licensed_files"):
+    head = ["raw_files", "normalized_files", "classified_files", "quality_files", "licensed_files"]
+    _run(ctx, "source_catalog", *head)
+    for name in head:
         m = ctx.store.latest(name, "tree")
         assert m.rows == 0, name
         checks = _checks(ctx, name)

@@ -50,11 +50,12 @@ def test_every_registry_stage_is_an_asset_with_its_checks_deps_and_grain(graph: 
     snapshot = {
         c.name for c in graph.asset_check_keys if c.asset_key.to_user_string() == "snapshot"
     }
-    assert len(snapshot) == 8
+    assert len(snapshot) == 9  # eight from verify, and no removed content
 
 
 def test_a_per_file_gate_gets_the_two_standard_checks(graph: Any) -> None:
-    gates = ["normalized_files", "licensed_files", "scrubbed_files", "enriched_files"]
+    gates = ["normalized_files", "classified_files", "quality_files", "licensed_files"]
+    gates += ["removed_files", "scrubbed_files", "enriched_files"]
     for name in [*gates, "tokenized_docs"]:
         checks = {c.name for c in graph.asset_check_keys if c.asset_key.to_user_string() == name}
         assert {"manifest_verifies_from_disk", "every_input_file_kept_or_in_ledger"} <= checks, name
@@ -73,8 +74,16 @@ def test_the_run_plan_is_five_runs_whatever_the_number_of_sources(tmp_path: Path
     assert plans[0] == plans[1]
     assert [g.keys for g in plans[0]] == [
         ("source_catalog",),
-        ("raw_files", "normalized_files", "licensed_files", "scrubbed_files"),
-        ("deduped_files", "tokenizer"),
+        (
+            "raw_files",
+            "normalized_files",
+            "classified_files",
+            "quality_files",
+            "licensed_files",
+            "removed_files",
+            "scrubbed_files",
+        ),
+        ("deduped_files", "decontaminated_files", "tokenizer"),
         ("enriched_files", "tokenized_docs"),
         ("packed_rows", "snapshot", "megatron_dataset", "quality_report"),
     ]

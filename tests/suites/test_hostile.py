@@ -504,7 +504,8 @@ n = 250  # 100,000 nested parentheses over 500 lines
 text = "int x = " + "\\n".join("(" * 400 for _ in range(n)) + "1"
 text += "\\n".join(")" * 400 for _ in range(n)) + ";\\n"
 row = {"source_id": "s", "path": "p.cc", "revision": "r", "blob_sha": "b", "size": len(text),
-       "encoding": "utf-8", "text": text, "content_sha256": "c", "license_expression": "MIT",
+       "encoding": "utf-8", "text": text, "content_sha256": "c", "language": "c++",
+       "vendored": False, "license_expression": "MIT",
        "license_source": "file", "license_decision": "allowed", "license_detail": None,
        "scrub_replacements": 0}
 table = pa.Table.from_pylist([row], schema=schemas.SCRUBBED_FILES)

@@ -208,10 +208,13 @@ def residual_table(table: pa.Table, config: ScrubConfig) -> pa.Table:
 
 
 def run(table: pa.Table, config: ScrubConfig) -> GateResult:
-    """Scrub one shard of schemas.LICENSED_FILES into schemas.SCRUBBED_FILES, with the audit
+    """Scrub one shard of licensed files (text and content_sha256 replaced, the rest carried
+    through, scrub_replacements added), with the audit
     table in extra["audit"]. A file whose output still trips a detector is dropped as
     SCRUB_FAILED rather than kept with a secret in it."""
-    table = table.select(schemas.LICENSED_FILES.names).cast(schemas.LICENSED_FILES)
+    missing = [n for n in schemas.LICENSED_FILES.names if n not in table.column_names]
+    if missing and not set(missing) <= {f.name for f in schemas.CLASS_FIELDS}:
+        raise ValueError(f"scrub input lacks column(s) {', '.join(missing)}")
     texts = table.column("text")
     n = table.num_rows
     source_ids = table.column("source_id").to_pylist()
@@ -240,12 +243,19 @@ def run(table: pa.Table, config: ScrubConfig) -> GateResult:
         shas = [schemas.text_sha256(t) for _, t, _ in replaced]
         new_shas = pc.replace_with_mask(new_shas, mask, pa.array(shas, pa.string()))
 
-    columns = {name: table.column(name) for name in schemas.LICENSED_FILES.names}
-    columns["text"] = new_texts
-    columns["content_sha256"] = new_shas
-    columns["scrub_replacements"] = pa.array(counts, pa.int32())
-    scrubbed = pa.table(
-        [columns[name] for name in schemas.SCRUBBED_FILES.names], schema=schemas.SCRUBBED_FILES
+    scrubbed = schemas.extend(
+        table,
+        {
+            "text": new_texts,
+            "content_sha256": new_shas,
+            "scrub_replacements": pa.array(counts, pa.int32()),
+        },
+        [
+            schemas.SCRUBBED_FILES.field("text"),
+            schemas.SCRUBBED_FILES.field("content_sha256"),
+            *schemas.SCRUB_FIELDS,
+        ],
+        "scrubbed_files",
     )
 
     dropped_rows = sorted(failed)

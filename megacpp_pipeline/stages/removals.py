@@ -1,0 +1,112 @@
+"""removed_files: drops what `removals:` in sources.yaml names (a source, a path glob in it,
+the sha256 of a collected file, or the entries of a request file) right after the licence
+gate, so nothing removed is ever scrubbed, enriched or tokenized; each drop names the entry.
+The `removed` side table (hashes and a near-dup signature, never text) feeds the promotion
+check that no removed content reached the snapshot."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from megacpp_pipeline.core.catalog import Catalog, RemovalSpec
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.schemas import LICENSED_FILES
+from megacpp_pipeline.gates import removals
+from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
+from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
+from megacpp_pipeline.storage.store import Manifest, config_hash
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(
+    specs: tuple[RemovalSpec, ...], base_dir: Path, sources: frozenset[str]
+) -> list[removals.Removal]:
+    return removals.load_removals(list(specs), base_dir, known_sources=sources)
+
+
+def loaded_removals(catalog: Catalog) -> list[removals.Removal]:
+    """The catalog's entries with request files expanded (read once per catalog)."""
+    return _loaded(
+        tuple(catalog.removals), catalog.base_dir, frozenset(s.id for s in catalog.sources)
+    )
+
+
+def _near_config(ctx: StageContext) -> Any:
+    return ctx.config(ctx.registry.get("deduped_files"))
+
+
+def _gate(inputs: SourceInputs) -> PreparedGate:
+    entries = loaded_removals(inputs.catalog)
+    source = inputs.source.id
+    near = _near_config(inputs.ctx)
+    return PreparedGate(
+        lambda table: removals.run(table, entries, source, near),
+        salt=removals.fingerprint(entries, source) + config_hash(near),
+    )
+
+
+def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -> dict[str, Any]:
+    return {k.replace(":", "_"): int(v) for k, v in stats.items() if k.startswith("removed_by:")}
+
+
+def _nothing_removed_continues(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
+    """The kept output, run through the removal entries again, loses nothing."""
+    assert source is not None
+    entries = loaded_removals(ctx.catalog)
+    manifest = ctx.store.latest(stage.name, source)
+    left: list[str] = []
+    for t in ctx.store.iter_tables(manifest):
+        again = removals.run(t, entries, source, _near_config(ctx))
+        left += [
+            f"{p}: {d}"
+            for p, d in zip(
+                again.dropped["path"].to_pylist(), again.dropped["detail"].to_pylist(), strict=True
+            )
+        ]
+    return CheckOutcome(
+        passed=not left,
+        metadata={"kept": manifest.rows, "still_matching": len(left), "first": "; ".join(left[:5])},
+        description=f"{source}: {left[0]}" if left else None,
+    )
+
+
+def removed_table(ctx: StageContext) -> pa.Table:
+    """Every source's removed files (hashes and signatures), for the promotion check."""
+    parts = [
+        t
+        for s in ctx.sources()
+        for t in ctx.store.iter_tables(ctx.store.latest(STAGE.name, s), "removed")
+    ]
+    return pa.concat_tables(parts) if parts else removals.REMOVED_FILES_SCHEMA.empty_table()
+
+
+STAGE = Stage(
+    name="removed_files",
+    grain=Grain.PER_SOURCE,
+    group="gates",
+    description="Files named by `removals:` (a source, a path glob, a collected file's sha256, "
+    "a request file) dropped before scrub; each ledger row names the entry that matched.",
+    input="licensed_files",
+    code=(removals.__name__, __name__),
+    version_data=lambda catalog: [r.model_dump(mode="json") for r in catalog.removals],
+    schema=LICENSED_FILES,
+    content_column="content_sha256",
+    side_tables={"removed": removals.REMOVED_FILES_SCHEMA},
+    drop_reasons=(DropReason.REMOVED_ON_REQUEST,),
+    writes_ledger=True,
+    gate=_gate,
+    report=_report,
+    checks=(
+        Check(
+            "nothing_removed_continues",
+            "Run through the removal entries again, the kept files lose none: every file "
+            "an entry names is in the ledger, not in the shards.",
+            _nothing_removed_continues,
+        ),
+    ),
+)
