@@ -71,6 +71,7 @@ def _table(source_id: str, root: Path, files: list[Path]) -> pa.Table:
             "license_decision": ["allowed"] * n,
             "license_detail": [None] * n,
             "scrub_replacements": [0] * n,
+            "scrub_kinds": [[] for _ in range(n)],
         },
         schema=DEDUPED_FILES,
     )

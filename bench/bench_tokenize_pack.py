@@ -105,6 +105,7 @@ def enriched_table(docs: list[tuple[str, str]]) -> pa.Table:
             "license_decision": ["allowed"] * n,
             "license_detail": [None] * n,
             "scrub_replacements": [0] * n,
+            "scrub_kinds": [[] for _ in range(n)],
             "chunk_starts": [s[0] for s in spans],
             "chunk_ends": [s[1] for s in spans],
             "chunk_kinds": [s[2] for s in spans],

@@ -8,6 +8,7 @@ Seed rule: the operational slice is pinned; every file seen gets a ledger status
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +189,13 @@ def _batch(
             "detail": pa.array(details, pa.string()),
             "dup_of": pa.nulls(n, pa.string()),
             "license_expression": pa.nulls(n, pa.string()),
+            "sha256": pa.array(
+                [
+                    hashlib.sha256(e.content).hexdigest() if e.content is not None else None
+                    for e in entries
+                ],
+                pa.string(),
+            ),
         },
         schema=LEDGER_SCHEMA,
     )

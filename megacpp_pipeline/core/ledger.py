@@ -65,8 +65,11 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("detail", pa.string()),  # human-readable: the rule, the expression, ...
         pa.field("dup_of", pa.string()),  # "source_id:path" of the kept representative
         pa.field("license_expression", pa.string()),
+        # sha256 of the file's bytes as collected (collect's rows; null where it was not read):
+        # what `megacpp explain --sha256` and `diff` look files up by
+        pa.field("sha256", pa.string()),
     ],
-    metadata={"megacpp.table": "ledger", "megacpp.schema_version": "1"},
+    metadata={"megacpp.table": "ledger", "megacpp.schema_version": "2"},
 )
 
 
@@ -95,6 +98,7 @@ def drops(
                 list(license_expressions) if license_expressions is not None else empty,
                 pa.string(),
             ),
+            "sha256": pa.nulls(n, pa.string()),
         },
         schema=LEDGER_SCHEMA,
     )

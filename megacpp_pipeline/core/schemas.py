@@ -68,7 +68,10 @@ _LICENSE = [
 LICENSE_FIELDS = _LICENSE
 LICENSED_FILES = _schema("licensed_files", [*_KEY, *_TEXT, *_CLASS, *_LICENSE])
 
-_SCRUB = [pa.field("scrub_replacements", pa.int32(), nullable=False)]
+_SCRUB = [
+    pa.field("scrub_replacements", pa.int32(), nullable=False),
+    pa.field("scrub_kinds", pa.list_(pa.string()), nullable=False),  # what was replaced
+]
 SCRUB_FIELDS = _SCRUB
 SCRUBBED_FILES = _schema("scrubbed_files", [*_KEY, *_TEXT, *_CLASS, *_LICENSE, *_SCRUB])
 
@@ -108,6 +111,7 @@ TOKENIZED_DOCS = _schema(
         *_CLASS,
         pa.field("license_expression", pa.string()),
         pa.field("license_source", pa.string(), nullable=False),
+        pa.field("scrub_kinds", pa.list_(pa.string()), nullable=False),
         pa.field("structure_source", pa.string(), nullable=False),
         pa.field("split", pa.string(), nullable=False),  # train|validation
         pa.field("num_tokens", pa.int32(), nullable=False),
@@ -130,6 +134,7 @@ DOCUMENTS = pa.schema(
         *_CLASS,
         pa.field("license_expression", pa.string()),
         pa.field("license_source", pa.string(), nullable=False),
+        pa.field("scrub_kinds", pa.list_(pa.string()), nullable=False),  # replaced in it
         pa.field("structure_source", pa.string(), nullable=False),
         pa.field("split", pa.string(), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),  # the document's own tokens

@@ -606,6 +606,7 @@ def ledger_rows(decisions: pa.Table, include_kept: bool = False) -> pa.Table:
             "detail": detail,
             "dup_of": rows["dup_of"],
             "license_expression": pa.nulls(rows.num_rows, pa.string()),
+            "sha256": pa.nulls(rows.num_rows, pa.string()),
         },
         schema=LEDGER_SCHEMA,
     )

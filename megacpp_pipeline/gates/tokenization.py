@@ -197,13 +197,11 @@ def _tokenize_batch(
         "token_ids": kept_ids,
         "chunk_kind": kept_kinds,
     }
-    # the file's class (language, vendored) rides along when earlier stages decided it
+    # what earlier stages decided of the file (language, vendored, what scrub replaced)
+    # rides along when they ran
+    carried = [*schemas.CLASS_FIELDS, schemas.TOKENIZED_DOCS.field("scrub_kinds")]
     columns.update(
-        {
-            f.name: kept_src.column(f.name)
-            for f in schemas.CLASS_FIELDS
-            if f.name in kept_src.column_names
-        }
+        {f.name: kept_src.column(f.name) for f in carried if f.name in kept_src.column_names}
     )
     fields = [f for f in schemas.TOKENIZED_DOCS if f.name in columns]
     kept = pa.table(

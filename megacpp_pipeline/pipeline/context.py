@@ -44,6 +44,11 @@ class StageContext:
         """The operational sources, in catalog order (the per-source partitions)."""
         return [s.id for s in self.catalog.operational]
 
+    def partitions(self, stage: Stage | str) -> list[str | None]:
+        """A stage's partitions: every source for a per-source stage, the one for a global."""
+        s = self.registry.get(stage) if isinstance(stage, str) else stage
+        return list(self.sources()) if s.per_source else [None]
+
     def latest(self, stage: str, source: str | None = None) -> Manifest:
         """The latest version of `stage`: the source's partition for a per-source stage, the
         only one for a global stage."""

@@ -287,7 +287,7 @@ def run_all(ctx: StageContext, *, checks: bool = True) -> None:
     """Every stage in registry order over every partition, each stage's blocking checks
     right after it (the same work `megacpp run` has Dagster do, without Dagster)."""
     for stage in ctx.registry:
-        partitions: list[str | None] = list(ctx.sources()) if stage.per_source else [None]
+        partitions = ctx.partitions(stage)
         for _ in run_stage(ctx, stage, partitions):
             pass
         if not checks:
@@ -310,7 +310,7 @@ def corpus_funnel(
     drops: list[tuple[str, str, int]] = []
     for name in ctx.registry.ledger_stages():
         stage = ctx.registry.get(name)
-        partitions: list[str | None] = list(ctx.sources()) if stage.per_source else [None]
+        partitions = ctx.partitions(stage)
         counts: Counter[str] = Counter()
         for partition in partitions:
             if not ctx.store.has_version(name, partition):

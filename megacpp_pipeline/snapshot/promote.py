@@ -15,7 +15,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
@@ -75,6 +76,15 @@ class SplitEntry(BaseModel):
     shards: list[str]
 
 
+class SourceEntry(BaseModel):
+    """A source as this snapshot collected it: what kind, at which revision."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    revision: str
+    declared_license: str | None = None
+
+
 class SnapshotManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = SNAPSHOT_SCHEMA_VERSION
@@ -91,6 +101,7 @@ class SnapshotManifest(BaseModel):
     documents: int
     ledger: dict[str, dict[str, int]]  # source -> {collected, kept, dropped}
     ledger_stages: list[str] = Field(default_factory=list)  # the pipeline's stages, in order
+    sources: dict[str, SourceEntry] = Field(default_factory=dict)  # every operational source
     inputs: dict[str, str]  # upstream asset manifests' sha256
     files: list[FileEntry]  # every file but manifest.json and _COMPLETE
 
@@ -112,6 +123,7 @@ class SnapshotParts:
     inputs: dict[str, str]
     code_version: str
     config_hash: str
+    sources: dict[str, SourceEntry] = field(default_factory=dict)  # with their revisions
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -203,10 +215,13 @@ def build_snapshot(
     parts: SnapshotParts,
     keep: int = 3,
     gate: Callable[[Path], list[str]] | None = None,
+    card: Callable[[Path, SnapshotManifest], str] | None = None,
 ) -> Path:
     """Write the snapshot under `root/snapshots/`, atomically; returns its directory.
 
-    `gate` runs the promotion checks on the finished build directory (it already has its
+    `card` writes the dataset card (README.md) from the finished files and manifest (a
+    card from those alone when None). `gate` runs the promotion checks on the finished
+    build directory (it already has its
     `_COMPLETE`, so real consumers can open it there) and returns failures; any failure
     removes the build and raises, so a snapshot that fails a check is never promoted."""
     snapshots = root / "snapshots"
@@ -295,11 +310,17 @@ def build_snapshot(
             documents=documents.num_rows,
             ledger=ledger_summary(ledger),
             ledger_stages=parts.ledger_stages,
+            sources=parts.sources,
             inputs=parts.inputs,
             files=files,
         )
         raw = manifest.model_dump_json(indent=2).encode()
         (work / MANIFEST).write_bytes(raw)
+        # the dataset card describes the contract and is not in its file list (see card.py)
+        (work / CARD).write_text(
+            card(work, manifest) if card is not None else render_card(work, manifest, CardInputs()),
+            encoding="utf-8",
+        )
         # the marker holds the manifest's sha256, so a changed manifest byte is caught too
         (work / COMPLETE).write_bytes(complete_marker(snapshot_id, raw))
         if gate is not None:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.loader.errors import LoaderError
+from megacpp_pipeline.snapshot.card import CARD, card_problems
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
     IGNORE_INDEX,
@@ -80,7 +81,7 @@ def check_files(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
         rel = p.relative_to(snap).as_posix()
         if rel.startswith(f"{REPORT_DIR}/"):
             continue
-        if p.is_file() and rel not in listed and rel not in (MANIFEST, COMPLETE):
+        if p.is_file() and rel not in listed and rel not in (MANIFEST, COMPLETE, CARD):
             out.fail(f"{p}: not listed in the manifest")
     out.metrics["files"] = len(manifest.files)
     return out
@@ -401,6 +402,14 @@ def check_megatron(snap: Path) -> CheckOutcome:
     return out
 
 
+def check_card(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+    """README.md is there, in the dataset-card format, and its figures are the manifest's."""
+    out = CheckOutcome("dataset_card", True)
+    for problem in card_problems(snap, manifest):
+        out.fail(problem)
+    return out
+
+
 FROM_DISK: dict[str, Callable[[Path, SnapshotManifest, SnapshotConfig, bool], CheckOutcome]] = {
     "file_checksums": lambda s, m, c, full: check_files(s, m),
     "schema_contract": lambda s, m, c, full: check_schema(s, m),
@@ -410,6 +419,7 @@ FROM_DISK: dict[str, Callable[[Path, SnapshotManifest, SnapshotConfig, bool], Ch
         s, m, m.documents if full else c.round_trip_sample, c.seed
     ),
     "ledger_completeness": lambda s, m, c, full: check_ledger(s, m),
+    "dataset_card": lambda s, m, c, full: check_card(s, m),
 }
 
 

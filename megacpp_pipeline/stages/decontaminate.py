@@ -67,7 +67,11 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     manifest = version.commit(
         upstream=ctx.upstream_hashes([upstream]),
         stats=stats,
-        extra={"benchmarks": [b.id for b in ctx.catalog.benchmarks], "index": index.fingerprint},
+        extra={
+            "benchmarks": [b.id for b in ctx.catalog.benchmarks],
+            "index": index.fingerprint,
+            "index_stats": dict(index.stats),
+        },
     )
     found = (
         pa.concat_tables(all_matches) if all_matches else decontaminate.MATCHES_SCHEMA.empty_table()

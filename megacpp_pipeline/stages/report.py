@@ -4,8 +4,6 @@ utilization — written into the snapshot's report/ folder and shown in the UI."
 
 from __future__ import annotations
 
-from collections import Counter
-
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -18,16 +16,7 @@ from megacpp_pipeline.pipeline.registry import (
 )
 from megacpp_pipeline.snapshot import report
 from megacpp_pipeline.snapshot.promote import REPORT_DIR, read_manifest
-from megacpp_pipeline.stages.snapshot import snapshot_dir_of
-
-
-def summed_stats(ctx: StageContext, stage: str, prefix: str) -> dict[str, float]:
-    """A per-source stage's stats with this prefix, summed over every source."""
-    total: Counter[str] = Counter()
-    for source in ctx.sources():
-        stats = ctx.store.latest(stage, source).stats
-        total.update({k: v for k, v in stats.items() if k.startswith(prefix)})
-    return dict(total)
+from megacpp_pipeline.stages.snapshot import snapshot_dir_of, summed_stats
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:

@@ -5,6 +5,7 @@ is a time series per property."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,23 +22,86 @@ from megacpp_pipeline.pipeline.registry import (
     Stage,
 )
 from megacpp_pipeline.snapshot import verify
+from megacpp_pipeline.snapshot.card import CardInputs, render_card
 from megacpp_pipeline.snapshot.promote import (
     SnapshotConfig,
+    SnapshotManifest,
     SnapshotParts,
+    SourceEntry,
     build_snapshot,
     read_manifest,
 )
+from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import config_hash
 
 
 def ledger_tables(ctx: StageContext) -> Iterator[pa.Table]:
     """Every stage's ledger, in registry order; a per-source stage source by source."""
     for name in ctx.registry.ledger_stages():
-        partitions: list[str | None] = (
-            list(ctx.sources()) if ctx.registry.get(name).per_source else [None]
-        )
+        partitions = ctx.partitions(name)
         for partition in partitions:
             yield from ctx.store.iter_tables(ctx.store.latest(name, partition), "ledger")
+
+
+def collected_sources(ctx: StageContext) -> dict[str, SourceEntry]:
+    """Each operational source's kind and the revision its latest collection read."""
+    out = {}
+    for source in ctx.sources():
+        raw = ctx.store.latest(ctx.registry.ledger_stages()[0], source)
+        spec = ctx.catalog.source(source)
+        out[source] = SourceEntry(
+            kind=spec.kind,
+            revision=str(raw.extra.get("revision", "")),
+            declared_license=spec.declared_license,
+        )
+    return out
+
+
+def summed_stats(ctx: StageContext, stage: str, prefix: str) -> dict[str, float]:
+    """A stage's stats with this prefix over its versions (every source's, or its one)."""
+    total: Counter[str] = Counter()
+    partitions = ctx.partitions(stage)
+    for partition in partitions:
+        stats = ctx.store.latest(stage, partition).stats
+        total.update({k: v for k, v in stats.items() if k.startswith(prefix)})
+    return dict(total)
+
+
+def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
+    """The stage figures the dataset card reports besides the snapshot's own files."""
+    dedup = ctx.latest("deduped_files").stats
+    decontaminated = ctx.latest("decontaminated_files")
+    index_stats = decontaminated.extra.get("index_stats") or {}
+    found = decontaminated.stats
+    benchmarks = [
+        {
+            "id": b.id,
+            "tasks": int(index_stats.get(f"{b.id}:tasks", 0)),
+            "files_dropped": int(found.get(f"benchmark:{b.id}:files_dropped", 0)),
+            "files_excised": int(found.get(f"benchmark:{b.id}:files_excised", 0)),
+        }
+        for b in ctx.catalog.benchmarks
+    ]
+    telemetry = (ctx.latest("packed_rows").extra.get("telemetry") or {}).get("train") or {}
+    return CardInputs(
+        scrub_kinds={
+            k.removeprefix("kind:"): int(v)
+            for k, v in summed_stats(ctx, "scrubbed_files", "kind:").items()
+        },
+        dedup={
+            "exact": int(dedup.get("dropped_exact_duplicate", 0)),
+            "near": int(dedup.get("dropped_near_duplicate", 0)),
+            "clusters": int(dedup.get("clusters", 0)),
+        },
+        benchmarks=benchmarks,
+        removals={
+            "entries": len(loaded_removals(ctx.catalog)),
+            "files": int(sum(summed_stats(ctx, "removed_files", "removed_by:").values())),
+            "near_remaining": int(removed.metadata.get("near_duplicates_remaining", 0)),
+        },
+        utilization=telemetry.get("utilization"),
+        checks=[f"{c.name}: {c.description}" for c in STAGE.checks],
+    )
 
 
 def snapshot_dir_of(ctx: StageContext) -> Path:
@@ -68,10 +132,17 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         pieces=store.iter_tables(packed, "pieces"),
         ledger=ledger_tables(ctx),
         ledger_stages=ctx.registry.ledger_stages(),
+        sources=collected_sources(ctx),
         inputs=ctx.upstream_hashes([packed, tok]),
         code_version=ctx.code_version(stage),
         config_hash=config_hash(ctx.catalog),
     )
+
+    removed = _no_removed_content(ctx, stage, None)  # needs the store, not the build
+    inputs = card_inputs(ctx, removed)
+
+    def card(build_dir: Path, manifest: SnapshotManifest) -> str:
+        return render_card(build_dir, manifest, inputs)
 
     def gate(build_dir: Path) -> list[str]:
         failures = []
@@ -80,14 +151,13 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
-        removed = _no_removed_content(ctx, stage, None)  # needs the store, not the build
         ctx.log(f"promotion check no_removed_content: {'pass' if removed.passed else 'FAIL'}")
         if not removed.passed:
             failures.append(f"no_removed_content_in_snapshot: {removed.description}")
         return failures
 
     root = Path(store.local_path(store.root))
-    snap = build_snapshot(root, parts, keep=config.keep_snapshots, gate=gate)
+    snap = build_snapshot(root, parts, keep=config.keep_snapshots, gate=gate, card=card)
     manifest = read_manifest(snap)
     version = store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
@@ -121,6 +191,8 @@ _DESCRIPTIONS = {
     "consumer_smoke_read": "The static-shape loader reads batches from each split.",
     "megatron_read_back": "The .bin/.idx export read back by an independent reader has the "
     "snapshot's document count and tokens.",
+    "dataset_card": "README.md is a Hugging Face dataset card whose figures (documents, rows, "
+    "tokens, tokenizer) and data files are the manifest's.",
 }
 
 
@@ -143,7 +215,6 @@ def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) 
     """No removed file, and no copy of removed content, is among the documents; another
     file that is only a near duplicate of a removed one is listed with why it stays."""
     from megacpp_pipeline.gates import removals
-    from megacpp_pipeline.stages.removals import removed_table
 
     removed = removed_table(ctx)
     requested = {r.sha256 for r in ctx.catalog.removals if r.sha256}

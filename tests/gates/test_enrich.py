@@ -63,6 +63,7 @@ def deduped(files: dict[str, str], source_id: str = "demo") -> pa.Table:
             "license_decision": ["allowed"] * n,
             "license_detail": [None] * n,
             "scrub_replacements": [0] * n,
+            "scrub_kinds": [[] for _ in range(n)],
         },
         schema=DEDUPED_FILES,
     )

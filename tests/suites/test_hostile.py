@@ -507,7 +507,7 @@ row = {"source_id": "s", "path": "p.cc", "revision": "r", "blob_sha": "b", "size
        "encoding": "utf-8", "text": text, "content_sha256": "c", "language": "c++",
        "vendored": False, "license_expression": "MIT",
        "license_source": "file", "license_decision": "allowed", "license_detail": None,
-       "scrub_replacements": 0}
+       "scrub_replacements": 0, "scrub_kinds": []}
 table = pa.Table.from_pylist([row], schema=schemas.SCRUBBED_FILES)
 out = {}
 for budget in (20.0, 0.001):  # the default CPU budget, and one far below the 0.2 s parse

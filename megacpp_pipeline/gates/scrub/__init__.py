@@ -229,9 +229,11 @@ def run(table: pa.Table, config: ScrubConfig) -> GateResult:
     replaced = [(row, t, f) for row, t, f in scrubbed_rows if row not in failed]
 
     counts = np.zeros(n, dtype=np.int32)
+    kinds: list[list[str]] = [[] for _ in range(n)]
     stats: Counter[str] = Counter()
     for row, _, findings in replaced:
         counts[row] = len(findings)
+        kinds[row] = sorted({str(f.kind) for f in findings})
         stats.update(f"kind:{f.kind}" for f in findings)
     new_texts: pa.Array | pa.ChunkedArray = texts
     new_shas: pa.Array | pa.ChunkedArray = table.column("content_sha256")
@@ -249,6 +251,7 @@ def run(table: pa.Table, config: ScrubConfig) -> GateResult:
             "text": new_texts,
             "content_sha256": new_shas,
             "scrub_replacements": pa.array(counts, pa.int32()),
+            "scrub_kinds": pa.array(kinds, pa.list_(pa.string())),
         },
         [
             schemas.SCRUBBED_FILES.field("text"),
