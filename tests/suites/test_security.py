@@ -237,7 +237,12 @@ def test_make_ui_passes_localhost_to_dagster_dev_whatever_the_environment_says()
     names 127.0.0.1, and `dagster dev` takes `-h` as the webserver's host."""
     wide_open = {**os.environ, "DAGSTER_WEBSERVER_HOST": "0.0.0.0", "HOST": "0.0.0.0"}
     planned = subprocess.run(
-        ["make", "-n", "ui"], cwd=REPO, env=wide_open, capture_output=True, text=True, timeout=60
+        ["make", "--no-print-directory", "-n", "ui"],
+        cwd=REPO,
+        env=wide_open,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert planned.returncode == 0, planned.stderr
     (dev,) = [line for line in planned.stdout.splitlines() if "dagster dev" in line]
