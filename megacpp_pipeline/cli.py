@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from megacpp_pipeline.collect import CollectError, jsonl_stream
 from megacpp_pipeline.core.catalog import CatalogError
-from megacpp_pipeline.snapshot import verify
+from megacpp_pipeline.snapshot import diff, explain, verify
 from megacpp_pipeline.storage.store import StoreError
 
 Register = Callable[[argparse.ArgumentParser], None]
@@ -28,7 +28,12 @@ def _register_jsonl(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_jsonl)
 
 
-COMMANDS: dict[str, Register] = {**verify.COMMANDS, "jsonl-to-parquet": _register_jsonl}
+COMMANDS: dict[str, Register] = {
+    **verify.COMMANDS,
+    "explain": verify.with_one_line_errors(explain.register),
+    "diff": verify.with_one_line_errors(diff.register),
+    "jsonl-to-parquet": _register_jsonl,
+}
 
 
 def build_parser(extra: Mapping[str, Register] | None = None) -> argparse.ArgumentParser:

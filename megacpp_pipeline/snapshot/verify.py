@@ -42,6 +42,7 @@ from megacpp_pipeline.snapshot.promote import (
     manifest_summary,
     read_manifest,
 )
+from megacpp_pipeline.snapshot.texts import document_texts
 from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
 
 
@@ -232,75 +233,25 @@ def check_round_trip(
 ) -> CheckOutcome:
     """Rebuild documents from their pieces, strip BOS/EOS, decode with the snapshot's own
     tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256)."""
-    from tokenizers import Tokenizer
-
-    from megacpp_pipeline.corpus.packing import restore_fim_order
-    from megacpp_pipeline.corpus.tokenizer import SpecialIds
-
     out = CheckOutcome("round_trip_decode", True)
-    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
-    special = manifest.tokenizer.get("special_tokens", {})
-    bos, eos = int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
-    docs = pl.DataFrame(pq.read_table(snap / "documents.parquet"))
+    docs = pl.DataFrame(
+        pq.read_table(snap / "documents.parquet", columns=["doc_id", "path", "content_sha256"])
+    )
     if docs.height > sample:
         docs = docs.sample(n=sample, seed=seed)
-    wanted = set(docs["doc_id"].to_list())
-    pieces = pl.DataFrame(_pieces(snap)).filter(pl.col("doc_id").is_in(list(wanted)))
-    by_pack = pieces.partition_by("pack_id", as_dict=True)
-    parts: dict[int, dict[int, np.ndarray]] = {}
-    for _split, path in _shards(snap, manifest):
-        t = pq.read_table(path, columns=["pack_id", "input_ids"])
-        ids = fixed_list_to_numpy(t["input_ids"], manifest.seq_len)
-        for r, pack_id in enumerate(t["pack_id"].to_pylist()):
-            ps = by_pack.get((pack_id,))
-            if ps is None:
-                continue
-            for doc_id, idx, off, length in ps.select(
-                ["doc_id", "piece_index", "row_offset", "length"]
-            ).iter_rows():
-                # a copy, so the shard's token matrix is freed once this shard is done
-                parts.setdefault(doc_id, {})[idx] = ids[r, off : off + length].copy()
     sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
     path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
-    ids_list: list[list[int]] = []
-    order: list[int] = []
-    checked = pending_tokens = 0
-
-    def decode_and_compare() -> None:
-        # Python int lists cost ~36 bytes a token: decode in bounded batches
-        texts = tok.decode_batch(ids_list, skip_special_tokens=False)
-        for doc_id, text in zip(order, texts, strict=True):
-            if hashlib.sha256(text.encode("utf-8")).hexdigest() != sha_by_doc[doc_id]:
-                out.fail(
-                    f"doc {doc_id} ({path_by_doc[doc_id]}): decoded text differs from the source"
-                )
-        ids_list.clear()
-        order.clear()
-
-    for doc_id in sorted(wanted):
-        pieces_of = parts.pop(doc_id, None)
-        if not pieces_of:
-            out.fail(f"doc {doc_id} ({path_by_doc[doc_id]}): no tokens found in the rows")
+    checked = 0
+    for doc in document_texts(snap, manifest, sha_by_doc):
+        if doc.text is None:
+            out.fail(f"doc {doc.doc_id} ({path_by_doc[doc.doc_id]}): {doc.problem}")
             continue
-        tokens = np.concatenate([pieces_of[i] for i in sorted(pieces_of)])
-        if tokens[0] != bos or tokens[-1] != eos:
-            out.fail(f"doc {doc_id} ({path_by_doc[doc_id]}): not framed by BOS ... EOS")
-            continue
-        tokens = restore_fim_order(tokens, SpecialIds())  # FIM rows hold PRE/SUF/MID order
-        ids_list.append(tokens[1:-1].tolist())
-        order.append(doc_id)
         checked += 1
-        pending_tokens += tokens.size
-        if pending_tokens >= _DECODE_BATCH_TOKENS:
-            decode_and_compare()
-            pending_tokens = 0
-    if ids_list:
-        decode_and_compare()
-    out.metrics.update(documents_checked=checked, sampled=len(wanted) < manifest.documents)
+        if hashlib.sha256(doc.text.encode("utf-8")).hexdigest() != sha_by_doc[doc.doc_id]:
+            where = f"doc {doc.doc_id} ({path_by_doc[doc.doc_id]})"
+            out.fail(f"{where}: decoded text differs from the source")
+    out.metrics.update(documents_checked=checked, sampled=len(sha_by_doc) < manifest.documents)
     return out
-
-
-_DECODE_BATCH_TOKENS = 1 << 20
 
 
 def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
@@ -485,6 +436,18 @@ def _one_line_errors(
             return 2
 
     return run
+
+
+def with_one_line_errors(
+    register: Callable[[argparse.ArgumentParser], None],
+) -> Callable[[argparse.ArgumentParser], None]:
+    """A snapshot command whose errors about its snapshot are one line (exit 2)."""
+
+    def wrapped(p: argparse.ArgumentParser) -> None:
+        register(p)
+        p.set_defaults(func=_one_line_errors(p.get_default("func")))
+
+    return wrapped
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

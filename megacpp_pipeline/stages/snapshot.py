@@ -22,8 +22,10 @@ from megacpp_pipeline.pipeline.registry import (
     Stage,
 )
 from megacpp_pipeline.snapshot import verify
-from megacpp_pipeline.snapshot.card import CardInputs, render_card
+from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
+from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
 from megacpp_pipeline.snapshot.promote import (
+    REPORT_DIR,
     SnapshotConfig,
     SnapshotManifest,
     SnapshotParts,
@@ -33,6 +35,7 @@ from megacpp_pipeline.snapshot.promote import (
 )
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import config_hash
+from megacpp_pipeline.storage.versions import COMPLETE
 
 
 def ledger_tables(ctx: StageContext) -> Iterator[pa.Table]:
@@ -104,6 +107,14 @@ def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
     )
 
 
+def previous_snapshot(ctx: StageContext) -> Path | None:
+    """The snapshot the latest `snapshot` version promoted, if it is still there."""
+    if not ctx.store.has_version("snapshot"):
+        return None
+    path = snapshot_dir_of(ctx)
+    return path if (path / COMPLETE).exists() else None
+
+
 def snapshot_dir_of(ctx: StageContext) -> Path:
     """The directory of the snapshot the latest `snapshot` version promoted."""
     return Path(ctx.store.latest("snapshot", None).extra["snapshot_dir"])
@@ -141,7 +152,13 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     removed = _no_removed_content(ctx, stage, None)  # needs the store, not the build
     inputs = card_inputs(ctx, removed)
 
+    previous = previous_snapshot(ctx)
+    changes: list[str] = []
+
     def card(build_dir: Path, manifest: SnapshotManifest) -> str:
+        if previous is not None and previous.name != manifest.snapshot_id:
+            changes.append(render_markdown(diff_snapshots(previous, build_dir)))
+        inputs.changes = changes[0] if changes else None
         return render_card(build_dir, manifest, inputs)
 
     def gate(build_dir: Path) -> list[str]:
@@ -173,6 +190,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             "snapshot_id": manifest.snapshot_id,
             "documents": manifest.documents,
             "rows": sum(s.rows for s in manifest.splits.values()),
+            "card": PathValue(str(snap / CARD)),
+            "quality_report": PathValue(str(snap / REPORT_DIR / "quality_report.html")),
+            "changes": Markdown(changes[0] if changes else "no previous snapshot of other content"),
             **{f"{k}_rows": v.rows for k, v in manifest.splits.items()},
             **{f"{k}_tokens": v.tokens for k, v in manifest.splits.items()},
         },

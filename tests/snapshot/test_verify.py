@@ -15,14 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from megacpp_pipeline import cli
-from megacpp_pipeline.snapshot import verify
+from megacpp_pipeline.snapshot import texts, verify
 from megacpp_pipeline.snapshot.promote import read_manifest
 from tests.fixtures.snapshot_fixture import build_snapshot
 
 
 @pytest.mark.parametrize("batch_tokens", [1 << 20, 64])
 def test_round_trip_checks_every_document_in_bounded_batches(tmp_path, monkeypatch, batch_tokens):
-    monkeypatch.setattr(verify, "_DECODE_BATCH_TOKENS", batch_tokens)
+    monkeypatch.setattr(texts, "DECODE_BATCH_TOKENS", batch_tokens)
     fixture = build_snapshot(tmp_path / "snap", docs_per_split={"train": 30, "validation": 6})
     manifest = read_manifest(fixture.path)
     out = verify.check_round_trip(fixture.path, manifest, sample=1000)
@@ -31,7 +31,7 @@ def test_round_trip_checks_every_document_in_bounded_batches(tmp_path, monkeypat
 
 
 def test_round_trip_names_the_document_that_no_longer_decodes(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(verify, "_DECODE_BATCH_TOKENS", 64)
+    monkeypatch.setattr(texts, "DECODE_BATCH_TOKENS", 64)
     fixture = build_snapshot(tmp_path / "snap", docs_per_split={"train": 30, "validation": 6})
     docs_path = fixture.path / "documents.parquet"
     docs = pq.read_table(docs_path)

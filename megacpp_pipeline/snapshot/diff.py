@@ -1,0 +1,193 @@
+"""`megacpp diff OLD NEW`: what changed between two snapshots, from their files alone: the
+sources whose revision moved (or that came or went), the files added, removed and changed
+per source (by the sha256 of their collected bytes), kept documents and tokens, licences,
+what scrub replaced, and whether the tokenizer changed. The nightly refresh attaches it to
+the new snapshot's materialization and its dataset card."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from megacpp_pipeline.snapshot.promote import SnapshotManifest, read_manifest
+
+
+@dataclass
+class SourceChange:
+    source_id: str
+    old_revision: str | None
+    new_revision: str | None
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    old_documents: int = 0
+    new_documents: int = 0
+
+    @property
+    def moved(self) -> bool:
+        return self.old_revision != self.new_revision
+
+
+@dataclass
+class SnapshotDiff:
+    old_id: str
+    new_id: str
+    sources: list[SourceChange]
+    documents: tuple[int, int]
+    tokens: dict[str, tuple[int, int]]  # split -> (old, new)
+    licences: dict[str, tuple[int, int]]  # expression -> documents (old, new), changed only
+    scrub: dict[str, tuple[int, int]]  # kind -> documents (old, new), changed only
+    tokenizer_changed: bool
+
+    @property
+    def empty(self) -> bool:
+        return (
+            not any(s.moved or s.added or s.removed or s.changed for s in self.sources)
+            and self.documents[0] == self.documents[1]
+            and not self.tokenizer_changed
+        )
+
+
+def _files(snap: Path) -> dict[tuple[str, str], str | None]:
+    ledger = pq.read_table(snap / "ledger.parquet", columns=["source_id", "path", "sha256"])
+    return {
+        (s, p): h
+        for s, p, h in zip(
+            ledger["source_id"].to_pylist(),
+            ledger["path"].to_pylist(),
+            ledger["sha256"].to_pylist()
+            if "sha256" in ledger.column_names
+            else [None] * ledger.num_rows,
+            strict=True,
+        )
+    }
+
+
+def _documents(snap: Path) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    docs = pq.read_table(snap / "documents.parquet")
+    per_source = Counter(docs["source_id"].to_pylist())
+    licences = Counter(e or "(none)" for e in docs["license_expression"].to_pylist())
+    kinds = docs["scrub_kinds"].to_pylist() if "scrub_kinds" in docs.column_names else []
+    scrub = Counter(k for ks in kinds for k in ks or [])
+    return per_source, licences, scrub
+
+
+def _deltas(old: Counter[str], new: Counter[str]) -> dict[str, tuple[int, int]]:
+    return {k: (old[k], new[k]) for k in sorted(set(old) | set(new)) if old[k] != new[k]}
+
+
+def diff_snapshots(old_dir: Path, new_dir: Path) -> SnapshotDiff:
+    old, new = Path(old_dir), Path(new_dir)
+    om, nm = read_manifest(old), _manifest(new)
+    old_files, new_files = _files(old), _files(new)
+    old_docs, old_lic, old_scrub = _documents(old)
+    new_docs, new_lic, new_scrub = _documents(new)
+    sources = []
+    for sid in sorted(
+        set(om.sources) | set(nm.sources) | {s for s, _ in old_files} | {s for s, _ in new_files}
+    ):
+        before = {p: h for (s, p), h in old_files.items() if s == sid}
+        after = {p: h for (s, p), h in new_files.items() if s == sid}
+        sources.append(
+            SourceChange(
+                sid,
+                om.sources[sid].revision if sid in om.sources else None,
+                nm.sources[sid].revision if sid in nm.sources else None,
+                added=sorted(set(after) - set(before)),
+                removed=sorted(set(before) - set(after)),
+                changed=sorted(p for p in set(before) & set(after) if before[p] != after[p]),
+                old_documents=old_docs[sid],
+                new_documents=new_docs[sid],
+            )
+        )
+    return SnapshotDiff(
+        old_id=om.snapshot_id,
+        new_id=nm.snapshot_id,
+        sources=sources,
+        documents=(om.documents, nm.documents),
+        tokens={
+            split: (
+                om.splits[split].tokens if split in om.splits else 0,
+                nm.splits[split].tokens if split in nm.splits else 0,
+            )
+            for split in sorted(set(om.splits) | set(nm.splits))
+        },
+        licences=_deltas(old_lic, new_lic),
+        scrub=_deltas(old_scrub, new_scrub),
+        tokenizer_changed=om.tokenizer.get("sha256") != nm.tokenizer.get("sha256"),
+    )
+
+
+def _manifest(snap: Path) -> SnapshotManifest:
+    """The manifest of a promoted snapshot, or of one being built (no _COMPLETE yet)."""
+    return (
+        read_manifest(snap)
+        if (snap / "_COMPLETE").exists()
+        else SnapshotManifest.model_validate_json((snap / "manifest.json").read_bytes())
+    )
+
+
+def _signed(old: int, new: int) -> str:
+    return f"{old:,} -> {new:,} ({new - old:+,})"
+
+
+def render_markdown(d: SnapshotDiff, limit: int = 10) -> str:
+    """The diff as markdown: a paragraph per kind of change, lists cut at `limit` names."""
+    lines = [f"From `{d.old_id}` to `{d.new_id}`.", ""]
+    moved = [s for s in d.sources if s.moved]
+    if moved:
+        lines += ["| source | old revision | new revision |", "|---|---|---|"]
+        lines += [f"| {s.source_id} | `{s.old_revision}` | `{s.new_revision}` |" for s in moved]
+        lines.append("")
+    touched = [
+        s
+        for s in d.sources
+        if s.added or s.removed or s.changed or s.old_documents != s.new_documents
+    ]
+    if touched:
+        lines += [
+            "| source | files added | removed | changed | documents |",
+            "|---|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {s.source_id} | {len(s.added)} | {len(s.removed)} | {len(s.changed)} | "
+            f"{_signed(s.old_documents, s.new_documents)} |"
+            for s in touched
+        ]
+        lines.append("")
+        for s in touched:
+            for what, names in (("added", s.added), ("removed", s.removed), ("changed", s.changed)):
+                if names:
+                    shown = ", ".join(f"`{n}`" for n in names[:limit])
+                    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+                    lines.append(f"- {s.source_id} {what}: {shown}{more}")
+        lines.append("")
+    lines.append(f"Documents: {_signed(*d.documents)}.")
+    for split, (a, b) in d.tokens.items():
+        lines.append(f"Tokens ({split}): {_signed(a, b)}.")
+    for title, table in (
+        ("Licences (documents)", d.licences),
+        ("Scrub kinds (documents)", d.scrub),
+    ):
+        if table:
+            lines += ["", f"{title}:", ""] + [
+                f"- {k}: {_signed(a, b)}" for k, (a, b) in table.items()
+            ]
+    lines += ["", f"Tokenizer changed: {'yes' if d.tokenizer_changed else 'no'}."]
+    return "\n".join(lines)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    print(render_markdown(diff_snapshots(Path(args.old), Path(args.new))))
+    return 0
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = "what changed between two snapshots (sources, files, documents, tokens)"
+    p.add_argument("old")
+    p.add_argument("new")
+    p.set_defaults(func=_cmd)
