@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from megacpp_pipeline import cli
+from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore, StoreError
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.run_helpers import (
@@ -104,22 +105,15 @@ def test_a_run_killed_at_a_seeded_random_moment_reruns_to_the_same_snapshot(
     _kill_then_rerun(base, ws, _random_kill(base, seed=11, trial=trial))
 
 
-# Every stage group's start line and every asset's first step: kills that hit each stage.
+# Kills that hit each stage, from the registry (a new stage gets its case): the CLI's first
+# progress line, every later stage's first step, and the moment a promotion has its build
+# directory checked but not yet renamed into place.
+_STAGES = default_registry().names()
 STAGE_MARKERS = [
-    "-> source_catalog",
-    "raw_files - STEP_START",
-    "normalized_files - STEP_START",
-    "licensed_files - STEP_START",
-    "scrubbed_files - STEP_START",
-    "deduped_files - STEP_START",
-    "enriched_files - STEP_START",
-    "tokenizer - STEP_START",
-    "tokenized_docs - STEP_START",
-    "packed_rows - STEP_START",
-    "snapshot - STEP_START",
+    f"-> {_STAGES[0]}",
+    *(f"{name} - STEP_START" for name in _STAGES[1 : _STAGES.index("snapshot") + 1]),
     "promotion check megatron_read_back",
-    "megatron_dataset - STEP_START",
-    "quality_report - STEP_START",
+    *(f"{name} - STEP_START" for name in _STAGES[_STAGES.index("snapshot") + 1 :]),
 ]
 
 
