@@ -10,6 +10,7 @@ import gc
 import multiprocessing
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -20,7 +21,9 @@ from typing import Any, TextIO
 
 import dagster as dg
 
+from assets.console import RunConsole
 from assets.defs import DEFAULT_CACHE_DIR, build_defs
+from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,9 +110,11 @@ def run_pipeline(
     stop_after: str | None = None,
     workers: int | None = None,
     verbose: bool = False,
+    live: bool | None = None,
 ) -> RunOutcome:
     """Materialize every stage; a bad config fails before any work, and so does a data dir
-    that cannot be one."""
+    that cannot be one. Progress goes to `log` (a live view on a terminal unless `live` says
+    otherwise), the finished stages' table last."""
     defs = build_defs(config, data_dir, cache_dir=cache_dir, registry=registry, workers=workers)
     if "://" not in str(data_dir):
         try:  # e.g. a file stands where the data dir should be
@@ -125,35 +130,63 @@ def run_pipeline(
     # when asked: its DEBUG lines are hundreds per run, and formatting them costs per event
     run_config = {} if verbose else QUIET_CONSOLE
     outcome = RunOutcome()
+    console = RunConsole(log, live)
+    progress.set_sink(console.event)
+    try:
+        _run_groups(defs, instance, sources, run_config, console, outcome, stop_after)
+    finally:
+        progress.set_sink(None)
+        console.close()
+    console.summary()
+    outcome.output = final_output(defs, data_dir)
+    return outcome
+
+
+def _run_groups(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    sources: list[str],
+    run_config: dict[str, Any],
+    console: RunConsole,
+    outcome: RunOutcome,
+    stop_after: str | None,
+) -> None:
     for group in run_plan(defs):
         keys = list(group.keys)
         if stop_after and stop_after in keys:
             keys = keys[: keys.index(stop_after) + 1]
         label = RunGroup(tuple(keys), group.per_source).label(len(sources))
         started = time.monotonic()
-        print(f"-> {label}", file=log, flush=True)
+        console.group_started(keys, label)
         tags = {"megacpp/cli": "run"}
         if group.per_source:
             tags |= {PARTITION_RANGE_START: sources[0], PARTITION_RANGE_END: sources[-1]}
         # The first run (the small source_catalog) runs here: it pays Dagster's lazy imports
         # and the instance's set-up once, and every forked run after inherits them.
         if outcome.runs:
-            step = _materialize_in_child(defs, instance, keys, tags, run_config)
+            step = _materialize_in_child(defs, instance, keys, tags, run_config, console.event)
         else:
             step = _materialize(defs, instance, keys, tags, run_config)
         if step.run_id:
             outcome.runs.append(step.run_id)
         if step.failures:
-            raise PipelineFailed(f"{label}: " + "; ".join(step.failures))
-        print(
-            f"   ok in {time.monotonic() - started:.1f}s, peak RSS {step.peak_rss_mb:.0f} MB",
-            file=log,
-            flush=True,
-        )
+            where = f"run {step.run_id}" if step.run_id else "no run recorded"
+            url = ui_url()
+            if url and step.run_id:
+                where += f"; {url}/runs/{step.run_id}"
+            raise PipelineFailed("; ".join(step.failures) + f" (the log: {where})")
+        console.group_done(time.monotonic() - started, step.peak_rss_mb)
         if stop_after and stop_after in keys:
             break
-    outcome.output = final_output(defs, data_dir)
-    return outcome
+
+
+def ui_url(host: str = "127.0.0.1", port: int = 3000) -> str | None:
+    """Where `dagster dev` serves the UI, when it is up (the failure line then links it)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return f"http://{host}:{port}"
+    except OSError:
+        return None
 
 
 def _sources(defs: dg.Definitions) -> list[str]:
@@ -178,9 +211,11 @@ def _materialize_in_child(
     keys: list[str],
     tags: dict[str, str],
     run_config: dict[str, Any],
+    on_event: progress.Sink,
 ) -> StepOutcome:
     """One Dagster run in a forked child, as Dagster's multiprocess executor runs a step in
-    its own process. Forking after the imports keeps the per-run cost at milliseconds."""
+    its own process. Forking after the imports keeps the per-run cost at milliseconds. The
+    child's stage events come back through the pipe before its outcome."""
     ctx = multiprocessing.get_context("fork")
     gc.collect()
     gc.freeze()  # the child's collector then never writes to (and so copies) inherited pages
@@ -193,7 +228,12 @@ def _materialize_in_child(
     child.start()
     send.close()
     try:
-        outcome: StepOutcome = receive.recv()
+        while True:
+            message = receive.recv()
+            if isinstance(message, StepOutcome):
+                outcome = message
+                break
+            on_event(message)
     except EOFError:  # the child died before reporting (killed, out of memory, ...)
         child.join()
         code = child.exitcode or 0
@@ -213,6 +253,7 @@ def _child_main(
     run_config: dict[str, Any],
     send: Connection,
 ) -> None:
+    progress.set_sink(send.send)
     try:
         outcome = _materialize(defs, instance, keys, tags, run_config)
     except BaseException as e:  # reported, never swallowed: the parent fails the pipeline

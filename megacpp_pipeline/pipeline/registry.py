@@ -25,7 +25,8 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.storage.store import canonical_json
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.storage.versions import canonical_json, schema_fingerprint
 
 if TYPE_CHECKING:
     from megacpp_pipeline.core.catalog import Catalog, SourceSpec
@@ -84,6 +85,7 @@ class Materialized:
 
     partition: str | None
     metadata: Mapping[str, Any]
+    stats: Mapping[str, float] = field(default_factory=dict)  # its version's counters
 
 
 Body = Callable[["StageContext", "Stage", "str | None"], Materialized]
@@ -261,6 +263,13 @@ class Registry:
         h = hashlib.sha256(stage.name.encode())
         for module in stage.code:
             h.update(b"\0" + module_source(module))
+        # what it writes is part of what it is: a table that gains a column is a new version
+        tables = [stage.schema, *stage.side_tables.values()]
+        if stage.writes_ledger:
+            tables.append(LEDGER_SCHEMA)
+        for schema in tables:
+            if schema is not None:
+                h.update(b"\0" + schema_fingerprint(schema).encode())
         config = self.config_of(stage, catalog)
         if config is not None:
             h.update(b"\0" + canonical_json(config.model_dump(mode="json")))

@@ -10,6 +10,7 @@ whose stats say 0 files in, 0 kept, 0 dropped, and its checks pass.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -19,8 +20,9 @@ import pyarrow as pa
 
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
-from megacpp_pipeline.pipeline.parallel import default_workers, forked_pool, parallel
+from megacpp_pipeline.pipeline.parallel import default_workers, forked_pool, parallel, row_sizes
 from megacpp_pipeline.pipeline.registry import (
     Body,
     Check,
@@ -46,11 +48,16 @@ def run_stage(
     a few sources run one after the other, each on every core shard by shard."""
     body = stage.body or run_file_partition
     workers = ctx.workers if ctx.workers is not None else default_workers()
+    started = time.monotonic()
+    progress.emit(progress.StageStarted(stage.name, len(partitions)))
     if stage.per_source and workers > 1 and len(partitions) >= SOURCES_PER_WORKER * workers:
-        yield from _run_sources_forked(ctx, stage, body, partitions, workers)
-        return
-    for partition in partitions:
-        yield body(ctx, stage, partition)
+        done = _run_sources_forked(ctx, stage, body, partitions, workers)
+    else:
+        done = (body(ctx, stage, partition) for partition in partitions)
+    for out in done:
+        progress.emit(progress.partition_done(stage.name, out.partition, out.stats))
+        yield out
+    progress.emit(progress.StageDone(stage.name, time.monotonic() - started))
 
 
 # Below this many sources per worker, one source at a time on every core is as fast.
@@ -113,7 +120,7 @@ def run_file_partition(ctx: StageContext, stage: Stage, source: str | None) -> M
         f"{stage.name} [{source}]: {stats['input_files']} files in, {stats['kept_files']} kept,"
         f" {stats['dropped_files']} dropped"
     )
-    return Materialized(source, file_stage_metadata(ctx, manifest, stage, stats))
+    return Materialized(source, file_stage_metadata(ctx, manifest, stage, stats), stats)
 
 
 def run_file_gate(
@@ -134,10 +141,11 @@ def run_file_gate(
     gate = parallel(gate, workers)
     data = version.table("data", stage.schema)
     drops = version.table("ledger", ledger.LEDGER_SCHEMA)
-    stats: Counter[str] = Counter(dict.fromkeys(ACCOUNTING_STATS, 0))
+    stats: Counter[str] = Counter(dict.fromkeys((*ACCOUNTING_STATS, "input_bytes"), 0))
     schemas = {"kept": stage.schema, "dropped": ledger.LEDGER_SCHEMA, **stage.side_tables}
     for table in shards:
         stats["input_files"] += table.num_rows
+        stats["input_bytes"] += int(row_sizes(table).sum())
         if cache is not None:
             keys = row_keys(table, stage.content_column)
             result, hits = cached_gate_call(cache, table, keys, gate, schemas)

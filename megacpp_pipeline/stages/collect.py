@@ -68,7 +68,7 @@ def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
         kept_bytes=stats["kept_bytes"],
         drop_reasons=drop_reasons_table(stats),
     )
-    return Materialized(source, meta_out)
+    return Materialized(source, meta_out, stats)
 
 
 def _every_seen_file_in_ledger(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:

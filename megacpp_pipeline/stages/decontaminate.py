@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.catalog import Catalog
@@ -61,6 +62,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             all_matches.append(result.extra["matches"])
             stats.update(result.stats)
             stats["input_files"] += t.num_rows
+            stats["input_bytes"] += int(pc.sum(pc.binary_length(t["text"])).as_py() or 0)
             stats["kept_files"] += result.kept.num_rows
             stats["dropped_files"] += result.dropped.num_rows
     stats[f"ledger:{DropReason.BENCHMARK_CONTAMINATION}"] = stats["dropped_files"]
@@ -90,6 +92,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
                 else "no benchmarks in the catalog"
             ),
         ),
+        stats,
     )
 
 

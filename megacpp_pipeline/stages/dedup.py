@@ -53,6 +53,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             out.write(dedup.kept_rows(t, decisions))
             stats["input_files"] += t.num_rows
     stats["dropped_files"] = stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
+    stats["kept_files"] = stats["input_files"] - stats["dropped_files"]
+    stats["input_bytes"] = stats["bytes"]
     for reason in (DropReason.EXACT_DUPLICATE, DropReason.NEAR_DUPLICATE):
         stats[f"ledger:{reason}"] = stats[f"dropped_{reason}"]
     version.table("ledger", LEDGER_SCHEMA).write(
@@ -71,7 +73,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         drop_reasons=drop_reasons_table(stats),
         top_clusters=Markdown(dedup.markdown_top_clusters(result, 10)),
     )
-    return Materialized(None, meta)
+    return Materialized(None, meta, stats)
 
 
 def _stream(ctx: StageContext, manifests: list[Manifest]) -> Iterator[pa.Table]:

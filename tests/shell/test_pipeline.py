@@ -164,3 +164,14 @@ def test_a_corrupted_shard_fails_its_check_and_nothing_downstream_runs(
     assert str(shard) in (failed.get("manifest_verifies_from_disk") or ""), failed
     assert result.get_asset_materialization_events() == []
     assert st.latest("normalized_files", "tree").version == before
+
+
+def test_the_console_is_the_plain_progress_view_without_dagster_debug_lines(
+    pipeline_run: dict,
+) -> None:
+    err = pipeline_run["out"].stderr
+    assert "DEBUG" not in err and "STEP_START" not in err
+    lines = err.strip().splitlines()
+    assert sum(line.startswith("-> ") for line in lines) == 5  # one per Dagster run
+    assert any(line.startswith("stage ") and "top drop reasons" in line for line in lines)
+    assert len(lines) < 50  # one screen
