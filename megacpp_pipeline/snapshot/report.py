@@ -72,6 +72,11 @@ class ReportInputs:
     stages: Sequence[str] = ()  # the pipeline's stage order (the registry's), for the funnel
     # every operational source, catalog order: one with nothing collected is listed too
     sources: Sequence[str] = ()
+    # per benchmark: id, tasks, files_dropped, files_excised; removals: entries, files, and
+    # the lines saying why near duplicates of removed files stay
+    benchmarks: Sequence[Mapping[str, Any]] = ()
+    removals: Mapping[str, Any] = field(default_factory=dict)
+    removal_notes: str = ""
 
 
 @dataclass(frozen=True)
@@ -468,11 +473,38 @@ _SOURCE_HEADER = (
 )
 
 
+def _exclusions_html(inputs: ReportInputs) -> str:
+    esc = html.escape
+    rows = "\n".join(
+        f"<tr><td>{esc(str(b['id']))}</td><td>{b.get('tasks', 0)}</td>"
+        f"<td>{b.get('files_dropped', 0)}</td><td>{b.get('files_excised', 0)}</td></tr>"
+        for b in inputs.benchmarks
+    )
+    table = (
+        "<table><tr><th>benchmark</th><th>tasks</th><th>files dropped</th>"
+        f"<th>files excised</th></tr>\n{rows}\n</table>"
+        if inputs.benchmarks
+        else "<p>No benchmark was pinned for decontamination.</p>"
+    )
+    r = inputs.removals
+    notes = "".join(
+        f"<li>{esc(line.removeprefix('- '))}</li>"
+        for line in inputs.removal_notes.splitlines()
+        if line.startswith("- ")
+    )
+    return (
+        f"<h2>Benchmarks and removal requests</h2>\n{table}\n"
+        f"<p>{r.get('entries', 0)} removal entries; {r.get('files', 0)} files removed on "
+        f"request.</p>\n" + (f"<ul>{notes}</ul>\n" if notes else "")
+    )
+
+
 def _html_page(
     title: str,
     rows: list[tuple[str, str]],
     plots: list[tuple[str, str]],
     sources: Sequence[SourceRow] = (),
+    extra: str = "",
 ) -> str:
     esc = html.escape
     table = "\n".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
@@ -512,6 +544,7 @@ figcaption {{ color: #555; font-size: 0.9em; }}
 {_SOURCE_HEADER}
 {source_table}
 </table>
+{extra}
 {figures}
 </body>
 </html>
@@ -663,7 +696,8 @@ def render_report(
     snapshot_id = str(manifest.get("snapshot_id", snap.name))
     title = f"Quality report: snapshot {snapshot_id}"
     by_source = source_rows(ledger, documents, inputs.sources)
-    page = _html_page(title, labelled, [(name, caption) for name, caption, _, _ in plan], by_source)
+    plots = [(name, caption) for name, caption, _, _ in plan]
+    page = _html_page(title, labelled, plots, by_source, _exclusions_html(inputs))
     html_file = _write_atomic(out_dir / REPORT_HTML, page.encode())
     written.append(html_file)
 

@@ -21,6 +21,7 @@ from megacpp_pipeline.stages.snapshot import snapshot_dir_of, summed_stats
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     snap = snapshot_dir_of(ctx)
+    promoted = ctx.latest("snapshot")
     packed = ctx.latest("packed_rows")
     dedup_manifest = ctx.latest("deduped_files")
     clusters = dedup_manifest.tables.get("clusters")
@@ -38,6 +39,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         packing_telemetry=(packed.extra.get("telemetry") or {}).get("train"),
         stages=ctx.registry.ledger_stages(),
         sources=ctx.sources(),
+        benchmarks=promoted.extra.get("benchmarks") or [],
+        removals=promoted.extra.get("removals") or {},
+        removal_notes=str(promoted.extra.get("removal_notes") or ""),
     )
     result = report.render_report(inputs, snap / REPORT_DIR)
     manifest = read_manifest(snap)

@@ -181,7 +181,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     )
     version.commit(
         upstream=parts.inputs,
-        extra={"snapshot_dir": str(snap), "snapshot_id": manifest.snapshot_id},
+        extra={
+            "snapshot_dir": str(snap),
+            "snapshot_id": manifest.snapshot_id,
+            # for the report: what the card says of benchmarks and removals
+            "benchmarks": list(inputs.benchmarks),
+            "removals": dict(inputs.removals),
+            "removal_notes": str(removed.metadata.get("why", "")),
+        },
     )
     return Materialized(
         None,
