@@ -7,6 +7,11 @@ row, and the same inputs and seed give byte-identical rows.
 Only the placement of pieces into rows is a Python loop (one step per piece); everything per
 token -- building the BOS/EOS/FIM stream, cutting, and filling the rows -- is numpy array work.
 
+FIM in repository mode: a document that lists its member files (`member_starts`) gets FIM
+per member, each member permuted inside its own span with its own draw, so no prefix, suffix
+or middle ever crosses from one file into the next; a document without member_starts is one
+member (file mode, unchanged: its draws are keyed by the doc id alone, as before).
+
 pack_id: rows are numbered sequentially per split in output order, starting at the split's
 base in PACK_ID_BASE (train from 0, validation from 2**40), so an id never depends on the
 other split and never collides with it.
@@ -40,6 +45,9 @@ _INPUT_SCHEMA = pa.schema(
         pa.field("doc_id", pa.int32()),
         pa.field("token_ids", pa.list_(pa.int32())),
         pa.field("chunk_kind", pa.list_(pa.uint8())),
+        # optional: token offsets where each member file of a repository document starts
+        # (first 0, non-decreasing); null means the whole document is one member
+        pa.field("member_starts", pa.list_(pa.int32())),
     ]
 )
 
@@ -91,7 +99,8 @@ class PackingTelemetry(BaseModel):
     pieces: int = 0
     cropped_docs: int = 0  # documents cut into more than one piece
     doc_tokens: int = 0  # the documents' own tokens (without BOS/EOS/FIM)
-    fim_docs: int = 0
+    fim_docs: int = 0  # documents with at least one FIM span
+    fim_members: int = 0  # FIM spans: one per FIM document in file mode, per member file else
     # Row-utilization histogram: counts over equal bins of [0, 1] (last bin includes 1.0).
     histogram: list[int] = Field(default_factory=list)
 
@@ -134,6 +143,7 @@ class PackingTelemetry(BaseModel):
             cropped_docs=self.cropped_docs + other.cropped_docs,
             doc_tokens=self.doc_tokens + other.doc_tokens,
             fim_docs=self.fim_docs + other.fim_docs,
+            fim_members=self.fim_members + other.fim_members,
             histogram=list(hist),
         )
 
@@ -262,6 +272,42 @@ def _fim_bodies(
     seg_len = np.stack([f, a, f, n - b, f, b - a], axis=1).ravel()
     idx = _concat_ranges(seg_start, seg_len)
     return ext_tokens[idx], ext_kinds[idx], n + 3 * f
+
+
+def _member_spans(
+    column: pa.ChunkedArray, doc_ids: np.ndarray, n_tok: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(draw key, document index, length) of every member of the window's documents, in
+    token order; None when no document lists members (file mode). Member i of document d
+    draws with key d + i * 2**32, so a document's first member draws as the document would."""
+    col = column.combine_chunks()
+    if col.null_count == len(col):
+        return None
+    n_docs = doc_ids.size
+    lens = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat_arr = pc.list_flatten(col)
+    if flat_arr.null_count:
+        bad = int(doc_ids[pc.list_parent_indices(col).to_numpy()[0]])
+        raise PackingInputError(f"doc_id {bad}: member_starts holds a null")
+    flat = flat_arr.to_numpy(zero_copy_only=False).astype(np.int64)
+    k = np.maximum(lens, 1)
+    first = _excl_cumsum(k)
+    seg_doc = np.repeat(np.arange(n_docs), k)
+    seg_pos = np.arange(seg_doc.size) - first[seg_doc]
+    starts = np.zeros(seg_doc.size, dtype=np.int64)
+    starts[np.repeat(lens > 0, k)] = flat
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[first + k - 1] = n_tok
+    wrong = ((seg_pos == 0) & (starts != 0)) | (ends < starts)
+    if wrong.any():
+        bad = int(doc_ids[seg_doc[np.flatnonzero(wrong)[0]]])
+        raise PackingInputError(
+            f"doc_id {bad}: member_starts must start at 0, not decrease and stay within the "
+            "document's tokens"
+        )
+    key = doc_ids.astype(np.uint64)[seg_doc] + (seg_pos.astype(np.uint64) << np.uint64(32))
+    return key, seg_doc, ends - starts
 
 
 def _place_best_fit(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -433,9 +479,22 @@ class _SplitPacker:
         kinds = pc.list_flatten(kind_col).to_numpy(zero_copy_only=False)
         tok_offsets = np.concatenate([[0], np.cumsum(n_tok)])
 
-        if self.split == "train" and config.fim_rate > 0:
+        members = _member_spans(window.column("member_starts"), doc_ids, n_tok)
+        fim_members = 0
+        if self.split == "train" and config.fim_rate > 0 and members is None:
             is_fim, a, b = _fim_cuts(config, doc_ids, n_tok, kinds, tok_offsets)
             body, body_kinds, n_body = _fim_bodies(tokens, kinds, n_tok, is_fim, a, b, self.special)
+            fim_members = int(is_fim.sum())
+        elif self.split == "train" and config.fim_rate > 0 and members is not None:
+            # The same two steps over members instead of documents: members partition the
+            # window's tokens in order, so their bodies concatenate into the documents'.
+            key, m_doc, m_tok = members
+            m_offsets = np.concatenate([[0], np.cumsum(m_tok)])
+            m_fim, a, b = _fim_cuts(config, key, m_tok, kinds, m_offsets)
+            body, body_kinds, m_body = _fim_bodies(tokens, kinds, m_tok, m_fim, a, b, self.special)
+            n_body = np.bincount(m_doc, weights=m_body, minlength=n_tok.size).astype(np.int64)
+            is_fim = np.bincount(m_doc, weights=m_fim, minlength=n_tok.size) > 0
+            fim_members = int(m_fim.sum())
         else:
             is_fim = np.zeros(n_tok.size, dtype=bool)
             body, body_kinds, n_body = tokens, kinds, n_tok
@@ -504,6 +563,7 @@ class _SplitPacker:
                 cropped_docs=int((n_pieces > 1).sum()),
                 doc_tokens=int(n_tok.sum()),
                 fim_docs=int(is_fim.sum()),
+                fim_members=fim_members,
                 histogram=[int(c) for c in hist],
             )
         return PackedBatch(split=self.split, rows=rows, pieces=pieces, telemetry=telemetry)
@@ -515,8 +575,9 @@ def pack(
     """Packed rows, one split per batch, one batch per window of `window_docs` documents.
 
     Each input table has doc_id (int32), token_ids (list<int32>), chunk_kind (list<uint8>)
-    and split; documents are taken in input order, so the output does not depend on how the
-    input is cut into tables."""
+    and split, and may have member_starts (list<int32>: a repository document's member
+    files, for FIM per file; absent or null is one member); documents are taken in input
+    order, so the output does not depend on how the input is cut into tables."""
     packers = {split: _SplitPacker(split, config, special) for split in SPLITS}
     for table in docs:
         missing = {"doc_id", "token_ids", "chunk_kind", "split"} - set(table.column_names)
@@ -528,7 +589,11 @@ def pack(
         unknown = set(pc.unique(split_col).to_pylist()) - set(SPLITS)
         if unknown:
             raise PackingInputError(f"split: unknown values {sorted(map(str, unknown))}")
-        columns = table.select(["doc_id", "token_ids", "chunk_kind"]).cast(_INPUT_SCHEMA)
+        if "member_starts" not in table.column_names:
+            table = table.append_column(
+                "member_starts", pa.nulls(table.num_rows, _INPUT_SCHEMA.field("member_starts").type)
+            )
+        columns = table.select(_INPUT_SCHEMA.names).cast(_INPUT_SCHEMA)
         # Zero-copy slices of each run of one split (Arrow's filter/take copy list columns
         # slowly); the window concatenation later makes them contiguous.
         is_train = pc.equal(split_col, "train").to_numpy(zero_copy_only=False)
@@ -540,12 +605,22 @@ def pack(
         yield from packer.flush()
 
 
-def restore_fim_order(stream: np.ndarray, special: SpecialIds) -> np.ndarray:
+def restore_fim_order(
+    stream: np.ndarray, special: SpecialIds, member_starts: Iterable[int] | None = None
+) -> np.ndarray:
     """A document's packed stream in reading order: BOS PRE p SUF s MID m EOS becomes
     BOS p m s EOS; a stream without FIM comes back unchanged. For readers that rebuild a
     document from its pieces (the round-trip check). Control ids never come from text, so
-    the first SUF and MID are the markers."""
+    the first SUF and MID are the markers.
+
+    A repository document (FIM per member) needs its `member_starts` (document_files'
+    start_token, in position order): where a member's middle ends is not marked in the
+    stream, but its length is known from them."""
     stream = np.asarray(stream)
+    if member_starts is not None:
+        starts = np.asarray(list(member_starts), dtype=np.int64)
+        if starts.size > 1:
+            return _restore_members(stream, special, starts)
     if stream.size < 5 or stream[1] != special.fim_prefix:
         return stream
     suf = int(np.flatnonzero(stream == special.fim_suffix)[0])
@@ -553,6 +628,25 @@ def restore_fim_order(stream: np.ndarray, special: SpecialIds) -> np.ndarray:
     return np.concatenate(
         [stream[:1], stream[2:suf], stream[mid + 1 : -1], stream[suf + 1 : mid], stream[-1:]]
     )
+
+
+def _restore_members(stream: np.ndarray, special: SpecialIds, starts: np.ndarray) -> np.ndarray:
+    n_fim = int(np.count_nonzero(stream == special.fim_prefix))
+    lengths = np.diff(np.append(starts, stream.size - 2 - 3 * n_fim))
+    parts = [stream[:1]]
+    pos = 1
+    for length in lengths.tolist():
+        if length > 0 and stream[pos] == special.fim_prefix:
+            unit = stream[pos : pos + length + 3]
+            suf = int(np.flatnonzero(unit == special.fim_suffix)[0])
+            mid = int(np.flatnonzero(unit == special.fim_middle)[0])
+            parts += [unit[1:suf], unit[mid + 1 :], unit[suf + 1 : mid]]
+            pos += length + 3
+        else:
+            parts.append(stream[pos : pos + length])
+            pos += length
+    parts.append(stream[pos:])
+    return np.concatenate(parts)
 
 
 def merge_telemetry(batches: Iterable[PackedBatch]) -> PackingTelemetry | None:
