@@ -255,6 +255,11 @@ def build_repository_documents(
     stats["oversized_files"] += sum(
         1 for plan in plans if len(plan.members) == 1 and plan.num_tokens > config.max_tokens
     )
+    for plan in plans:  # include edges a document keeps (both files in it)
+        inside = set(plan.members)
+        stats["edges_inside_documents"] += sum(
+            1 for m in plan.members for d in graph.deps[m] if d in inside
+        )
     stats["broken_edges"] += sum(len(plan.broken) for plan in plans)
     stats["cycle_files"] += sum(len(c) for plan in plans for c in plan.cycles)
     return RepositoryDocuments(documents, document_files, plans, graph, stats)
