@@ -667,3 +667,13 @@ def test_whole_document_rows_counts_rows_holding_one_uncut_document() -> None:
     assert figures.half_whole_document == 2
     assert figures.whole_document_tokens == 16 + 5 + 4 + 10
     assert figures.utilization == pytest.approx((16 + 16 + 16 + 9) / 64)
+
+
+def test_row_figures_of_separate_batches_add_up_to_those_of_the_whole_run() -> None:
+    table = member_docs([[14], [20], [3], [2], [8], [30], [1], [9]]).drop(["member_starts"])
+    batches = list(pack([table], PackingConfig(seq_len=16, window_docs=3), SPECIAL))
+    assert len(batches) == 3
+    merged = whole_document_rows(batches[:1], 16)
+    for batch in batches[1:]:
+        merged = merged.merge(whole_document_rows([batch], 16))
+    assert merged == whole_document_rows(batches, 16)

@@ -64,7 +64,8 @@ def length_distribution(
 
 
 class WholeDocumentRows(BaseModel):
-    """Additive counts over packed rows (one split, or all); shares are derived."""
+    """Counts over packed rows (one split, or all); shares are derived. A document's pieces
+    all come from one packing window, so counts of separate batches add up (merge)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -74,6 +75,18 @@ class WholeDocumentRows(BaseModel):
     one_whole_document: int = 0  # rows whose tokens are one uncut document, nothing else
     half_whole_document: int = 0  # rows where one uncut document fills >= half the row
     whole_document_tokens: int = 0  # tokens of uncut documents (BOS and EOS included)
+
+    def merge(self, other: WholeDocumentRows) -> WholeDocumentRows:
+        if self.rows and other.rows and self.seq_len != other.seq_len:
+            raise ValueError("row figures of different seq_len do not add up")
+        return WholeDocumentRows(
+            rows=self.rows + other.rows,
+            valid_tokens=self.valid_tokens + other.valid_tokens,
+            seq_len=self.seq_len or other.seq_len,
+            one_whole_document=self.one_whole_document + other.one_whole_document,
+            half_whole_document=self.half_whole_document + other.half_whole_document,
+            whole_document_tokens=self.whole_document_tokens + other.whole_document_tokens,
+        )
 
     @computed_field  # type: ignore[prop-decorator]
     @property
