@@ -3,6 +3,10 @@
 (`AWS_ENDPOINT_URL` included, which pyarrow's AWS SDK reads itself) or from the URI's query,
 `s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http`; credentials and region
 likewise (`AWS_ACCESS_KEY_ID`, `AWS_DEFAULT_REGION`, `?region=`).
+
+S3 objects are opened with `allow_delayed_open=true` unless the URI says otherwise: a small
+object (a lease, a manifest, `_COMPLETE`) is then one PUT instead of a three-request multipart
+upload (44 -> 32 requests per one-shard version on moto); large shards still go multipart.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the root path inside it (query parameters consumed)."""
     if "://" not in uri:
         return pafs.LocalFileSystem(), os.path.abspath(uri)
+    if uri.startswith("s3://") and "allow_delayed_open=" not in uri:
+        uri += ("&" if "?" in uri else "?") + "allow_delayed_open=true"
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (OSError, ValueError) as e:

@@ -69,9 +69,17 @@ class WriterIdentity:
 
     @classmethod
     def of_this_process(cls, host: str | None = None) -> WriterIdentity:
-        host = host or socket.gethostname()
         pid = os.getpid()
-        return cls(host, f"{host}|{_boot_id()}|{_pid_namespace()}", pid, process_start(pid))
+        key = (pid, host)
+        if key not in _IDENTITIES:  # a forked child has its own pid, so its own entry
+            name = host or socket.gethostname()
+            _IDENTITIES[key] = cls(
+                name, f"{name}|{_boot_id()}|{_pid_namespace()}", pid, process_start(pid)
+            )
+        return _IDENTITIES[key]
+
+
+_IDENTITIES: dict[tuple[int, str | None], WriterIdentity] = {}
 
 
 def _boot_id() -> str:
@@ -133,13 +141,15 @@ def why_dead(
 
 
 class LeaseKeeper:
-    """Refreshes one writer's lease from a daemon thread every TTL / 4 until stopped.
+    """Keeps one writer's lease: written at begin, refreshed every TTL / 4 until stopped.
 
-    A thread rather than a beat per shard write: a stage may compute for minutes between
-    `begin` and its first shard (a tokenizer trains, dedup clusters a corpus), and its lease
-    must hold all that time; a dead process has no thread, so it stops beating by itself.
-    Each beat first reads the lease back: a lease rewritten or removed by someone else is
-    lost, never silently re-created over a version a cleaner already removed."""
+    Refreshed from a thread rather than on each shard write: a stage may compute for minutes
+    between `begin` and its first shard (a tokenizer trains, dedup clusters a corpus), and
+    its lease must hold all that time; a dead process has no thread, so it stops beating by
+    itself. One thread per process beats every lease it holds (starting a thread per version
+    cost about 1 ms, which thousands of small partitions would pay). Each beat reads the
+    lease back first: a lease rewritten or removed by someone else is lost, never silently
+    re-created over a version a cleaner already removed."""
 
     def __init__(
         self,
@@ -153,9 +163,9 @@ class LeaseKeeper:
         self._read, self._write, self._clock = read, write, clock
         self._last_ok = time.monotonic()
         self._lost: str | None = None
-        self._stop = threading.Event()
+        self._stopped = False
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.next_due = time.monotonic() + self.interval_s
 
     @property
     def interval_s(self) -> float:
@@ -167,50 +177,53 @@ class LeaseKeeper:
         self._last_ok = time.monotonic()
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"lease-{self.lease.version}", daemon=True
-        )
-        self._thread.start()
+        self.next_due = time.monotonic() + self.interval_s
+        _heartbeats().add(self)
 
     def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=max(5.0, self.interval_s))
+        """No more beats (an in-flight one finishes first)."""
+        with self._lock:
+            self._stopped = True
+        scheduler = _HEARTBEATS
+        if scheduler is not None and scheduler.pid == os.getpid():
+            scheduler.remove(self)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.beat()
-            if self._lost is not None:
-                return
+    def scheduled_beat(self) -> None:
+        with self._lock:
+            if not self._stopped:
+                self._refresh()
+        self.next_due = time.monotonic() + self.interval_s
 
     def beat(self) -> None:
-        """One refresh: read back, check it is still ours, write a new heartbeat. A request
-        that fails, whatever the error, is a missed beat (the next one may succeed), never
-        the end of the thread."""
+        """One refresh now, whether or not the schedule is running."""
         with self._lock:
-            if self._lost is not None:
-                return
-            try:
-                raw = self._read()
-            except Exception:
-                return
-            if raw is None:
-                self._lost = "the lease was removed (judged dead by a cleaner)"
-                return
-            try:
-                held = Lease.model_validate_json(raw)
-            except ValueError:
-                held = None
-            if held is None or held.token != self.lease.token:
-                self._lost = "the lease was rewritten by another writer"
-                return
-            self.lease = self.lease.model_copy(update={"heartbeat_at": self._clock()})
-            try:
-                self._write(self.lease.model_dump_json().encode())
-            except Exception:
-                return
-            self._last_ok = time.monotonic()
+            self._refresh()
+
+    def _refresh(self) -> None:
+        """Read back, check it is still ours, write a new heartbeat. A request that fails,
+        whatever the error, is a missed beat (the next one may succeed)."""
+        if self._lost is not None:
+            return
+        try:
+            raw = self._read()
+        except Exception:
+            return
+        if raw is None:
+            self._lost = "the lease was removed (judged dead by a cleaner)"
+            return
+        try:
+            held = Lease.model_validate_json(raw)
+        except ValueError:
+            held = None
+        if held is None or held.token != self.lease.token:
+            self._lost = "the lease was rewritten by another writer"
+            return
+        self.lease = self.lease.model_copy(update={"heartbeat_at": self._clock()})
+        try:
+            self._write(self.lease.model_dump_json().encode())
+        except Exception:
+            return
+        self._last_ok = time.monotonic()
 
     def check(self) -> None:
         """Raise LeaseLostError if this writer may no longer assume its version is intact."""
@@ -230,6 +243,59 @@ class LeaseKeeper:
         self.check()
         self.beat()
         self.check()
+
+
+class _Heartbeats:
+    """The process's heartbeat thread: beats each registered keeper when it is due."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._cond = threading.Condition()
+        self._keepers: dict[int, LeaseKeeper] = {}
+        thread = threading.Thread(target=self._run, name="lease-heartbeats", daemon=True)
+        thread.start()
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            self._keepers[id(keeper)] = keeper
+            self._cond.notify()
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            self._keepers.pop(id(keeper), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [k for k in self._keepers.values() if k.next_due <= now]
+                if not due:
+                    wake = min((k.next_due for k in self._keepers.values()), default=None)
+                    self._cond.wait(None if wake is None else wake - now)
+                    continue
+            for keeper in due:  # outside the lock: a slow request must not block begin()
+                keeper.scheduled_beat()
+
+
+_HEARTBEATS: _Heartbeats | None = None
+_HEARTBEATS_LOCK = threading.Lock()
+
+
+def _heartbeats() -> _Heartbeats:
+    global _HEARTBEATS
+    with _HEARTBEATS_LOCK:
+        if _HEARTBEATS is None or _HEARTBEATS.pid != os.getpid():
+            _HEARTBEATS = _Heartbeats()
+        return _HEARTBEATS
+
+
+def _forget_heartbeats_after_fork() -> None:
+    # the thread did not come along, and its locks may have been held at the fork
+    global _HEARTBEATS, _HEARTBEATS_LOCK
+    _HEARTBEATS, _HEARTBEATS_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_heartbeats_after_fork)
 
 
 def new_lease(version: str, identity: WriterIdentity, *, now: datetime, ttl_s: float) -> Lease:

@@ -177,14 +177,18 @@ class ShardStore:
                 return None
             raise
 
-    def put_bytes(self, path: str, data: bytes, *, owner: str = "store") -> None:
+    def put_bytes(
+        self, path: str, data: bytes, *, owner: str = "store", atomic: bool = True
+    ) -> None:
         """A whole object: readers see nothing, or all of `data`. An object store's PUT is
         that already; on local disk the bytes go to a temp file named for `owner` (a
         version id) and are renamed into place, so a crash leaves at worst that temp file,
         which the next cleaner removes once the owner's lease is dead (a temp file of no
-        version is never removed by a cleaner)."""
+        version is never removed by a cleaner). `atomic=False` writes in place on local
+        disk too, for objects nobody trusts before the commit point (a manifest without
+        `_COMPLETE`) or that are judged by age when unreadable (a lease)."""
         try:
-            if not self._local:
+            if not self._local or not atomic:
                 with self.fs.open_output_stream(path) as f:
                     f.write(data)
                 return
@@ -247,7 +251,7 @@ class ShardStore:
         keeper = LeaseKeeper(
             lease,
             read=lambda: self.read_bytes_if_exists(lease_path),
-            write=lambda data: self.put_bytes(lease_path, data, owner=version),
+            write=lambda data: self.put_bytes(lease_path, data, atomic=False),
             clock=self.clock,
         )
         # the lease before any object of the version: a folder without one is nobody's
@@ -353,7 +357,8 @@ class ShardStore:
         try:
             lease = Lease.model_validate_json(raw)
         except ValueError:
-            # unreadable (written by something else): judged by its age alone
+            # torn (a crash mid-write on local disk, or read mid-rewrite) or foreign: judged
+            # by its age alone, with this store's TTL
             age = (self.clock() - stored_at).total_seconds() if stored_at else 0.0
             return None, (f"unreadable lease {age:.0f} s old" if age > self.lease_ttl_s else None)
         return lease, why_dead(lease, now=self.clock(), here=here, stored_at=stored_at)
@@ -690,7 +695,7 @@ class VersionWriter:
                 f"{self.dir}: not committed: {missing[0]} (and {len(missing) - 1} more)"
             )
         raw = self.manifest.model_dump_json(indent=2).encode()
-        store.put_bytes(f"{self.dir}/{MANIFEST}", raw, owner=version)
+        store.put_bytes(f"{self.dir}/{MANIFEST}", raw, atomic=False)  # not trusted yet
         # the marker holds the manifest's sha256, so a changed manifest byte is caught too
         store.put_bytes(f"{self.dir}/{COMPLETE}", complete_marker(version, raw), owner=version)
         self.closed = True

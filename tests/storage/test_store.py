@@ -1,4 +1,4 @@
-"""The shard store: bounded shards, atomic promotion, _COMPLETE last, corruption found."""
+"""The shard store: bounded shards, validated uploads, _COMPLETE last, corruption found."""
 
 from __future__ import annotations
 
@@ -124,12 +124,12 @@ _CRASHER = textwrap.dedent(
     v = st.begin("raw_files", "demo", code_version="t")
     v.table("data", schema).write(pa.table({"path": [str(i) for i in range(12)],
                                             "n": list(range(12))}, schema=schema))
-    real = st.write_bytes_atomic
-    def crashing(path, data):
+    real = st.put_bytes
+    def crashing(path, data, **kw):
         if path.endswith(crash_at):
             os._exit(9)  # a hard crash: no cleanup, no finally
-        real(path, data)
-    st.write_bytes_atomic = crashing
+        real(path, data, **kw)
+    st.put_bytes = crashing
     v.commit()
     """
 )
@@ -164,10 +164,12 @@ def test_a_crash_at_any_point_leaves_no_readable_half_version(
         else:
             with pytest.raises(IncompleteVersionError):
                 store.read_manifest(str(vdir))
-    # the next writer cleans what the dead one left behind
+    # the next writer cleans what the dead one left behind: its half version, its lease
+    # (its process is gone from this machine, so no TTL need pass) and its temp files
     _write_version(store, rows=4)
     leftovers = [p for p in pdir.iterdir() if p.is_dir() and not (p / COMPLETE).exists()]
     assert leftovers == []
+    assert list(pdir.glob("*.lease")) == [] and list(tmp_path.rglob("*.tmp")) == []
 
 
 def test_manifest_records_schema_fingerprint_and_stats(tmp_path: Path) -> None:
