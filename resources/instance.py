@@ -113,9 +113,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
 
     def _has_asset_key_col_on_connection(self, conn: Connection, column_name: str) -> bool:
         key = f"asset_keys.{column_name}"
-        if key not in self._present and super()._has_asset_key_col_on_connection(
-            conn, column_name
-        ):
+        if key not in self._present and super()._has_asset_key_col_on_connection(conn, column_name):
             self._present.add(key)
         return key in self._present
 
