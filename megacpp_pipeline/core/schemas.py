@@ -121,8 +121,11 @@ TOKENIZED_DOCS = _schema(
 )
 
 
-# packed_rows' documents table: one row per tokenized document, doc_id in catalog then path
-# order (the snapshot adds num_pieces and the packed num_tokens)
+# The documents stage's training documents, one row per document, doc_id in catalog then
+# document order: a kept file (file mode) or a source's files in #include order (repository
+# mode; path is then the members' common directory, and size/blob_sha/content_sha256 are of
+# the document's text, path markers included). The snapshot's documents.parquet is these
+# columns plus num_pieces and the packed num_tokens.
 DOCUMENTS = pa.schema(
     [
         pa.field("doc_id", pa.int32(), nullable=False),
@@ -137,9 +140,39 @@ DOCUMENTS = pa.schema(
         pa.field("scrub_kinds", pa.list_(pa.string()), nullable=False),  # replaced in it
         pa.field("structure_source", pa.string(), nullable=False),
         pa.field("split", pa.string(), nullable=False),
+        pa.field("num_files", pa.int32(), nullable=False),  # 1 in file mode
         pa.field("num_tokens", pa.int32(), nullable=False),  # the document's own tokens
     ],
     metadata={"megacpp.table": "documents", "megacpp.schema_version": "1"},
+)
+
+# DOCUMENTS with the token streams the packer reads: where each member file starts (token
+# offsets; [0] for a one-file document) and the ids and chunk kinds of the whole document.
+DOCUMENT_TOKENS = _schema(
+    "document_tokens",
+    [
+        *DOCUMENTS,
+        pa.field("member_starts", pa.list_(pa.int32()), nullable=False),
+        pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("chunk_kind", pa.list_(pa.uint8()), nullable=False),
+    ],
+)
+
+# Where every kept file sits: its document and position there, and the token span it holds
+# in the document (its path marker included in repository mode). One row per kept file in
+# both modes, so a file stays traceable whatever a document is.
+DOCUMENT_FILES = pa.schema(
+    [
+        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),  # 0-based, in document order
+        pa.field("source_id", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),  # the file, relative to the source root
+        pa.field("content_sha256", pa.string(), nullable=False),  # the file's own text
+        pa.field("license_expression", pa.string()),  # the file's own licence
+        pa.field("start_token", pa.int32(), nullable=False),  # where its marker starts
+        pa.field("num_tokens", pa.int32(), nullable=False),  # marker + file tokens
+    ],
+    metadata={"megacpp.table": "document_files", "megacpp.schema_version": "1"},
 )
 
 

@@ -472,6 +472,8 @@ def test_a_document_is_each_file_after_its_path_marker_in_include_order() -> Non
         assert tok.decode(member[:marker], skip_special_tokens=False) == marker_text(r["path"])
         assert member[marker:] == own and kinds[marker:] == by_path[r["path"]]["chunk_kind"]
         assert set(kinds[:marker]) == {CHUNK_KINDS["other"]}
+        assert r["content_sha256"] == by_path[r["path"]]["content_sha256"]
+        assert r["license_expression"] == by_path[r["path"]]["license_expression"]
     assert result.document_files_from(40).column("doc_id").to_pylist() == [40, 40, 40]
 
 
@@ -501,12 +503,13 @@ def test_a_marker_is_one_comment_line_whatever_the_path_holds() -> None:
 
 def test_file_mode_document_files_list_each_document_as_its_only_file() -> None:
     docs = pa.table({"doc_id": [3, 4], "source_id": ["s", "s"], "path": ["a", "b"],
+                     "content_sha256": ["ca", "cb"], "license_expression": ["MIT", None],
                      "num_tokens": [7, 9]})  # fmt: skip
     assert file_document_files(docs).to_pylist() == [
-        {"doc_id": 3, "position": 0, "source_id": "s", "path": "a", "start_token": 0,
-         "num_tokens": 7},
-        {"doc_id": 4, "position": 0, "source_id": "s", "path": "b", "start_token": 0,
-         "num_tokens": 9},
+        {"doc_id": 3, "position": 0, "source_id": "s", "path": "a", "content_sha256": "ca",
+         "license_expression": "MIT", "start_token": 0, "num_tokens": 7},
+        {"doc_id": 4, "position": 0, "source_id": "s", "path": "b", "content_sha256": "cb",
+         "license_expression": None, "start_token": 0, "num_tokens": 9},
     ]  # fmt: skip
 
 

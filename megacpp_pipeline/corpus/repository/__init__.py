@@ -26,6 +26,7 @@ from megacpp_pipeline.corpus.repository.assemble import (
     RepositoryDocuments,
     RepositoryInputError,
     build_repository_documents,
+    document_files_problems,
     file_document_files,
     marker_text,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "WholeDocumentRows",
     "build_repository_documents",
     "default_include_roots",
+    "document_files_problems",
     "file_document_files",
     "include_graph",
     "include_order",

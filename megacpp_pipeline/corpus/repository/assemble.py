@@ -28,17 +28,7 @@ from megacpp_pipeline.corpus.repository.includes import IncludeGraph, include_gr
 
 MARKER_KIND = 0  # enrich.CHUNK_KINDS["other"]
 
-DOCUMENT_FILES = pa.schema(
-    [
-        pa.field("doc_id", pa.int32(), nullable=False),
-        pa.field("position", pa.int32(), nullable=False),  # 0-based, in document order
-        pa.field("source_id", pa.string(), nullable=False),
-        pa.field("path", pa.string(), nullable=False),  # the file, relative to the source root
-        pa.field("start_token", pa.int32(), nullable=False),  # where its marker starts
-        pa.field("num_tokens", pa.int32(), nullable=False),  # marker + file tokens
-    ],
-    metadata={"megacpp.table": "document_files", "megacpp.schema_version": "1"},
-)
+DOCUMENT_FILES = schemas.DOCUMENT_FILES
 
 # tokenized_docs rows, one per repository document (path = the members' common directory;
 # size, blob_sha and content_sha256 are of the document's text, markers included), plus how
@@ -228,6 +218,8 @@ def build_repository_documents(
         df["doc_id"] += [k] * len(rows)
         df["position"] += list(range(len(rows)))
         df["path"] += [paths[r] for r in rows]
+        df["content_sha256"] += [meta["content_sha256"][r] for r in rows]
+        df["license_expression"] += [meta["license_expression"][r] for r in rows]
         df["start_token"] += starts
         df["num_tokens"] += [member_tokens[m] for m in plan.members]
         doc_tokens.append(np.concatenate(tok_parts))
@@ -267,16 +259,73 @@ def build_repository_documents(
 
 def file_document_files(documents: pa.Table) -> pa.Table:
     """document_files in file mode: each document is one file at position 0. `documents`
-    needs doc_id, source_id, path and num_tokens (the documents table has them)."""
+    needs doc_id, source_id, path, content_sha256, license_expression and num_tokens (the
+    documents table has them)."""
     n = documents.num_rows
+    zeros = pa.array(np.zeros(n, np.int32), pa.int32())
+    columns = {
+        "doc_id": documents.column("doc_id").cast(pa.int32()),
+        "position": zeros,
+        "start_token": zeros,
+        "num_tokens": documents.column("num_tokens").cast(pa.int32()),
+    }
     return pa.table(
         [
-            documents.column("doc_id").cast(pa.int32()),
-            pa.array(np.zeros(n, np.int32), pa.int32()),
-            documents.column("source_id"),
-            documents.column("path"),
-            pa.array(np.zeros(n, np.int32), pa.int32()),
-            documents.column("num_tokens").cast(pa.int32()),
+            columns[f.name] if f.name in columns else documents.column(f.name)
+            for f in DOCUMENT_FILES
         ],
         schema=DOCUMENT_FILES,
     )
+
+
+def document_files_problems(
+    documents: pa.Table, document_files: pa.Table, kept: dict[str, int]
+) -> list[str]:
+    """What is wrong with documents (doc_id, num_files, num_tokens) + document_files, in
+    either mode: every kept file in exactly one document (per source, as many rows as
+    `kept` says), each document's members at positions 0..n-1 whose token spans tile the
+    document's own tokens, doc_ids 0..N-1."""
+    problems: list[str] = []
+    ids = documents["doc_id"].to_numpy()
+    if not np.array_equal(ids, np.arange(ids.size)):
+        problems.append("documents: doc_ids are not 0..N-1 in order")
+    listed_per_source = Counter(document_files["source_id"].to_pylist())
+    for source, n in kept.items():
+        if listed_per_source.get(source, 0) != n:
+            problems.append(
+                f"{source}: {n} kept files but {listed_per_source.get(source, 0)} in documents"
+            )
+    keys = pc.binary_join_element_wise(document_files["source_id"], document_files["path"], "\0")
+    if len(pc.unique(keys)) != document_files.num_rows:
+        problems.append("document_files: a file is listed more than once")
+    df = document_files.sort_by([("doc_id", "ascending"), ("position", "ascending")])
+    doc = df["doc_id"].to_numpy()
+    pos = df["position"].to_numpy().astype(np.int64)
+    start = df["start_token"].to_numpy().astype(np.int64)
+    size = df["num_tokens"].to_numpy().astype(np.int64)
+    first = np.r_[True, doc[1:] != doc[:-1]] if doc.size else np.zeros(0, bool)
+    first_row = np.maximum.accumulate(np.where(first, np.arange(doc.size), 0))
+    bad_pos = np.flatnonzero(pos != np.arange(doc.size) - first_row)
+    if bad_pos.size:
+        problems.append(f"doc {int(doc[bad_pos[0]])}: member positions are not 0..n-1")
+    ends = start + size
+    expected = np.where(first, 0, np.r_[0, ends[:-1]])
+    bad_start = np.flatnonzero(start != expected)
+    if bad_start.size:
+        r = int(bad_start[0])
+        problems.append(
+            f"doc {int(doc[r])}: member {int(pos[r])} does not start where the last ends"
+        )
+    members = np.bincount(doc, minlength=ids.size) if doc.size else np.zeros(ids.size, np.int64)
+    tokens = np.bincount(doc, weights=size, minlength=ids.size) if doc.size else members
+    own_files = documents["num_files"].to_numpy()
+    own_tokens = documents["num_tokens"].to_numpy()
+    for what, got, want in (("files", members, own_files), ("tokens", tokens, own_tokens)):
+        bad = np.flatnonzero(got[: ids.size] != want)
+        if bad.size:
+            d = int(ids[bad[0]])
+            problems.append(
+                f"doc {d}: document_files hold {int(got[bad[0]])} {what}, documents say "
+                f"{int(want[bad[0]])}"
+            )
+    return problems
