@@ -24,6 +24,7 @@ import dagster as dg
 from assets.console import RunConsole
 from assets.defs import DEFAULT_CACHE_DIR, build_defs
 from megacpp_pipeline.pipeline import progress
+from megacpp_pipeline.pipeline.parallel import polars_threads_run
 from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,8 +163,10 @@ def _run_groups(
         if group.per_source:
             tags |= {PARTITION_RANGE_START: sources[0], PARTITION_RANGE_END: sources[-1]}
         # The first run (the small source_catalog) runs here: it pays Dagster's lazy imports
-        # and the instance's set-up once, and every forked run after inherits them.
-        if outcome.runs:
+        # and the instance's set-up once, and every forked run after inherits them. Where
+        # polars' threads already run in this process (a caller's own queries), a forked run
+        # would hang at its first polars query, so the run stays in this process.
+        if outcome.runs and not polars_threads_run():
             step = _materialize_in_child(defs, instance, keys, tags, run_config, console.event)
         else:
             step = _materialize(defs, instance, keys, tags, run_config)

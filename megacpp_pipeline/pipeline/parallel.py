@@ -160,6 +160,26 @@ def _start_methods() -> list[str]:
     return multiprocessing.get_all_start_methods()
 
 
+def polars_threads_run() -> bool:
+    """Whether polars' thread pool has started in this process. A forked child does not get
+    those threads, so its first parallel polars query waits for them forever: fork before
+    polars has run a query, or do the work in this process. (Read from the threads' names;
+    False where /proc is not there to read.)"""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith("polars-") and name[7:8].isdigit():
+            return True
+    return False
+
+
 def parallel(gate: Gate, workers: int | None = None, **kwargs: Any) -> Gate:
     """The gate itself when there is one worker, else a ParallelGate around it."""
     n = default_workers() if workers is None else workers

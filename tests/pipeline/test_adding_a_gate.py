@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -24,6 +25,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import drops
 from megacpp_pipeline.core.schemas import SCRUBBED_FILES
 from megacpp_pipeline.pipeline.context import SourceInputs
+from megacpp_pipeline.pipeline.parallel import polars_threads_run
 from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Registry, Stage
 from megacpp_pipeline.stages import default_registry
 from tests.fixtures.pipeline_corpus import write_catalog
@@ -108,6 +110,10 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     mp = pytest.MonkeyPatch()
     mp.setenv("DAGSTER_HOME", str(root / "dagster_home"))
     log = io.StringIO()
+    # A query first, as a notebook or this test session may have run: polars' threads then
+    # run here, and the runs must not be forked (a forked run would hang at dedup's query).
+    pl.DataFrame({"a": [1, 2, 2]}).group_by("a").len()
+    assert polars_threads_run()
     try:
         outcome = run_pipeline(
             catalog, root / "data", cache_dir=root / "cache", registry=with_banned(), log=log

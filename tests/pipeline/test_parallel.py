@@ -147,3 +147,18 @@ except RuntimeError as e:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "raised: a.hpp: refused"
+
+
+def test_polars_threads_are_seen_once_a_query_ran_and_not_before():
+    # a fresh interpreter: this test process has run polars queries already
+    script = (
+        "import polars as pl\n"
+        "from megacpp_pipeline.pipeline.parallel import polars_threads_run\n"
+        "before = polars_threads_run()\n"
+        "pl.DataFrame({'a': [1, 2, 2]}).group_by('a').len()\n"
+        "print(before, polars_threads_run())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["False", "True"]
