@@ -23,6 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from megacpp_pipeline.snapshot.document_files import read_document_files
+
 if TYPE_CHECKING:  # promote writes the card, so the card only names its manifest type
     from megacpp_pipeline.snapshot.promote import SnapshotManifest
 
@@ -41,6 +43,8 @@ class CardInputs:
     benchmarks: Sequence[Mapping[str, Any]] = ()  # id, tasks, files_dropped, files_excised
     removals: Mapping[str, Any] = field(default_factory=dict)  # entries, files, near_remaining
     utilization: float | None = None  # train rows' valid tokens / seq_len
+    whole_document_rows: float | None = None  # train rows holding one uncut document
+    lengths: Mapping[str, Any] = field(default_factory=dict)  # document length distribution
     checks: Sequence[str] = ()  # the promotion checks that passed
     changes: str | None = None  # markdown: what changed since the previous snapshot
 
@@ -76,6 +80,7 @@ def figures(manifest: SnapshotManifest) -> dict[str, Any]:
     return {
         "snapshot_id": manifest.snapshot_id,
         "documents": manifest.documents,
+        "document_mode": manifest.document_mode,
         "seq_len": manifest.seq_len,
         "vocab_size": manifest.vocab_size,
         "tokenizer_sha256": str(manifest.tokenizer.get("sha256", "")),
@@ -89,10 +94,11 @@ def figures(manifest: SnapshotManifest) -> dict[str, Any]:
 def render_card(snapshot_dir: Path, manifest: SnapshotManifest, inputs: CardInputs) -> str:
     snap = Path(snapshot_dir)
     documents = pq.read_table(snap / "documents.parquet")
+    files = read_document_files(snap, ["license_expression"])
     ledger = pq.read_table(
         snap / "ledger.parquet", columns=["source_id", "stage", "status", "reason"]
     )
-    expressions = documents["license_expression"].to_pylist()
+    expressions = files["license_expression"].to_pylist()
     front = {
         "pretty_name": f"{manifest.name} (C++ training snapshot)",
         "license": licence_ids(expressions) or ["other"],
@@ -121,10 +127,11 @@ def render_card(snapshot_dir: Path, manifest: SnapshotManifest, inputs: CardInpu
         "collected file is in `ledger.parquet` with where it was kept or dropped and why.",
         *_sources(manifest, documents, ledger),
         *_funnel(manifest, ledger),
-        *_licences(documents),
+        *_licences(documents, files),
         *_scrub(inputs, documents),
         *_dedup(inputs),
         *_exclusions(inputs),
+        *_documents(manifest, files, inputs),
         *_tokens(manifest, inputs),
         *_reading(manifest),
         *_checks(inputs),
@@ -175,20 +182,58 @@ def _funnel(manifest: SnapshotManifest, ledger: Any) -> list[str]:
     ]
 
 
-def _licences(documents: Any) -> list[str]:
-    by_expr = Counter(e or "(none)" for e in documents["license_expression"].to_pylist())
+def _licences(documents: Any, files: Any) -> list[str]:
+    by_expr = Counter(e or "(none)" for e in files["license_expression"].to_pylist())
     by_source = Counter(documents["license_source"].to_pylist())
     return [
         "",
         "## Licences",
         "",
         "Every file's licence is decided from its own metadata (SPDX line, REUSE, a standard "
-        "notice) before the source's declared licence; only allowed files are kept.",
+        "notice) before the source's declared licence; only allowed files are kept. A "
+        "document of many files carries the AND of their expressions.",
         "",
-        *_table(("expression", "documents"), by_expr.most_common()),
+        *_table(("expression", "files"), by_expr.most_common()),
         "",
         *_table(("decided from", "documents"), by_source.most_common()),
     ]
+
+
+def _documents(manifest: SnapshotManifest, files: Any, inputs: CardInputs) -> list[str]:
+    n_files = files.num_rows
+    if manifest.document_mode == "file":
+        what = (
+            f"File mode: each of the {n_files:,} kept files is one document (BOS ... EOS), "
+            "FIM within the file."
+        )
+    else:
+        what = (
+            f"Repository mode: the {n_files:,} kept files are {manifest.documents:,} documents, "
+            "each a source's files (split along directories past a token budget) concatenated "
+            "in `#include` order, a file after the files of its document it includes, each "
+            "file after a `// <path>` comment line; FIM stays inside one file."
+        )
+    lines = [
+        "",
+        "## Documents",
+        "",
+        what,
+        "`document_files.parquet` lists every file's document, position and token span "
+        "(`doc_id, position, source_id, path, content_sha256, license_expression, "
+        "start_token, num_tokens`).",
+    ]
+    if inputs.lengths:
+        d = inputs.lengths
+        lines += [
+            "",
+            f"Document length in tokens: median {d.get('p50', 0):,}, p90 {d.get('p90', 0):,}, "
+            f"p99 {d.get('p99', 0):,}, max {d.get('max', 0):,}.",
+        ]
+    if inputs.whole_document_rows is not None:
+        lines.append(
+            f"Train rows that hold one document end to end: {inputs.whole_document_rows:.1%}."
+        )
+    return lines
 
 
 def _scrub(inputs: CardInputs, documents: Any) -> list[str]:

@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.dedup import DedupConfig
 from megacpp_pipeline.gates.removals import removed_signatures
+from megacpp_pipeline.snapshot.document_files import read_document_files
 from megacpp_pipeline.snapshot.promote import SnapshotManifest, read_manifest
-from megacpp_pipeline.snapshot.texts import document_texts
+from megacpp_pipeline.snapshot.texts import FileText, file_texts
 
 
 @dataclass
@@ -98,12 +99,17 @@ def explain_path(snapshot_dir: Path, source_id: str, path: str) -> Journey:
 def _document(
     snap: Path, manifest: SnapshotManifest, source_id: str, path: str
 ) -> dict[str, Any] | None:
-    documents = pq.read_table(snap / "documents.parquet")
-    mask = pc.and_(pc.equal(documents["source_id"], source_id), pc.equal(documents["path"], path))
-    found = documents.filter(mask).to_pylist()
+    """A kept file's document row, the rows holding it, and where the file sits in it
+    (`member`: its position and token span, from document_files.parquet)."""
+    files = read_document_files(snap)
+    mask = pc.and_(pc.equal(files["source_id"], source_id), pc.equal(files["path"], path))
+    found = files.filter(mask).to_pylist()
     if not found:
         return None
-    doc = found[0]
+    member = found[0]
+    documents = pq.read_table(snap / "documents.parquet")
+    doc = documents.filter(pc.equal(documents["doc_id"], member["doc_id"])).to_pylist()[0]
+    doc["member"] = member
     pieces = pq.read_table(snap / "pieces.parquet")
     mine = pieces.filter(pc.equal(pieces["doc_id"], doc["doc_id"]))
     doc["pack_ids"] = sorted(set(mine["pack_id"].to_pylist()))
@@ -111,18 +117,16 @@ def _document(
 
 
 def find_by_sha256(snapshot_dir: Path, digest: str) -> list[tuple[str, str]]:
-    """Collected files whose bytes (ledger sha256) or kept text (documents content_sha256)
-    have this sha256."""
+    """Collected files whose bytes (ledger sha256) or kept text (document_files
+    content_sha256) have this sha256."""
     snap = Path(snapshot_dir)
     digest = digest.lower()
     hits: list[tuple[str, str]] = []
     ledger = pq.read_table(snap / "ledger.parquet", columns=["source_id", "path", "sha256"])
     found = ledger.filter(pc.equal(ledger["sha256"], digest))
     hits += list(zip(found["source_id"].to_pylist(), found["path"].to_pylist(), strict=True))
-    documents = pq.read_table(
-        snap / "documents.parquet", columns=["source_id", "path", "content_sha256"]
-    )
-    found = documents.filter(pc.equal(documents["content_sha256"], digest))
+    files = read_document_files(snap, ["source_id", "path", "content_sha256"])
+    found = files.filter(pc.equal(files["content_sha256"], digest))
     hits += list(zip(found["source_id"].to_pylist(), found["path"].to_pylist(), strict=True))
     return list(dict.fromkeys(hits))
 
@@ -136,46 +140,33 @@ def normalized_text(data: bytes) -> str:
 def near_documents(
     snapshot_dir: Path, text: str, config: DedupConfig | None = None, top: int = 5
 ) -> list[ContentMatch]:
-    """Kept documents whose estimated Jaccard with `text` (MinHash over C++ tokens, as dedup
-    signs files) reaches dedup's threshold, nearest first."""
+    """Kept files whose estimated Jaccard with `text` (MinHash over C++ tokens, as dedup
+    signs files) reaches dedup's threshold, nearest first; each file's text is cut from its
+    document, so a repository document is compared file by file."""
     config = config or DedupConfig.model_validate({})
     snap = Path(snapshot_dir)
     manifest = read_manifest(snap)
     query = removed_signatures([text], config)[0]
     if np.all(query == minhash.EMPTY_HASH):
         return []
-    documents = pq.read_table(snap / "documents.parquet", columns=["doc_id", "source_id", "path"])
-    where = {
-        d: (s, p)
-        for d, s, p in zip(
-            documents["doc_id"].to_pylist(),
-            documents["source_id"].to_pylist(),
-            documents["path"].to_pylist(),
-            strict=True,
-        )
-    }
     matches: list[ContentMatch] = []
-    batch_ids: list[int] = []
-    batch_texts: list[str] = []
+    batch: list[FileText] = []
 
     def flush() -> None:
-        sigs = removed_signatures(batch_texts, config)
-        for doc_id, sig in zip(batch_ids, sigs, strict=True):
+        sigs = removed_signatures([f.text for f in batch], config)
+        for f, sig in zip(batch, sigs, strict=True):
             j = float(minhash.estimated_jaccard(query, sig))
             if j >= config.threshold:
-                matches.append(ContentMatch(*where[doc_id], doc_id, j))
-        batch_ids.clear()
-        batch_texts.clear()
+                matches.append(ContentMatch(f.source_id, f.path, f.doc_id, j))
+        batch.clear()
 
-    for doc in document_texts(snap, manifest):
-        if doc.text is not None:
-            batch_ids.append(doc.doc_id)
-            batch_texts.append(doc.text)
-        if len(batch_ids) >= 512:
+    for f in file_texts(snap, manifest):
+        batch.append(f)
+        if len(batch) >= 512:
             flush()
-    if batch_ids:
+    if batch:
         flush()
-    return sorted(matches, key=lambda m: (-m.jaccard, m.doc_id))[:top]
+    return sorted(matches, key=lambda m: (-m.jaccard, m.doc_id, m.path))[:top]
 
 
 def sha256_text(text: str) -> str:
@@ -194,13 +185,22 @@ def render(journey: Journey) -> str:
         lines.append("  kept by     " + " -> ".join(journey.passed))
     if journey.status == "kept":
         doc = journey.document or {}
+        member = doc.get("member") or {}
         lines.append(
             f"  in corpus   doc {doc.get('doc_id')}, split {doc.get('split')}, "
             f"{doc.get('num_tokens')} tokens in {doc.get('num_pieces')} piece(s), "
             f"rows (pack_id) {doc.get('pack_ids')}"
         )
+        if (doc.get("num_files") or 1) > 1 or doc.get("path") != journey.path:
+            start = member.get("start_token", 0)
+            end = start + member.get("num_tokens", 0)
+            lines.append(
+                f"  in document {doc.get('path') or '(root)'}: file "
+                f"{member.get('position', 0) + 1} of {doc.get('num_files')}, its tokens "
+                f"{start}..{end} (path marker included)"
+            )
         lines.append(
-            f"  licence     {doc.get('license_expression')} "
+            f"  licence     {member.get('license_expression', doc.get('license_expression'))} "
             f"(decided from {doc.get('license_source')})"
         )
         kinds = doc.get("scrub_kinds") or []

@@ -3,8 +3,9 @@ no reader ever sees half of one; `_COMPLETE` is written last and its absence mea
 snapshot". The snapshot id is a hash of the content, so the same inputs, config and code give
 the same id (seed: a snapshot either survives promotion checks or it does not).
 
-Layout (DESIGN section 4): manifest.json, tokenizer.json, documents.parquet, pieces.parquet,
-ledger.parquet, train/part-*.parquet, validation/part-*.parquet, _COMPLETE.
+Layout (DESIGN section 4): manifest.json, tokenizer.json, documents.parquet,
+document_files.parquet, pieces.parquet, ledger.parquet, train/part-*.parquet,
+validation/part-*.parquet, README.md (the dataset card), _COMPLETE.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.corpus.repository import file_document_files
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
+from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
 from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
@@ -38,7 +41,8 @@ from megacpp_pipeline.storage.versions import (
     write_parquet_atomic,
 )
 
-SNAPSHOT_SCHEMA_VERSION = 1
+# 2: document_files.parquet and document_mode (repository documents)
+SNAPSHOT_SCHEMA_VERSION = 2
 SPLITS = ("train", "validation")
 # The quality report is derived after promotion and is not part of the training contract:
 # it lives in this folder, outside the manifest's file list.
@@ -99,6 +103,9 @@ class SnapshotManifest(BaseModel):
     tokenizer: dict[str, Any]
     splits: dict[str, SplitEntry]
     documents: int
+    # what a document is: "file" (one kept file) or "repository" (a source's files in
+    # #include order, each after a `// <path>` line); document_files.parquet lists the files
+    document_mode: str = "file"
     ledger: dict[str, dict[str, int]]  # source -> {collected, kept, dropped}
     ledger_stages: list[str] = Field(default_factory=list)  # the pipeline's stages, in order
     sources: dict[str, SourceEntry] = Field(default_factory=dict)  # every operational source
@@ -116,7 +123,7 @@ class SnapshotParts:
     tokenizer_json: bytes
     tokenizer_info: dict[str, Any]
     rows: dict[str, list[Path]]  # split -> packed-row parquet files, in order
-    documents: pa.Table  # tokens.DOCUMENTS rows, all of them (metadata only: small)
+    documents: pa.Table  # schemas.DOCUMENTS rows, all of them (metadata only: small)
     pieces: Iterable[pa.Table]
     ledger: Iterable[pa.Table]  # ledger rows of every stage, in `ledger_stages` order
     ledger_stages: list[str]  # the stages that write ledgers, collect first (the registry's)
@@ -124,6 +131,9 @@ class SnapshotParts:
     code_version: str
     config_hash: str
     sources: dict[str, SourceEntry] = field(default_factory=dict)  # with their revisions
+    # schemas.DOCUMENT_FILES rows; None: file mode, one file per document (derived)
+    document_files: pa.Table | None = None
+    document_mode: str = "file"
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -134,11 +144,12 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
 
 
 def final_ledger(
-    ledger_parts: Iterable[pa.Table], documents: pa.Table, collected_stage: str
+    ledger_parts: Iterable[pa.Table], document_files: pa.Table, collected_stage: str
 ) -> pa.Table:
-    """One row per collected file: kept (it reached documents.parquet) or dropped at the stage
-    that dropped it, with the reason and dup_of. The collect ledger (`collected_stage`'s)
-    lists every file seen; later stages list only their drops, and the first drop counts."""
+    """One row per collected file: kept (it is in a document: document_files.parquet) or
+    dropped at the stage that dropped it, with the reason and dup_of. The collect ledger
+    (`collected_stage`'s) lists every file seen; later stages list only their drops, and the
+    first drop counts."""
     frames = [pl.DataFrame(t) for t in ledger_parts if t.num_rows]
     if not frames:
         return LEDGER_SCHEMA.empty_table()
@@ -147,9 +158,9 @@ def final_ledger(
     later = everything.filter(pl.col("stage") != collected_stage).unique(
         subset=["source_id", "path"], keep="first", maintain_order=True
     )
-    docs = pl.DataFrame(documents.select(["source_id", "path", "license_expression"])).with_columns(
-        pl.lit(True).alias("in_documents")
-    )
+    docs = pl.DataFrame(
+        document_files.select(["source_id", "path", "license_expression"])
+    ).with_columns(pl.lit(True).alias("in_documents"))
     merged = (
         collected.join(later, on=["source_id", "path"], how="left", suffix="_later")
         .join(docs, on=["source_id", "path"], how="left", suffix="_doc")
@@ -267,7 +278,14 @@ def build_snapshot(
         add("documents.parquet", documents.num_rows)
         _write_parquet(pieces, work / "pieces.parquet")
         add("pieces.parquet", pieces.num_rows)
-        ledger = final_ledger(parts.ledger, parts.documents, parts.ledger_stages[0])
+        document_files = (
+            parts.document_files
+            if parts.document_files is not None
+            else file_document_files(parts.documents)
+        ).sort_by([("doc_id", "ascending"), ("position", "ascending")])
+        _write_parquet(document_files, work / DOCUMENT_FILES_PARQUET)
+        add(DOCUMENT_FILES_PARQUET, document_files.num_rows)
+        ledger = final_ledger(parts.ledger, document_files, parts.ledger_stages[0])
         _write_parquet(ledger, work / "ledger.parquet")
         add("ledger.parquet", ledger.num_rows)
 
@@ -308,6 +326,7 @@ def build_snapshot(
             tokenizer=parts.tokenizer_info,
             splits=splits,
             documents=documents.num_rows,
+            document_mode=parts.document_mode,
             ledger=ledger_summary(ledger),
             ledger_stages=parts.ledger_stages,
             sources=parts.sources,
@@ -392,10 +411,14 @@ def latest_snapshot(root: Path, name: str | None = None) -> Path | None:
     snaps = root / "snapshots"
     if not snaps.is_dir():
         return None
+    # a promotion being built (.building-*) holds _COMPLETE while its gate runs: not a snapshot
     done = [
         d
         for d in snaps.iterdir()
-        if d.is_dir() and (d / COMPLETE).exists() and (name is None or d.name.startswith(name))
+        if d.is_dir()
+        and not d.name.startswith(".")
+        and (d / COMPLETE).exists()
+        and (name is None or d.name.startswith(name))
     ]
     return max(done, key=lambda d: (d / COMPLETE).stat().st_mtime) if done else None
 

@@ -625,8 +625,9 @@ def render_report(
         "files_in_duplicate_clusters": int(sizes.sum()),
         "scrub_replacements": sum(scrub_kinds.values()),
     }
+    mode = str(manifest.get("document_mode", "file"))
     labelled += [
-        ("documents", _fmt(metrics["documents"])),
+        ("documents", f"{_fmt(metrics['documents'])} ({mode} mode)"),
         ("document tokens", _fmt(tokens)),
         ("sources", _fmt(metrics["sources"])),
         ("packed rows", _fmt(metrics["packed_rows"])),

@@ -1,8 +1,9 @@
 """A snapshot's documents as text again, from the snapshot alone: each document's pieces
 gathered from the packed rows through pieces.parquet, FIM order restored, BOS/EOS stripped,
-decoded with the snapshot's own tokenizer.json. The round-trip promotion check compares the
-result with each document's content_sha256; `megacpp explain --file` signs it for near-dup
-lookups. Documents are gathered a bounded number at a time (every shard is read once per
+decoded with the snapshot's own tokenizer.json; or each kept file's text, cut from its
+document by document_files.parquet. The round-trip promotion check compares the results with
+the documents' and the files' content_sha256; `megacpp explain --file` signs file texts for
+near-dup lookups. Documents are gathered a bounded number at a time (every shard is read once per
 group), so memory follows the group, not the snapshot."""
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.packing import restore_fim_order
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
+from megacpp_pipeline.snapshot.document_files import read_document_files
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.snapshot.promote import SnapshotManifest
 
@@ -55,14 +60,35 @@ def _tokens(
     return parts
 
 
-def document_texts(
-    snapshot_dir: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None = None
-) -> Iterator[DocumentText]:
-    """Each document's text (all of them, or `doc_ids`), in doc_id order."""
-    from tokenizers import Tokenizer
+@dataclass(frozen=True)
+class FileText:
+    """One kept file's text, cut from its document (its path marker line removed)."""
 
-    snap = Path(snapshot_dir)
-    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    doc_id: int
+    position: int
+    source_id: str
+    path: str
+    text: str
+
+
+def _members(snap: Path, wanted: Iterable[int] | None) -> dict[int, list[tuple[int, int]]]:
+    """doc_id -> its members' (start_token, num_tokens), in position order."""
+    files = read_document_files(snap, ["doc_id", "position", "start_token", "num_tokens"])
+    if wanted is not None:
+        files = files.filter(pc.is_in(files["doc_id"], pa.array(list(wanted), pa.int32())))
+    out: dict[int, list[tuple[int, int]]] = {}
+    for doc_id, _, start, n in sorted(
+        zip(*(files[c].to_pylist() for c in files.column_names), strict=True)
+    ):
+        out.setdefault(doc_id, []).append((start, n))
+    return out
+
+
+def _restored(
+    snap: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None
+) -> Iterator[tuple[int, np.ndarray | str, list[tuple[int, int]]]]:
+    """(doc_id, the document's own tokens in reading order, its members) per document, in
+    doc_id order; a problem string instead of tokens when it could not be rebuilt."""
     special = manifest.tokenizer.get("special_tokens", {})
     bos, eos = int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
     if doc_ids is None:
@@ -73,30 +99,99 @@ def document_texts(
     for lo in range(0, len(ordered), DOCS_PER_PASS):
         group = ordered[lo : lo + DOCS_PER_PASS]
         parts = _tokens(snap, manifest, set(group))
-        batch: list[list[int]] = []
-        batch_ids: list[int] = []
-        pending = 0
+        members = _members(snap, group)
         for doc_id in group:
             pieces_of = parts.pop(doc_id, None)
+            mine = members.get(doc_id, [])
             if not pieces_of:
-                yield DocumentText(doc_id, None, "no tokens found in the rows")
+                yield doc_id, "no tokens found in the rows", mine
                 continue
             tokens = np.concatenate([pieces_of[i] for i in sorted(pieces_of)])
             if tokens[0] != bos or tokens[-1] != eos:
-                yield DocumentText(doc_id, None, "not framed by BOS ... EOS")
+                yield doc_id, "not framed by BOS ... EOS", mine
                 continue
-            tokens = restore_fim_order(tokens, SpecialIds())  # FIM rows hold PRE/SUF/MID order
-            batch.append(tokens[1:-1].tolist())
-            batch_ids.append(doc_id)
-            pending += tokens.size
-            if pending >= DECODE_BATCH_TOKENS:
-                yield from _decoded(tok, batch_ids, batch)
-                batch, batch_ids, pending = [], [], 0
-        if batch:
-            yield from _decoded(tok, batch_ids, batch)
+            # FIM rows hold PRE/SUF/MID order, per member file in a repository document
+            starts = [start for start, _ in mine] if len(mine) > 1 else None
+            yield doc_id, restore_fim_order(tokens, SpecialIds(), starts)[1:-1], mine
 
 
-def _decoded(tok: object, doc_ids: list[int], ids: list[list[int]]) -> Iterator[DocumentText]:
-    texts = tok.decode_batch(ids, skip_special_tokens=False)  # type: ignore[attr-defined]
-    for doc_id, text in zip(doc_ids, texts, strict=True):
-        yield DocumentText(doc_id, text)
+def _batched(
+    items: Iterable[tuple[Any, np.ndarray]],
+) -> Iterator[list[tuple[Any, np.ndarray]]]:
+    """Token arrays in batches of about DECODE_BATCH_TOKENS (Python int lists cost ~36
+    bytes a token)."""
+    batch: list[tuple[Any, np.ndarray]] = []
+    pending = 0
+    for item in items:
+        batch.append(item)
+        pending += item[1].size
+        if pending >= DECODE_BATCH_TOKENS:
+            yield batch
+            batch, pending = [], 0
+    if batch:
+        yield batch
+
+
+def document_texts(
+    snapshot_dir: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None = None
+) -> Iterator[DocumentText]:
+    """Each document's text (all of them, or `doc_ids`), in doc_id order."""
+    from tokenizers import Tokenizer
+
+    snap = Path(snapshot_dir)
+    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    pending: list[tuple[int, np.ndarray]] = []
+
+    def decoded() -> Iterator[DocumentText]:
+        for batch in _batched(pending):
+            texts = tok.decode_batch([t.tolist() for _, t in batch], skip_special_tokens=False)
+            for (doc_id, _), text in zip(batch, texts, strict=True):
+                yield DocumentText(doc_id, text)
+        pending.clear()
+
+    size = 0
+    for doc_id, tokens, _ in _restored(snap, manifest, doc_ids):
+        if isinstance(tokens, str):
+            yield from decoded()
+            size = 0
+            yield DocumentText(doc_id, None, tokens)
+            continue
+        pending.append((doc_id, tokens))
+        size += tokens.size
+        if size >= DECODE_BATCH_TOKENS:
+            yield from decoded()
+            size = 0
+    yield from decoded()
+
+
+def file_texts(
+    snapshot_dir: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None = None
+) -> Iterator[FileText]:
+    """Each kept file's text, cut from its document by document_files' token spans (the
+    path marker line dropped in repository mode), in doc_id then position order. Documents
+    that cannot be rebuilt are skipped (the round-trip check names them)."""
+    from tokenizers import Tokenizer
+
+    snap = Path(snapshot_dir)
+    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    files = read_document_files(snap, ["doc_id", "position", "source_id", "path"])
+    where = {
+        (d, p): (s, f)
+        for d, p, s, f in zip(*(files[c].to_pylist() for c in files.column_names), strict=True)
+    }
+    marked = manifest.document_mode == "repository"
+
+    def spans() -> Iterator[tuple[tuple[int, int], np.ndarray]]:
+        for doc_id, tokens, members in _restored(snap, manifest, doc_ids):
+            if isinstance(tokens, str):
+                continue
+            for position, (start, n) in enumerate(members):
+                yield (doc_id, position), tokens[start : start + n]
+
+    for batch in _batched(spans()):
+        texts = tok.decode_batch([t.tolist() for _, t in batch], skip_special_tokens=False)
+        for ((doc_id, position), _), text in zip(batch, texts, strict=True):
+            if marked:  # the member starts with its `// <path>` line
+                text = text.split("\n", 1)[1] if "\n" in text else ""
+            source_id, path = where[(doc_id, position)]
+            yield FileText(doc_id, position, source_id, path, text)

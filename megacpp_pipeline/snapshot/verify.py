@@ -22,8 +22,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.loader.errors import LoaderError
 from megacpp_pipeline.snapshot.card import CARD, card_problems
+from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET, read_document_files
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
     IGNORE_INDEX,
@@ -42,7 +44,7 @@ from megacpp_pipeline.snapshot.promote import (
     manifest_summary,
     read_manifest,
 )
-from megacpp_pipeline.snapshot.texts import document_texts
+from megacpp_pipeline.snapshot.texts import document_texts, file_texts
 from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
 
 
@@ -160,7 +162,8 @@ def _pieces(snap: Path) -> pa.Table:
 
 def check_documents(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     """doc_ids in the rows agree with pieces.parquet and documents.parquet; every document's
-    pieces are all present, in order; no target crosses a document boundary."""
+    pieces are all present, in order; no target crosses a document boundary; every kept
+    file is in one document, its members' token spans tiling it (document_files.parquet)."""
     out = CheckOutcome("document_consistency", True)
     seq = manifest.seq_len
     docs = pl.DataFrame(pq.read_table(snap / "documents.parquet"))
@@ -187,6 +190,18 @@ def check_documents(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     wrong_split = joined.filter(
         pl.col("n").is_not_null() & (pl.col("piece_split") != pl.col("split"))
     )
+    files = read_document_files(snap)
+    kept = {src: counts["kept"] for src, counts in manifest.ledger.items()}
+    if "num_files" not in docs.columns:  # schema version 1: a document was one file
+        docs = docs.with_columns(pl.lit(1, pl.Int32).alias("num_files"))
+    for problem in document_files_problems(
+        docs.select(["doc_id", "num_files", "text_tokens"])
+        .rename({"text_tokens": "num_tokens"})
+        .to_arrow(),
+        files,
+        kept,
+    ):
+        out.fail(f"{DOCUMENT_FILES_PARQUET}: {problem}")
     for frame, what in (
         (missing, "has no pieces"),
         (orphan, "has pieces but is not in documents.parquet"),
@@ -224,7 +239,7 @@ def check_documents(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
             if any(tgt[r, e] != IGNORE_INDEX for e in ends):
                 out.fail(f"{path}: pack_id {pack_id} a target crosses a document boundary")
         _ = split
-    out.metrics.update(documents=docs.height, pieces=pieces.height, rows=rows)
+    out.metrics.update(documents=docs.height, files=files.num_rows, pieces=pieces.height, rows=rows)
     return out
 
 
@@ -250,16 +265,33 @@ def check_round_trip(
         if hashlib.sha256(doc.text.encode("utf-8")).hexdigest() != sha_by_doc[doc.doc_id]:
             where = f"doc {doc.doc_id} ({path_by_doc[doc.doc_id]})"
             out.fail(f"{where}: decoded text differs from the source")
-    out.metrics.update(documents_checked=checked, sampled=len(sha_by_doc) < manifest.documents)
+    files_checked = 0
+    if manifest.document_mode != "file":  # each member file's own text, cut from its document
+        files = read_document_files(snap, ["doc_id", "position", "content_sha256"])
+        want = {
+            (d, p): sha
+            for d, p, sha in zip(*(files[c].to_pylist() for c in files.column_names), strict=True)
+            if d in sha_by_doc
+        }
+        for f in file_texts(snap, manifest, sha_by_doc):
+            files_checked += 1
+            if hashlib.sha256(f.text.encode("utf-8")).hexdigest() != want[(f.doc_id, f.position)]:
+                out.fail(f"doc {f.doc_id} ({f.source_id}/{f.path}): the file's text differs")
+    out.metrics.update(
+        documents_checked=checked,
+        files_checked=files_checked,
+        sampled=len(sha_by_doc) < manifest.documents,
+    )
     return out
 
 
 def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
-    """Per source: collected == kept + dropped, kept == documents, nothing unaccounted."""
+    """Per source: collected == kept + dropped, kept == the files in documents (document_files
+    .parquet), nothing unaccounted."""
     out = CheckOutcome("ledger_completeness", True)
     ledger = pl.DataFrame(pq.read_table(snap / "ledger.parquet"))
-    docs = pl.DataFrame(pq.read_table(snap / "documents.parquet", columns=["source_id"]))
-    doc_counts = dict(docs.group_by("source_id").len().iter_rows())
+    files = pl.DataFrame(read_document_files(snap, ["source_id"]))
+    doc_counts = dict(files.group_by("source_id").len().iter_rows())
     per_source = ledger.group_by("source_id").agg(
         pl.len().alias("collected"),
         (pl.col("status") == "kept").sum().alias("kept"),
@@ -273,7 +305,8 @@ def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
             out.fail(f"ledger.parquet: {src}: collected {row['collected']} != kept + dropped")
         if row["kept"] != doc_counts.get(src, 0):
             out.fail(
-                f"ledger.parquet: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} documents"
+                f"ledger.parquet: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} files"
+                f" in {DOCUMENT_FILES_PARQUET}"
             )
         if row["unaccounted"] or row["no_reason"]:
             out.fail(

@@ -1,20 +1,19 @@
-"""packed_rows: BOS + tokens + EOS per document, cut into pieces of at most seq_len and
-packed best-fit into rows of exactly seq_len tokens (train and validation apart), with the
-documents table (global doc_ids in catalog then path order) and the pieces table that says
-where every piece of every document sits."""
+"""packed_rows: BOS + tokens + EOS per document (the documents stage's, doc_ids and all), cut
+into pieces of at most seq_len and packed best-fit into rows of exactly seq_len tokens (train
+and validation apart), with the pieces table that says where every piece of every document
+sits. FIM stays inside one member file of a repository document."""
 
 from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megacpp_pipeline.core.schemas import DOCUMENTS
-from megacpp_pipeline.corpus import packing, tokenizer
+from megacpp_pipeline.corpus import packing, repository, tokenizer
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -28,37 +27,29 @@ from megacpp_pipeline.pipeline.runner import nothing_left, summary_metadata
 from megacpp_pipeline.snapshot import packed_rows as rows_contract
 
 UTILIZATION_PNG = "utilization_train.png"
-
-
-def with_doc_ids(tables: Iterable[pa.Table], first: int = 0) -> Iterator[pa.Table]:
-    """Each table with a `doc_id` column numbering its rows on from the previous table's:
-    the global document id, in the order the tables come (catalog, then path)."""
-    next_id = first
-    for t in tables:
-        ids = pa.array(range(next_id, next_id + t.num_rows), pa.int32())
-        next_id += t.num_rows
-        yield t.append_column("doc_id", ids)
+# what the packer reads of the documents stage's token streams
+_PACKED_COLUMNS = ["doc_id", "split", "member_starts", "token_ids", "chunk_kind"]
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     assert stage.input is not None
     config = ctx.config(stage)
-    upstream = [ctx.latest(stage.input, s) for s in ctx.sources()]
+    upstream = ctx.latest(stage.input)
     version = ctx.store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
     )
     schema = rows_contract.packed_rows_schema(config.seq_len)
-    documents = version.table("documents", DOCUMENTS)
     pieces = version.table("pieces", rows_contract.PIECES_SCHEMA)
     telemetry: dict[str, packing.PackingTelemetry] = {}
+    whole: dict[str, repository.WholeDocumentRows] = {}
     stats: Counter[str] = Counter(documents=0, valid_tokens=0)
 
     def docs() -> Iterator[pa.Table]:
-        tables = (t for m in upstream for t in ctx.store.iter_tables(m))
-        for t in with_doc_ids(tables):
-            documents.write(t.select(DOCUMENTS.names))
-            stats["documents"] += t.num_rows
-            yield t
+        # the documents stage's order: catalog, then document order, doc_ids ascending
+        for name in upstream.data_tables():
+            for t in ctx.store.iter_tables(upstream, name, columns=_PACKED_COLUMNS):
+                stats["documents"] += t.num_rows
+                yield t
 
     for batch in packing.pack(docs(), config, tokenizer.special_ids()):
         version.table(f"data:{batch.split}", schema).write(batch.rows)
@@ -68,8 +59,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         if batch.telemetry is not None:
             prev = telemetry.get(batch.split)
             telemetry[batch.split] = prev.merge(batch.telemetry) if prev else batch.telemetry
+        rows = repository.whole_document_rows([batch], config.seq_len)
+        whole[batch.split] = whole[batch.split].merge(rows) if batch.split in whole else rows
     extra: dict[str, Any] = {"seq_len": config.seq_len, "policy": str(config.policy)}
     meta: dict[str, Any] = {}
+    if whole:  # rows that hold one document end to end (the point of repository mode)
+        extra["whole_documents"] = {k: v.model_dump() for k, v in whole.items()}
+        if "train" in whole:
+            meta["rows_one_whole_document"] = round(whole["train"].one_whole_document_share, 4)
     if telemetry:
         extra["telemetry"] = {k: v.model_dump() for k, v in telemetry.items()}
         if "train" in telemetry:
@@ -81,7 +78,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
                 avg_doc_tokens=round(t.avg_doc_tokens, 1),
                 cropped_doc_frac=round(t.cropped_doc_frac, 4),
             )
-    manifest = version.commit(upstream=ctx.upstream_hashes(upstream), stats=stats, extra=extra)
+    manifest = version.commit(upstream=ctx.upstream_hashes([upstream]), stats=stats, extra=extra)
     if UTILIZATION_PNG in {f.path for f in manifest.files}:
         png = f"{ctx.store.version_dir(manifest)}/{UTILIZATION_PNG}"
         meta["utilization_histogram"] = Markdown(f"![row utilization]({png})\n\n`{png}`")
@@ -133,7 +130,7 @@ STAGE = Stage(
     description="BOS + tokens + EOS per document, cut into pieces of at most seq_len and "
     "packed best-fit into rows of exactly seq_len tokens (train and validation apart), with "
     "the pieces table that says where every piece of every document sits.",
-    input="tokenized_docs",
+    input="documents",
     reads=("tokenizer",),
     config_key="packing",
     config=packing.PackingConfig,

@@ -33,6 +33,7 @@ from megacpp_pipeline.snapshot.promote import (
     build_snapshot,
     read_manifest,
 )
+from megacpp_pipeline.stages.documents import document_files_table, documents_table
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import config_hash
 from megacpp_pipeline.storage.versions import COMPLETE
@@ -85,7 +86,9 @@ def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
         }
         for b in ctx.catalog.benchmarks
     ]
-    telemetry = (ctx.latest("packed_rows").extra.get("telemetry") or {}).get("train") or {}
+    packed = ctx.latest("packed_rows").extra
+    telemetry = (packed.get("telemetry") or {}).get("train") or {}
+    whole = (packed.get("whole_documents") or {}).get("train") or {}
     return CardInputs(
         scrub_kinds={
             k.removeprefix("kind:"): int(v)
@@ -103,6 +106,8 @@ def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
             "near_remaining": int(removed.metadata.get("near_duplicates_remaining", 0)),
         },
         utilization=telemetry.get("utilization"),
+        whole_document_rows=whole.get("one_whole_document_share"),
+        lengths=ctx.latest("documents").extra.get("lengths") or {},
         checks=[f"{c.name}: {c.description}" for c in STAGE.checks],
     )
 
@@ -126,6 +131,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     store = ctx.store
     packed = ctx.latest(stage.input)
     tok = ctx.latest("tokenizer")
+    documents = ctx.latest("documents")
     vdir = store.version_dir(packed)
     info = tok.extra["tokenizer"]
     parts = SnapshotParts(
@@ -139,12 +145,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             for split in ("train", "validation")
             if (name := f"data:{split}") in packed.tables
         },
-        documents=store.read_table(packed, "documents"),
+        documents=documents_table(ctx),
+        document_files=document_files_table(ctx),
+        document_mode=str(documents.extra.get("mode", "file")),
         pieces=store.iter_tables(packed, "pieces"),
         ledger=ledger_tables(ctx),
         ledger_stages=ctx.registry.ledger_stages(),
         sources=collected_sources(ctx),
-        inputs=ctx.upstream_hashes([packed, tok]),
+        inputs=ctx.upstream_hashes([packed, documents, tok]),
         code_version=ctx.code_version(stage),
         config_hash=config_hash(ctx.catalog),
     )
@@ -212,9 +220,11 @@ _DESCRIPTIONS = {
     "length seq_len; optional columns known to the schema version.",
     "token_range_and_pads": "Every id in [0, vocab_size); pads only after valid_token_count.",
     "document_consistency": "doc_ids match documents.parquet and pieces.parquet; every "
-    "document's pieces are present, in order.",
+    "document's pieces are present, in order; document_files.parquet lists every kept file "
+    "once, its members' token spans tiling each document.",
     "round_trip_decode": "Documents rebuilt from their pieces decode to exactly the scrubbed text.",
-    "ledger_completeness": "Per source: collected == kept + dropped; kept == documents.",
+    "ledger_completeness": "Per source: collected == kept + dropped; kept == the files "
+    "document_files.parquet lists.",
     "consumer_smoke_read": "The static-shape loader reads batches from each split.",
     "megatron_read_back": "The .bin/.idx export read back by an independent reader has the "
     "snapshot's document count and tokens.",
@@ -280,11 +290,11 @@ STAGE = Stage(
     grain=Grain.GLOBAL,
     group="snapshot",
     description="The promoted training snapshot: manifest.json, tokenizer.json, documents, "
-    "pieces, ledger, train/ and validation/ packed rows, _COMPLETE last. Built beside its "
-    "final place and renamed in only when schema, token range, document consistency, "
-    "round-trip, ledger, loader and Megatron checks all pass.",
+    "document_files, pieces, ledger, train/ and validation/ packed rows, _COMPLETE last. "
+    "Built beside its final place and renamed in only when schema, token range, document "
+    "consistency, round-trip, ledger, loader and Megatron checks all pass.",
     input="packed_rows",
-    reads=("tokenizer",),
+    reads=("tokenizer", "documents"),
     config_key="snapshot",
     config=SnapshotConfig,
     code=(

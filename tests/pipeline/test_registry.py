@@ -37,8 +37,8 @@ def test_the_default_order_is_the_pipeline_order() -> None:
     assert r.names() == [
         "source_catalog", "raw_files", "normalized_files", "classified_files", "quality_files",
         "licensed_files", "removed_files", "scrubbed_files", "deduped_files",
-        "decontaminated_files", "enriched_files", "tokenizer", "tokenized_docs", "packed_rows",
-        "snapshot", "megatron_dataset", "quality_report",
+        "decontaminated_files", "enriched_files", "tokenizer", "tokenized_docs", "documents",
+        "packed_rows", "snapshot", "megatron_dataset", "quality_report",
     ]  # fmt: skip
     assert r.ledger_stages() == [
         "raw_files", "normalized_files", "classified_files", "quality_files", "licensed_files",
@@ -51,7 +51,7 @@ def test_the_default_order_is_the_pipeline_order() -> None:
     ]  # fmt: skip
     assert set(r.config_models()) == {
         "normalize", "language", "quality", "license", "scrub", "dedup", "decontaminate",
-        "enrich", "tokenizer", "tokenize", "packing", "snapshot",
+        "enrich", "tokenizer", "tokenize", "documents", "packing", "snapshot",
     }  # fmt: skip
 
 
@@ -93,7 +93,7 @@ def test_insert_refuses_an_unknown_anchor_or_a_taken_name() -> None:
 def test_downstream_follows_inputs_and_reads() -> None:
     r = default_registry()
     assert r.downstream_of("tokenizer") == [
-        "tokenized_docs", "packed_rows", "snapshot", "megatron_dataset", "quality_report",
+        "tokenized_docs", "documents", "packed_rows", "snapshot", "megatron_dataset", "quality_report",
     ]  # fmt: skip
     assert "enriched_files" in r.downstream_of("raw_files")  # it reads the compile database
 

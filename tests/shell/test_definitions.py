@@ -85,7 +85,7 @@ def test_the_run_plan_is_five_runs_whatever_the_number_of_sources(tmp_path: Path
         ),
         ("deduped_files", "decontaminated_files", "tokenizer"),
         ("enriched_files", "tokenized_docs"),
-        ("packed_rows", "snapshot", "megatron_dataset", "quality_report"),
+        ("documents", "packed_rows", "snapshot", "megatron_dataset", "quality_report"),
     ]
     assert [g.per_source for g in plans[0]] == [False, True, False, True, False]
 

@@ -1,5 +1,5 @@
 """What the stages compute beyond calling a gate, as plain functions: licence decision
-counts, chunk-kind bytes and coverage, global doc ids, span problems, the inputs outside a
+counts, chunk-kind bytes and coverage, span problems, the inputs outside a
 file that decide its licence."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates.enrich import CHUNK_KINDS
 from megacpp_pipeline.stages.enrich import kind_bytes, kind_coverage, span_problems
 from megacpp_pipeline.stages.license import decision_counts, inputs_outside_the_file
-from megacpp_pipeline.stages.packing import with_doc_ids
 
 
 def test_decision_counts_cover_kept_and_dropped_files_with_their_licence_sources() -> None:
@@ -98,15 +97,3 @@ def test_span_problems_name_each_file_with_a_span_outside_its_text() -> None:
         "past.h: a chunk span lies outside the text",
         "back.h: a chunk span lies outside the text",
     ]
-
-
-def test_doc_ids_number_documents_across_tables_in_order_and_skip_nothing() -> None:
-    tables = [
-        pa.table({"path": ["a", "b"]}),
-        pa.table({"path": pa.array([], pa.string())}),
-        pa.table({"path": ["c"]}),
-    ]
-    out = list(with_doc_ids(tables))
-    assert [t["doc_id"].to_pylist() for t in out] == [[0, 1], [], [2]]
-    assert out[0].schema.field("doc_id").type == pa.int32()
-    assert [t["doc_id"].to_pylist() for t in with_doc_ids(tables, first=10)] == [[10, 11], [], [12]]

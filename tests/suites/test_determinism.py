@@ -35,7 +35,7 @@ def test_two_clean_runs_write_byte_identical_asset_versions(
     # every gate's shards are compared, by table and shard index
     for asset in ("raw_files", "scrubbed_files", "deduped_files", "tokenized_docs"):
         assert any(k.startswith(f"{asset}/") for k in a), asset
-    assert "tokenizer/_/tokenizer.json" in a and "packed_rows/_/documents[0]" in a
+    assert "tokenizer/_/tokenizer.json" in a and "documents/_/document_files[0]" in a
 
 
 def test_two_clean_runs_promote_byte_identical_snapshots(two_runs: tuple[Baseline, Path]) -> None:

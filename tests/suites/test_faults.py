@@ -238,13 +238,18 @@ def _corrupt_then_run(ws: Workspace, case: tuple[str, str, str, str, str]) -> di
     return {"path": str(path), "failed": failed, "ran": ran, "same": same}
 
 
+def _consumer(asset: str) -> str:
+    """The stage that reads `asset` as its input: the one its blocking checks must stop."""
+    return next(s.name for s in default_registry() if s.input == asset)
+
+
 IN_RUN_CASES = [
     # (asset, partition, a table's first shard or a file, downstream asset, where: "-" middle)
-    ("normalized_files", "tree", "data", "licensed_files", "-"),
-    ("licensed_files", "tree", "manifest.json", "scrubbed_files", "-"),
-    ("licensed_files", "repo", "manifest.json", "scrubbed_files", CREATED_AT.decode()),
+    ("normalized_files", "tree", "data", _consumer("normalized_files"), "-"),
+    ("licensed_files", "tree", "manifest.json", _consumer("licensed_files"), "-"),
+    ("licensed_files", "repo", "manifest.json", _consumer("licensed_files"), CREATED_AT.decode()),
     ("tokenizer", "_", "tokenizer.json", "snapshot", "-"),
-    ("packed_rows", "_", "documents", "snapshot", "-"),
+    ("documents", "_", "document_files", _consumer("documents"), "-"),
 ]
 
 

@@ -1,0 +1,30 @@
+"""document_files.parquet: where every kept file of a snapshot sits (its document, position
+and token span; schemas.DOCUMENT_FILES), read the same way by every snapshot reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from megacpp_pipeline.corpus.repository import file_document_files
+
+DOCUMENT_FILES_PARQUET = "document_files.parquet"
+
+
+def read_document_files(snapshot_dir: Path, columns: list[str] | None = None) -> pa.Table:
+    """The snapshot's document_files, in doc_id then position order. A snapshot from
+    before document_files.parquet (schema version 1) had one file per document: its table
+    is derived from documents.parquet."""
+    path = Path(snapshot_dir) / DOCUMENT_FILES_PARQUET
+    if path.exists():
+        return pq.read_table(path, columns=columns)
+    documents = pq.read_table(Path(snapshot_dir) / "documents.parquet")
+    if "text_tokens" in documents.column_names:  # num_tokens there is as packed (BOS, EOS)
+        documents = documents.drop_columns(["num_tokens"]).rename_columns(
+            ["num_tokens" if n == "text_tokens" else n for n in documents.drop_columns(
+                ["num_tokens"]).column_names]
+        )
+    derived = file_document_files(documents)
+    return derived.select(columns) if columns is not None else derived
