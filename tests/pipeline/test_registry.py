@@ -93,7 +93,8 @@ def test_insert_refuses_an_unknown_anchor_or_a_taken_name() -> None:
 def test_downstream_follows_inputs_and_reads() -> None:
     r = default_registry()
     assert r.downstream_of("tokenizer") == [
-        "tokenized_docs", "documents", "packed_rows", "snapshot", "megatron_dataset", "quality_report",
+        "tokenized_docs", "documents", "packed_rows", "snapshot", "megatron_dataset",
+        "quality_report",
     ]  # fmt: skip
     assert "enriched_files" in r.downstream_of("raw_files")  # it reads the compile database
 
