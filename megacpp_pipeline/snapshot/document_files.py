@@ -22,9 +22,9 @@ def read_document_files(snapshot_dir: Path, columns: list[str] | None = None) ->
         return pq.read_table(path, columns=columns)
     documents = pq.read_table(Path(snapshot_dir) / "documents.parquet")
     if "text_tokens" in documents.column_names:  # num_tokens there is as packed (BOS, EOS)
-        documents = documents.drop_columns(["num_tokens"]).rename_columns(
-            ["num_tokens" if n == "text_tokens" else n for n in documents.drop_columns(
-                ["num_tokens"]).column_names]
+        documents = documents.drop_columns(["num_tokens"])
+        documents = documents.rename_columns(
+            ["num_tokens" if n == "text_tokens" else n for n in documents.column_names]
         )
     derived = file_document_files(documents)
     return derived.select(columns) if columns is not None else derived
