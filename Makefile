@@ -7,7 +7,8 @@ WHEELS := .cache/wheels
 DEMO_WHEELS := pythran==0.19.0 pybind11==3.1.0 nanobind==3.1.0
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install instance demo demo-wheels test-packages slow-test-packages test test-slow lint ui \
+.PHONY: install instance demo demo-wheels test-packages slow-test-packages test test-slow \
+	test-cluster lint ui \
 	bench clean
 
 install: $(STAMP)
@@ -39,7 +40,7 @@ demo: demo-wheels instance
 # target). Elsewhere the real-data tests read the demo wheels instead, and the summary at the
 # end of pytest names which tree each real-data test read.
 TEST_DEBS := libc++-14-dev nlohmann-json3-dev libc6-dev linux-libc-dev cmake g++
-SLOW_TEST_DEBS := $(TEST_DEBS) libboost1.74-dev
+SLOW_TEST_DEBS := $(TEST_DEBS) libboost1.74-dev postgresql
 define install_debs
 	@missing=$$(for p in $(1); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; \
@@ -63,9 +64,17 @@ slow-test-packages:
 test: demo-wheels test-packages instance
 	$(BIN)/pytest
 
+# The slow suites, the browser test and the scale-out parts (Ray, an S3 server, Postgres) on
+# loopback; their extras install here, not in the default install.
 test-slow: demo-wheels slow-test-packages instance
+	$(BIN)/pip install --quiet -e ".[dev,cluster,postgres]"
 	sh scripts/install-browser.sh || echo "chromium unavailable: the browser tests will skip"
-	$(BIN)/pytest -m "slow or browser"
+	$(BIN)/pytest -m "slow or browser or cluster"
+
+# Only the scale-out parts: a two-node Ray cluster and an S3-compatible server on loopback.
+test-cluster: demo-wheels test-packages instance
+	$(BIN)/pip install --quiet -e ".[dev,cluster]"
+	$(BIN)/pytest -m cluster
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

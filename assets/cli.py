@@ -21,6 +21,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             stop_after=args.stop_after,
             verbose=args.verbose,
+            engine=args.engine,
+            ray_address=args.ray_address,
         )
     except PipelineFailed as e:
         print(f"megacpp run: FAILED: {e}", file=sys.stderr)
@@ -39,6 +41,19 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("MEGACPP_CACHE_DIR", str(DEFAULT_CACHE_DIR)),
         help="per-file results, fetched archives and git mirrors (default: MEGACPP_CACHE_DIR "
         "or .cache/ in the repository)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default=None,
+        help="where per-file stages run: local forked workers, or Ray tasks on a cluster "
+        "(default: MEGACPP_ENGINE, else local; ray needs the `ray` extra)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster for --engine ray (default: RAY_ADDRESS, else a local Ray "
+        "instance sized to this machine)",
     )
     p.add_argument("--stop-after", default=None, help="stop after this asset (debugging)")
     p.add_argument("--verbose", action="store_true", help="Dagster's event log on the console too")

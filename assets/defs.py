@@ -26,6 +26,8 @@ def build_defs(
     cache_dir: str | Path = DEFAULT_CACHE_DIR,
     registry: Registry | None = None,
     workers: int | None = None,
+    engine: str | None = None,
+    ray_address: str | None = None,
 ) -> dg.Definitions:
     """Every stage's asset and checks, the pipeline resource, the nightly refresh, and an
     executor sized for 2 cores. A bad sources.yaml fails here, naming the field."""
@@ -42,6 +44,8 @@ def build_defs(
                 data_dir=str(data_dir) if "://" in str(data_dir) else str(Path(data_dir).resolve()),
                 cache_dir=str(Path(cache_dir).resolve()),
                 workers=workers,
+                engine=engine,
+                ray_address=ray_address,
             )
         },
         jobs=[job],

@@ -7,6 +7,7 @@ run is recorded in the instance under DAGSTER_HOME; the first failed step or blo
 stops the pipeline with one line naming it."""
 
 import gc
+import importlib.util
 import multiprocessing
 import os
 import shutil
@@ -24,6 +25,7 @@ import dagster as dg
 from assets.console import RunConsole
 from assets.defs import DEFAULT_CACHE_DIR, build_defs
 from megacpp_pipeline.pipeline import progress
+from megacpp_pipeline.pipeline.engine import Engine
 from megacpp_pipeline.pipeline.parallel import polars_threads_run
 from megacpp_pipeline.pipeline.registry import Registry
 
@@ -91,11 +93,14 @@ def run_plan(defs: dg.Definitions) -> list[RunGroup]:
 
 def prepare_instance_home(home: Path | None = None) -> Path:
     """DAGSTER_HOME (default .dagster_home/ in the repo) with the repo's dagster.yaml in it."""
-    home = Path(os.environ.get("DAGSTER_HOME") or home or REPO / ".dagster_home").resolve()
+    chosen = os.environ.get("DAGSTER_HOME")
+    home = Path(chosen or home or REPO / ".dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     src = REPO / "dagster.yaml"
     dst = home / "dagster.yaml"
-    if src.exists() and (not dst.exists() or dst.read_bytes() != src.read_bytes()):
+    # A DAGSTER_HOME the user chose keeps its own dagster.yaml (e.g. a deployment's Postgres
+    # storage, deploy/dagster.postgres.yaml); the repo's default home follows the repo's.
+    if src.exists() and (not dst.exists() or (not chosen and dst.read_bytes() != src.read_bytes())):
         shutil.copyfile(src, dst)
     os.environ["DAGSTER_HOME"] = str(home)
     return home
@@ -112,11 +117,28 @@ def run_pipeline(
     workers: int | None = None,
     verbose: bool = False,
     live: bool | None = None,
+    engine: str | None = None,
+    ray_address: str | None = None,
 ) -> RunOutcome:
     """Materialize every stage; a bad config fails before any work, and so does a data dir
     that cannot be one. Progress goes to `log` (a live view on a terminal unless `live` says
-    otherwise), the finished stages' table last."""
-    defs = build_defs(config, data_dir, cache_dir=cache_dir, registry=registry, workers=workers)
+    otherwise), the finished stages' table last. `engine`/`ray_address`: where per-file
+    stages run (pipeline/engine.py; default MEGACPP_ENGINE / RAY_ADDRESS, else local)."""
+    try:
+        chosen = Engine.choose(engine, ray_address)
+    except ValueError as e:
+        raise PipelineFailed(str(e)) from e
+    if chosen.distributed and importlib.util.find_spec("ray") is None:
+        raise PipelineFailed("--engine ray needs Ray: pip install -e '.[ray]' (ray==2.60.0)")
+    defs = build_defs(
+        config,
+        data_dir,
+        cache_dir=cache_dir,
+        registry=registry,
+        workers=workers,
+        engine=chosen.kind.value,
+        ray_address=chosen.address,
+    )
     if "://" not in str(data_dir):
         try:  # e.g. a file stands where the data dir should be
             Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -134,7 +156,10 @@ def run_pipeline(
     console = RunConsole(log, live)
     progress.set_sink(console.event)
     try:
-        _run_groups(defs, instance, sources, run_config, console, outcome, stop_after)
+        tags = {"megacpp/cli": "run"} | {
+            f"megacpp/{k}": str(v) for k, v in chosen.describe().items()
+        }
+        _run_groups(defs, instance, sources, run_config, console, outcome, stop_after, tags)
     finally:
         progress.set_sink(None)
         console.close()
@@ -151,6 +176,7 @@ def _run_groups(
     console: RunConsole,
     outcome: RunOutcome,
     stop_after: str | None,
+    run_tags: dict[str, str],
 ) -> None:
     for group in run_plan(defs):
         keys = list(group.keys)
@@ -159,7 +185,7 @@ def _run_groups(
         label = RunGroup(tuple(keys), group.per_source).label(len(sources))
         started = time.monotonic()
         console.group_started(keys, label)
-        tags = {"megacpp/cli": "run"}
+        tags = dict(run_tags)
         if group.per_source:
             tags |= {PARTITION_RANGE_START: sources[0], PARTITION_RANGE_END: sources[-1]}
         # The first run (the small source_catalog) runs here: it pays Dagster's lazy imports
@@ -272,15 +298,23 @@ def _materialize(
     tags: dict[str, str],
     run_config: dict[str, Any] | None = None,
 ) -> StepOutcome:
-    result = dg.materialize(
-        [*(defs.assets or []), *(defs.asset_checks or [])],  # type: ignore[list-item]
-        selection=dg.AssetSelection.assets(*keys) | dg.AssetSelection.checks_for_assets(*keys),
-        instance=instance,
-        resources=defs.resources,
-        raise_on_error=False,
-        tags=tags,
-        run_config=run_config or {},
-    )
+    try:
+        result = dg.materialize(
+            [*(defs.assets or []), *(defs.asset_checks or [])],  # type: ignore[list-item]
+            selection=dg.AssetSelection.assets(*keys) | dg.AssetSelection.checks_for_assets(*keys),
+            instance=instance,
+            resources=defs.resources,
+            raise_on_error=False,
+            tags=tags,
+            run_config=run_config or {},
+        )
+    finally:
+        # A forked run ends with os._exit (no atexit): leave a Ray cluster explicitly, so a
+        # local instance this run started ends with it; an in-process run must not fork
+        # the next one with Ray's threads running.
+        ray_engine = sys.modules.get("megacpp_pipeline.pipeline.ray_engine")
+        if ray_engine is not None:
+            ray_engine.release()
     return StepOutcome(result.run_id, failures(result), _peak_rss_mb())
 
 

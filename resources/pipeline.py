@@ -8,6 +8,7 @@ import dagster as dg
 
 from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.engine import Engine
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.storage.store import ShardStore
 
@@ -23,6 +24,10 @@ class PipelineResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     # written), so this is what bounds a stage's memory; 16 MiB is ~2,500 C++ files.
     max_bytes_per_shard: int = 16 << 20
     workers: int | None = None  # forked workers per shard (None: MEGACPP_WORKERS or every CPU)
+    # where per-file stages run: "local" or "ray" (None: MEGACPP_ENGINE, else local), and the
+    # Ray cluster (None: RAY_ADDRESS, else a local Ray instance)
+    engine: str | None = None
+    ray_address: str | None = None
 
     def store(self) -> ShardStore:
         return ShardStore(
@@ -48,4 +53,5 @@ class PipelineResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             pins=dict(pins or {}),
             log=log or (lambda message: None),
             workers=self.workers,
+            engine=Engine.choose(self.engine, self.ray_address),
         )

@@ -13,6 +13,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from megacpp_pipeline.core.catalog import Catalog, SourceSpec
+from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.registry import Registry, Stage
 from megacpp_pipeline.storage.store import Manifest, ShardStore
 
@@ -32,6 +33,7 @@ class StageContext:
     pins: Mapping[str, str] = field(default_factory=dict)
     log: Callable[[str], None] = _ignore
     workers: int | None = None  # forked workers per shard for per-file gates (None: every CPU)
+    engine: Engine = LOCAL  # where per-file stages run (pipeline/engine.py)
 
     def config(self, stage: Stage) -> Any:
         return self.registry.config_of(stage, self.catalog)

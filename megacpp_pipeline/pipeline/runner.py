@@ -50,7 +50,12 @@ def run_stage(
     workers = ctx.workers if ctx.workers is not None else default_workers()
     started = time.monotonic()
     progress.emit(progress.StageStarted(stage.name, len(partitions)))
-    if stage.per_source and workers > 1 and len(partitions) >= SOURCES_PER_WORKER * workers:
+    done: Iterable[Materialized]
+    if ctx.engine.distributed and stage.body is None and partitions:
+        from megacpp_pipeline.pipeline import ray_engine  # the optional extra
+
+        done = ray_engine.run_file_partitions(ctx, stage, partitions)
+    elif stage.per_source and workers > 1 and len(partitions) >= SOURCES_PER_WORKER * workers:
         done = _run_sources_forked(ctx, stage, body, partitions, workers)
     else:
         done = (body(ctx, stage, partition) for partition in partitions)
@@ -114,7 +119,7 @@ def run_file_partition(ctx: StageContext, stage: Stage, source: str | None) -> M
     manifest = version.commit(
         upstream=ctx.upstream_hashes([upstream, *inputs.read]),
         stats=stats,
-        extra=dict(prepared.extra),
+        extra={**prepared.extra, **ctx.engine.describe()},
     )
     ctx.log(
         f"{stage.name} [{source}]: {stats['input_files']} files in, {stats['kept_files']} kept,"
@@ -142,31 +147,47 @@ def run_file_gate(
     data = version.table("data", stage.schema)
     drops = version.table("ledger", ledger.LEDGER_SCHEMA)
     stats: Counter[str] = Counter(dict.fromkeys((*ACCOUNTING_STATS, "input_bytes"), 0))
-    schemas = {"kept": stage.schema, "dropped": ledger.LEDGER_SCHEMA, **stage.side_tables}
     for table in shards:
-        stats["input_files"] += table.num_rows
-        stats["input_bytes"] += int(row_sizes(table).sum())
-        if cache is not None:
-            keys = row_keys(table, stage.content_column)
-            result, hits = cached_gate_call(cache, table, keys, gate, schemas)
-            stats["cached_files"] += hits
-        else:
-            result = gate(table)
+        result, shard_stats = gate_table(table, gate, stage, cache)
+        stats.update(shard_stats)
         data.write(result.kept)
-        drops.write(ledger.stamp(result.dropped, stage.name))
-        stats.update(_shard_stats(result, stage))
-        stats["kept_files"] += result.kept.num_rows
-        stats["dropped_files"] += result.dropped.num_rows
-        for reason in result.dropped["reason"].drop_null().to_pylist():
-            if reason not in stage.drop_reasons:
-                raise ValueError(
-                    f"stage {stage.name!r}: the gate dropped a file with reason {reason!r},"
-                    f" which the stage does not declare ({', '.join(stage.drop_reasons)})"
-                )
-            stats[f"ledger:{reason}"] += 1
+        drops.write(result.dropped)
         for name, side in result.extra.items():
             version.table(name, stage.side_tables.get(name, side.schema)).write(side)
     return stats
+
+
+def gate_table(
+    table: pa.Table,
+    gate: Callable[[pa.Table], GateResult],
+    stage: Stage,
+    cache: FileResultCache | None = None,
+) -> tuple[GateResult, Counter[str]]:
+    """One shard (or slice of one) through the gate: the result with its ledger rows stamped
+    with the stage, and the shard's counters. A reason the stage does not declare is an
+    error: a typo cannot invent a drop reason."""
+    assert stage.schema is not None and stage.content_column is not None
+    stats: Counter[str] = Counter(dict.fromkeys((*ACCOUNTING_STATS, "input_bytes"), 0))
+    stats["input_files"] += table.num_rows
+    stats["input_bytes"] += int(row_sizes(table).sum())
+    if cache is not None:
+        schemas = {"kept": stage.schema, "dropped": ledger.LEDGER_SCHEMA, **stage.side_tables}
+        keys = row_keys(table, stage.content_column)
+        result, hits = cached_gate_call(cache, table, keys, gate, schemas)
+        stats["cached_files"] += hits
+    else:
+        result = gate(table)
+    stats.update(_shard_stats(result, stage))
+    stats["kept_files"] += result.kept.num_rows
+    stats["dropped_files"] += result.dropped.num_rows
+    for reason in result.dropped["reason"].drop_null().to_pylist():
+        if reason not in stage.drop_reasons:
+            raise ValueError(
+                f"stage {stage.name!r}: the gate dropped a file with reason {reason!r},"
+                f" which the stage does not declare ({', '.join(stage.drop_reasons)})"
+            )
+        stats[f"ledger:{reason}"] += 1
+    return replace(result, dropped=ledger.stamp(result.dropped, stage.name)), stats
 
 
 def _shard_stats(result: GateResult, stage: Stage) -> Counter[str]:

@@ -106,6 +106,9 @@ class SnapshotManifest(BaseModel):
     # what a document is: "file" (one kept file) or "repository" (a source's files in
     # #include order, each after a `// <path>` line); document_files.parquet lists the files
     document_mode: str = "file"
+    # where the run that promoted it ran its per-file stages (pipeline/engine.py); not part
+    # of the content: the same files give the same snapshot id on any engine
+    engine: dict[str, Any] = Field(default_factory=lambda: {"engine": "local"})
     ledger: dict[str, dict[str, int]]  # source -> {collected, kept, dropped}
     ledger_stages: list[str] = Field(default_factory=list)  # the pipeline's stages, in order
     sources: dict[str, SourceEntry] = Field(default_factory=dict)  # every operational source
@@ -134,6 +137,7 @@ class SnapshotParts:
     # schemas.DOCUMENT_FILES rows; None: file mode, one file per document (derived)
     document_files: pa.Table | None = None
     document_mode: str = "file"
+    engine: dict[str, Any] = field(default_factory=lambda: {"engine": "local"})  # ran the gates
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -327,6 +331,7 @@ def build_snapshot(
             splits=splits,
             documents=documents.num_rows,
             document_mode=parts.document_mode,
+            engine=parts.engine,
             ledger=ledger_summary(ledger),
             ledger_stages=parts.ledger_stages,
             sources=parts.sources,

@@ -148,6 +148,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         documents=documents_table(ctx),
         document_files=document_files_table(ctx),
         document_mode=str(documents.extra.get("mode", "file")),
+        engine=ctx.engine.describe(),
         pieces=store.iter_tables(packed, "pieces"),
         ledger=ledger_tables(ctx),
         ledger_stages=ctx.registry.ledger_stages(),

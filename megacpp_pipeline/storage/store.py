@@ -506,6 +506,65 @@ class ShardStore:
         return []
 
 
+class ShardUploader:
+    """Puts objects into one version's folder at their final names and reads each back. The
+    committing writer uses one, and so may a worker on another host that writes shards of
+    the same version for the writer to adopt (it holds no lease: the writer's covers it)."""
+
+    def __init__(self, store: ShardStore, vdir: str) -> None:
+        self.store = store
+        self.dir = vdir
+        self._made_dirs: set[str] = {vdir}
+
+    def _ensure_parent(self, path: str) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if self.store._dirs and parent not in self._made_dirs:
+            self.store.fs.create_dir(parent, recursive=True)
+            self._made_dirs.add(parent)
+
+    def upload(self, final: str, data: pa.Buffer | bytes) -> tuple[int, str]:
+        """Put `data` at its final name, then read it back: the store must hold exactly
+        these bytes (size and sha256) before anything lists them."""
+        want = hashlib.sha256(data).hexdigest()
+        fs = self.store.fs
+        try:
+            self._ensure_parent(final)
+            with fs.open_output_stream(final) as f:
+                f.write(data)
+            size = fs.get_file_info(final).size
+            if size != len(data):
+                raise StoreError(f"{final}: uploaded {len(data)} bytes, the store has {size}")
+            got = self.store.sha256_of(final)
+        except OSError as e:
+            self.store._discard(final)
+            raise StoreError(f"{final}: write failed ({e})") from e
+        if got != want:
+            self.store._discard(final)
+            raise StoreError(f"{final}: sha256 read back differs from the bytes written")
+        return len(data), want
+
+    def write_parquet(
+        self, relpath: str, table: pa.Table, **kwargs: Any
+    ) -> tuple[ShardInfo, pa.Schema]:
+        """Encode in memory, check the parquet metadata, upload to the final name, read
+        back: a shard is listed only once the store holds exactly the checked bytes. Returns
+        the shard and the schema parquet holds."""
+        final = f"{self.dir}/{relpath}"
+        options: dict[str, Any] = {"compression": self.store.compression}
+        options.update(kwargs)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **options)
+        data = sink.getvalue()
+        meta = pq.read_metadata(pa.BufferReader(data))
+        if meta.num_rows != table.num_rows:
+            raise StoreError(f"{final}: wrote {table.num_rows} rows, read back {meta.num_rows}")
+        written = meta.schema.to_arrow_schema()
+        if written.names != table.schema.names:
+            raise StoreError(f"{final}: columns changed on the way to disk")
+        size, sha = self.upload(final, data)
+        return ShardInfo(path=relpath, rows=table.num_rows, bytes=size, sha256=sha), written
+
+
 class TableWriter:
     """Writes one logical table as bounded shards: rows and bytes per shard are capped."""
 
@@ -521,14 +580,7 @@ class TableWriter:
     def write(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        if table.schema != self.schema:
-            try:
-                table = table.select(self.schema.names).cast(self.schema)
-            except (KeyError, pa.ArrowInvalid, ValueError) as e:
-                raise StoreError(
-                    f"{self.version.manifest.asset}: table {self.name!r} does not match its "
-                    f"declared schema ({e})"
-                ) from e
+        table = conform(table, self.schema, f"{self.version.manifest.asset}: table {self.name!r}")
         store = self.version.store
         start = 0
         row_bytes = max(1, table.nbytes // table.num_rows)
@@ -562,9 +614,33 @@ class TableWriter:
         self.info.shards.append(shard)
         self.info.rows += shard.rows
 
+    def adopt(self, shard: ShardInfo, written: pa.Schema) -> None:
+        """List a shard a worker already put into this version (ShardUploader), after what
+        this writer wrote so far: the caller adopts in input order."""
+        self.flush()
+        if written.names != self.schema.names:
+            raise StoreError(
+                f"{self.version.dir}/{shard.path}: columns {written.names} are not table "
+                f"{self.name!r}'s {self.schema.names}"
+            )
+        if not self.info.shards:
+            self.info.schema_fingerprint = schema_fingerprint(written)
+        self.info.shards.append(shard)
+        self.info.rows += shard.rows
+
     def close(self) -> TableInfo:
         self.flush()
         return self.info
+
+
+def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    """`table` with exactly `schema`'s columns and types, or a StoreError naming `what`."""
+    if table.schema == schema:
+        return table
+    try:
+        return table.select(schema.names).cast(schema)
+    except (KeyError, pa.ArrowInvalid, ValueError) as e:
+        raise StoreError(f"{what} does not match its declared schema ({e})") from e
 
 
 class VersionWriter:
@@ -578,7 +654,7 @@ class VersionWriter:
         self.dir = vdir
         self.lease = keeper
         self._writers: dict[str, TableWriter] = {}
-        self._made_dirs: set[str] = {vdir}
+        self.uploader = ShardUploader(store, vdir)
         self.last_schema: pa.Schema | None = None
         self.closed = False
         # a writer dropped without commit or abort (its gate raised) stops beating, so its
@@ -608,57 +684,17 @@ class VersionWriter:
         except LeaseLostError as e:
             raise StoreError(f"{self.dir}: {e}") from e
 
-    def _ensure_parent(self, path: str) -> None:
-        parent = path.rsplit("/", 1)[0]
-        if self.store._dirs and parent not in self._made_dirs:
-            self.store.fs.create_dir(parent, recursive=True)
-            self._made_dirs.add(parent)
-
-    def _upload(self, final: str, data: pa.Buffer | bytes) -> tuple[int, str]:
-        """Put `data` at its final name, then read it back: the store must hold exactly
-        these bytes (size and sha256) before anything lists them."""
-        want = hashlib.sha256(data).hexdigest()
-        fs = self.store.fs
-        try:
-            self._ensure_parent(final)
-            with fs.open_output_stream(final) as f:
-                f.write(data)
-            size = fs.get_file_info(final).size
-            if size != len(data):
-                raise StoreError(f"{final}: uploaded {len(data)} bytes, the store has {size}")
-            got = self.store.sha256_of(final)
-        except OSError as e:
-            self.store._discard(final)
-            raise StoreError(f"{final}: write failed ({e})") from e
-        if got != want:
-            self.store._discard(final)
-            raise StoreError(f"{final}: sha256 read back differs from the bytes written")
-        return len(data), want
-
     def write_parquet(self, relpath: str, table: pa.Table, **kwargs: Any) -> ShardInfo:
         """Encode in memory, check the parquet metadata, upload to the final name, read
         back: a shard is listed only once the store holds exactly the checked bytes."""
         self._check_lease()
-        final = f"{self.dir}/{relpath}"
-        options: dict[str, Any] = {"compression": self.store.compression}
-        options.update(kwargs)
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, **options)
-        data = sink.getvalue()
-        meta = pq.read_metadata(pa.BufferReader(data))
-        if meta.num_rows != table.num_rows:
-            raise StoreError(f"{final}: wrote {table.num_rows} rows, read back {meta.num_rows}")
-        written = meta.schema.to_arrow_schema()
-        if written.names != table.schema.names:
-            raise StoreError(f"{final}: columns changed on the way to disk")
-        size, sha = self._upload(final, data)
-        self.last_schema = written
-        return ShardInfo(path=relpath, rows=table.num_rows, bytes=size, sha256=sha)
+        shard, self.last_schema = self.uploader.write_parquet(relpath, table, **kwargs)
+        return shard
 
     def write_file(self, relpath: str, data: bytes) -> ShardInfo:
         """A non-parquet artifact of this version, listed in the manifest's `files`."""
         self._check_lease()
-        size, sha = self._upload(f"{self.dir}/{relpath}", data)
+        size, sha = self.uploader.upload(f"{self.dir}/{relpath}", data)
         info = ShardInfo(path=relpath, rows=0, bytes=size, sha256=sha)
         self.manifest.files.append(info)
         return info
