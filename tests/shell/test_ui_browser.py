@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from megacpp_pipeline.pipeline.runner import checks_of
+from megacpp_pipeline.stages import default_registry
 from tests.fixtures.browser_setup import (
     CHROMIUM_ARGS,
     REPO,
@@ -32,19 +34,13 @@ pytestmark = pytest.mark.browser
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 BACKFILL_BOUND_S = 25 * 60  # two loaded cores, one subprocess per step
 
-GROUPS = {
-    "collect": ["source_catalog", "raw_files"],
-    "gates": [
-        "normalized_files",
-        "licensed_files",
-        "scrubbed_files",
-        "deduped_files",
-        "enriched_files",
-    ],
-    "tokens": ["tokenizer", "tokenized_docs", "packed_rows"],
-    "snapshot": ["snapshot", "megatron_dataset", "quality_report"],
-}
-SNAPSHOT_CHECKS = 8
+# What the UI must show, from the registry the asset graph is generated from (a hand-written
+# list here went stale as gates were inserted): each stage in its group, and the snapshot's
+# blocking checks (the standard ones and every promotion check).
+GROUPS: dict[str, list[str]] = {}
+for _stage in default_registry():
+    GROUPS.setdefault(_stage.group, []).append(_stage.name)
+SNAPSHOT_CHECKS = len(checks_of(default_registry().get("snapshot")))
 
 _ASSETS_QUERY = """
 { assetNodes { assetKey { path } groupName isPartitioned description
