@@ -46,7 +46,9 @@ class StageView:
         return f"{left:.0f} s"
 
     def top_reasons(self, n: int = 2) -> str:
-        return ", ".join(f"{r} {c:,}" for r, c in self.reasons.most_common(n))
+        """The stage's most frequent drop reasons; a reason it declares but never used (its
+        counter is 0) is not one."""
+        return ", ".join(f"{r} {c:,}" for r, c in self.reasons.most_common(n) if c > 0)
 
 
 class RunConsole:

@@ -96,3 +96,20 @@ def test_a_run_on_a_terminal_shows_the_live_view_and_prints_the_path_last(
     assert "\x1b[" in screen and "top drop reasons" in screen
     assert "DEBUG" not in screen and "STEP_START" not in screen
     assert Path(stdout.strip().splitlines()[-1]).name.startswith("testsnap-")
+
+
+def test_a_declared_reason_no_file_was_dropped_for_is_not_listed() -> None:
+    out = io.StringIO()
+    view = RunConsole(out, live=False)
+    view.group_started(["decontaminated_files"], "decontaminated_files")
+    view.event(progress.StageStarted("decontaminated_files", 1))
+    view.event(
+        progress.PartitionDone(
+            "decontaminated_files", None, 5, 1_000, 5, 0, {"benchmark_contamination": 0}
+        )
+    )
+    view.event(progress.StageDone("decontaminated_files", 0.1))
+    view.group_done(0.1, 100.0)
+    view.summary()
+    row = next(ln for ln in out.getvalue().splitlines() if ln.startswith("decontaminated_files"))
+    assert "benchmark_contamination" not in row
