@@ -266,3 +266,95 @@ def test_a_worker_node_killed_mid_stage_is_retried_and_the_version_is_the_same(
         assert int(m.stats["input_files"]) == table.num_rows == m.rows
     ran_on = {m.name.split("-", 1)[0] for m in markers.iterdir()}
     assert worker_id in ran_on and len(ran_on) == 2  # it did start work, then died
+
+
+def _settled_count(folder: Path, quiet_s: float = 3.0, guard_s: float = 120.0) -> int:
+    """How many files `folder` holds once none has appeared for `quiet_s` (a slice lasts
+    1.5 s); `guard_s` is a hang guard."""
+    count, since, start = -1, time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() - start < guard_s, "the markers never settled"
+        now = len(list(folder.iterdir()))
+        if now != count:
+            count, since = now, time.monotonic()
+        time.sleep(0.1)
+    return count
+
+
+_DRIVER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {here!r})
+import test_ray_engine as t
+from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.engine import Engine, EngineKind
+from megacpp_pipeline.pipeline.runner import run_stage
+from megacpp_pipeline.stages import default_registry
+from megacpp_pipeline.storage.store import ShardStore
+
+registry = default_registry().insert(t.SLOW, after="raw_files")
+ctx = StageContext(
+    catalog=load_catalog({catalog!r}, registry), store=ShardStore({data!r}), registry=registry,
+    cache_dir=Path({cache!r}), workers=1, engine=Engine(EngineKind.RAY, {address!r}, task_bytes=1),
+)
+slow = registry.get("slow_files")
+for done in run_stage(ctx, slow, ctx.partitions(slow)):
+    print("committed", done.partition, flush=True)
+"""
+
+
+def test_a_killed_driver_leaves_the_last_version_whole_and_a_rerun_reuses_finished_slices(
+    tmp_path: Path,
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    os.environ[MARKERS_ENV] = str(markers)
+    catalog, _ = write_catalog(tmp_path)
+    registry: Registry = default_registry().insert(SLOW, after="raw_files")
+    data, cache = tmp_path / "data", tmp_path / "cache-ray"
+    store = ShardStore(str(data))
+    local = StageContext(
+        catalog=load_catalog(catalog, registry), store=store, registry=registry,
+        cache_dir=tmp_path / "cache-local", workers=1,
+    )  # fmt: skip
+    list(run_stage(local, registry.get("raw_files"), local.partitions("raw_files")))
+    rows = sum(store.latest("raw_files", s).rows for s in local.sources())
+    c = two_node_cluster()
+    try:
+        script = _DRIVER.format(
+            here=str(Path(__file__).parent), catalog=str(catalog), data=str(data),
+            cache=str(cache), address=c.address,
+        )  # fmt: skip
+        driver = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+        deadline = time.monotonic() + 180
+        # on 2 CPUs a 3rd slice starts only once one has finished (and cached its files)
+        while len(list(markers.iterdir())) < 3:
+            assert time.monotonic() < deadline and driver.poll() is None
+            time.sleep(0.1)
+        driver.kill()
+        driver.wait(timeout=60)
+        started_first = _settled_count(markers)  # Ray ends the dead driver's tasks
+        assert started_first < rows  # killed before the stage was done
+        # nothing half-written is visible: no version of the stage, or only whole ones
+        for source in local.sources():
+            if store.has_version("slow_files", source):
+                assert store.verify(store.latest("slow_files", source)) == []
+        rerun = StageContext(
+            catalog=load_catalog(catalog, registry), store=store, registry=registry,
+            cache_dir=cache, workers=1, engine=Engine(EngineKind.RAY, c.address, task_bytes=1),
+        )  # fmt: skip
+        connect(rerun.engine)
+        slow = registry.get(SLOW.name)
+        done = list(run_stage(rerun, slow, rerun.partitions(slow)))
+    finally:
+        release()
+        c.shutdown()
+    assert [d.partition for d in done] == local.sources()
+    cached = sum(int(d.stats["cached_files"]) for d in done)
+    assert cached > 0  # slices the killed driver's tasks finished are not gated again
+    assert len(list(markers.iterdir())) - started_first == rows - cached
+    for source in local.sources():
+        m = store.latest("slow_files", source)
+        assert store.verify(m) == []
+        assert store.read_table(m).equals(store.read_table(store.latest("raw_files", source)))
