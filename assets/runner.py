@@ -360,5 +360,7 @@ def final_output(defs: dg.Definitions, data_dir: Path | str) -> str:
     asset versions are (a run stopped early)."""
     store = (defs.resources or {})["pipeline"].store()
     if store.has_version("snapshot"):
-        return str(store.latest("snapshot").extra["snapshot_dir"])
+        extra = store.latest("snapshot").extra
+        # on an object store, the promoted snapshot's copy there (the build stays in the cache)
+        return str(extra.get("snapshot_uri") or extra["snapshot_dir"])
     return store.join("assets")

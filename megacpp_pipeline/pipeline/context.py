@@ -109,12 +109,15 @@ class SourceInputs:
         return self.ctx.code_version(stage)
 
     def artifact(self, stage: str, relpath: str) -> tuple[str, str]:
-        """A file of another stage's latest version: (its local path, its recorded sha256)."""
+        """A file of another stage's latest version: (a local path holding it, its recorded
+        sha256); on an object store, a checked copy in the cache dir."""
         m = self.manifest(stage)
         entry = next((f for f in m.files if f.path == relpath), None)
         if entry is None:
             raise ValueError(f"{self.ctx.store.version_dir(m)}: no {relpath} in the manifest")
-        path = self.ctx.store.local_path(f"{self.ctx.store.version_dir(m)}/{relpath}")
+        store = self.ctx.store
+        where = f"{store.version_dir(m)}/{relpath}"
+        path = store.local_copy(where, entry.sha256, self.ctx.cache_dir)
         return path, entry.sha256
 
 

@@ -22,7 +22,7 @@ from megacpp_pipeline.stages.snapshot import snapshot_dir_of
 
 
 def export_dir(ctx: StageContext, snapshot_id: str) -> Path:
-    return Path(ctx.store.local_path(ctx.store.root)) / "megatron" / snapshot_id
+    return ctx.store.local_root(ctx.cache_dir) / "megatron" / snapshot_id
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:

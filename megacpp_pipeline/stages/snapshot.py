@@ -141,7 +141,10 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         tokenizer_json=store.read_bytes(f"{store.version_dir(tok)}/tokenizer.json"),
         tokenizer_info=info,
         rows={
-            split: [Path(store.local_path(f"{vdir}/{s.path}")) for s in packed.tables[name].shards]
+            split: [
+                Path(store.local_copy(f"{vdir}/{s.path}", s.sha256, ctx.cache_dir))
+                for s in packed.tables[name].shards
+            ]
             for split in ("train", "validation")
             if (name := f"data:{split}") in packed.tables
         },
@@ -182,9 +185,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             failures.append(f"no_removed_content_in_snapshot: {removed.description}")
         return failures
 
-    root = Path(store.local_path(store.root))
+    root = store.local_root(ctx.cache_dir)
     snap = build_snapshot(root, parts, keep=config.keep_snapshots, gate=gate, card=card)
     manifest = read_manifest(snap)
+    uploaded: dict[str, str] = {}
+    if not store.is_local:  # the promoted snapshot goes to the store too, _COMPLETE last
+        target = store.join("snapshots", manifest.snapshot_id)
+        store.upload_dir(snap, target)
+        uploaded["snapshot_uri"] = store.uri_of(target)
     version = store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
     )
@@ -193,6 +201,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         extra={
             "snapshot_dir": str(snap),
             "snapshot_id": manifest.snapshot_id,
+            **uploaded,
             # for the report: what the card says of benchmarks and removals
             "benchmarks": list(inputs.benchmarks),
             "removals": dict(inputs.removals),

@@ -26,7 +26,9 @@ def load_artifact(ctx: StageContext) -> tuple[Tokenizer, Manifest]:
     manifest (a mismatch is a clear error naming the file)."""
     manifest = ctx.store.latest("tokenizer", None)
     entry = next(f for f in manifest.files if f.path == ARTIFACT)
-    path = ctx.store.local_path(f"{ctx.store.version_dir(manifest)}/{ARTIFACT}")
+    path = ctx.store.local_copy(
+        f"{ctx.store.version_dir(manifest)}/{ARTIFACT}", entry.sha256, ctx.cache_dir
+    )
     return tokenizer.load_tokenizer(path, entry.sha256), manifest
 
 

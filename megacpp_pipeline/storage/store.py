@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -210,6 +213,57 @@ class ShardStore:
 
     def sha256_of(self, path: str) -> str:
         return sha256_on(self.fs, path)
+
+    # local copies, for libraries that need a file (a tokenizer, shards to copy) -------------
+    def local_copy(self, path: str, sha256: str, cache_dir: str | Path) -> str:
+        """An OS path holding the object at `path`, whose sha256 must be `sha256`: the path
+        itself on a local store; else a copy under `cache_dir/store-objects/`, named by its
+        hash (fetched once, checked, written to a temp name and renamed into place)."""
+        if self._local:
+            return path
+        local = Path(cache_dir) / "store-objects" / sha256[:2] / sha256
+        if local.exists():
+            return str(local)
+        data = self.read_bytes(path)
+        got = hashlib.sha256(data).hexdigest()
+        if got != sha256:
+            raise StoreError(f"{path}: sha256 {got[:12]}... is not the recorded {sha256[:12]}...")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex}")
+        tmp.write_bytes(data)
+        os.replace(tmp, local)
+        return str(local)
+
+    def uri_of(self, path: str) -> str:
+        """A store path as a URI a person can pass back (`s3://bucket/...`); a local path
+        as it is."""
+        if self._local or "://" not in self.uri:
+            return path
+        return f"{self.uri.split('://', 1)[0]}://{path}"
+
+    def local_root(self, cache_dir: str | Path) -> Path:
+        """Where stages that build a directory with local-file libraries (the snapshot, the
+        Megatron export) build it: the store's root on a local store; else a folder under
+        `cache_dir` for this store (the snapshot stage then uploads what it promoted)."""
+        if self._local:
+            return Path(self.root)
+        tag = hashlib.sha256(self.uri.split("?", 1)[0].encode()).hexdigest()[:16]
+        return Path(cache_dir) / "store-local" / tag
+
+    def upload_dir(self, local: Path, path: str, *, last: str = COMPLETE) -> list[str]:
+        """Every file under `local` put at the same relative path under `path`, `last` after
+        all the others (a reader trusts the folder once it is there); the object paths."""
+        files = sorted(p for p in local.rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.name == last)
+        out = []
+        for f in files:
+            target = f"{path}/{f.relative_to(local).as_posix()}"
+            if self._dirs:
+                self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+            with self.fs.open_output_stream(target) as stream:
+                stream.write(f.read_bytes())
+            out.append(target)
+        return out
 
     def _discard(self, path: str) -> None:
         with contextlib.suppress(OSError):
