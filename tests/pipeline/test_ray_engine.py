@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 # Ray rewrites a 127.0.0.1 cluster address to this host's own address before connecting,
@@ -74,21 +76,35 @@ def two_node_cluster() -> Cluster:
     return cluster
 
 
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = two_node_cluster()
-    try:
-        yield c
-    finally:
-        c.shutdown()
+    # the nodes' workers take their environment from here: the S3 test's keys for moto
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in S3_CREDENTIALS.items():
+            mp.setenv(key, value)
+        c = two_node_cluster()
+        try:
+            yield c
+        finally:
+            c.shutdown()
 
 
-def megacpp_run(catalog: Path, data: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
+def megacpp_run(
+    catalog: Path, data: Path | str, root: Path, *extra: str
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, DAGSTER_HOME=str(root / "dagster_home"), MEGACPP_WORKERS="2")
     env.pop("RAY_ADDRESS", None)
+    cache = root / f"cache-{data.name if isinstance(data, Path) else 's3'}"
     return subprocess.run(
         [sys.executable, "-m", "assets.cli", "run", "--config", str(catalog),
-         "--data-dir", str(data), "--cache-dir", str(root / f"cache-{data.name}"), *extra],
+         "--data-dir", str(data), "--cache-dir", str(cache), *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
 
@@ -358,3 +374,40 @@ def test_a_killed_driver_leaves_the_last_version_whole_and_a_rerun_reuses_finish
         m = store.latest("slow_files", source)
         assert store.verify(m) == []
         assert store.read_table(m).equals(store.read_table(store.latest("raw_files", source)))
+
+
+# --- the issue's parity: ray engine + object store against local engine + local dir ----------
+def test_ray_engine_with_the_store_on_s3_promotes_the_local_runs_snapshot(
+    cluster: Cluster, both_runs: dict, tmp_path: Path
+) -> None:
+    moto = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in S3_CREDENTIALS.items():
+                mp.setenv(k, v)  # this process and the run it starts (the workers have them)
+            pafs.S3FileSystem(
+                endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True
+            ).create_dir("megacpp-ray")
+            uri = f"s3://megacpp-ray/run?endpoint_override=127.0.0.1:{port}&scheme=http"
+            out = megacpp_run(
+                both_runs["catalog"], uri, tmp_path, "--engine", "ray",
+                "--ray-address", cluster.address,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr[-3000:]
+            printed = out.stdout.strip().splitlines()[-1]
+            local = both_runs["local"]
+            assert printed == f"s3://megacpp-ray/run/snapshots/{local.name}"
+            store = ShardStore(uri)
+            remote_dir = store.join("snapshots", local.name)
+            for rel, sha in tree_sha256(local).items():  # every train/validation shard
+                got = hashlib.sha256(store.read_bytes(f"{remote_dir}/{rel}")).hexdigest()
+                assert got == sha, rel
+            m = store.latest("tokenized_docs", "repo")
+            assert m.extra["engine"] == "ray" and store.verify(m) == []
+    finally:
+        server.stop()
