@@ -34,6 +34,7 @@ from megacpp_pipeline.loader.receipts import (
     ReceiptSummary,
     summarize_receipts,
 )
+from megacpp_pipeline.snapshot.fetch import local_snapshot
 from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, packed_rows_schema
 
 
@@ -175,7 +176,7 @@ class PackedRowsLoader:
             raise LoaderConfigError("batch_size", "must be at least 1")
         if world_size < 1 or not 0 <= rank < world_size:
             raise LoaderConfigError("rank", f"need 0 <= rank < world_size, got {rank}/{world_size}")
-        self.snapshot_dir = Path(snapshot_dir)
+        self.snapshot_dir = local_snapshot(snapshot_dir)  # a URI: a local copy, fetched once
         self.manifest = read_snapshot_manifest(self.snapshot_dir)
         self.seq_len = int(self.manifest["seq_len"])
         self.split = split

@@ -26,6 +26,7 @@ from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.loader.errors import LoaderError
 from megacpp_pipeline.snapshot.card import CARD, card_problems
 from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET, read_document_files
+from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
     IGNORE_INDEX,
@@ -441,8 +442,10 @@ def _table(outcomes: list[CheckOutcome]) -> str:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    snap = Path(args.snapshot_dir)
-    outcomes = verify_snapshot(snap, full=args.full)
+    # a snapshot by URI is judged on a copy fetched now, never on an earlier cached one
+    with tempfile.TemporaryDirectory(prefix="megacpp-verify-") as fresh:
+        snap = local_snapshot(args.snapshot_dir, fresh)
+        outcomes = verify_snapshot(snap, full=args.full)
     print(_table(outcomes))
     failed = [o for o in outcomes if not o.passed]
     if failed:
@@ -455,7 +458,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 # What the snapshot commands raise about the snapshot they were given: one line naming the
 # file, field and rule, exit 2 (the format of megacpp_pipeline.cli for its known errors).
-_SNAPSHOT_ERRORS = (SnapshotError, LoaderError, MegatronExportError, IndexedDatasetFormatError)
+_SNAPSHOT_ERRORS = (
+    SnapshotError,
+    SnapshotFetchError,
+    LoaderError,
+    MegatronExportError,
+    IndexedDatasetFormatError,
+)
 
 
 def _one_line_errors(
@@ -484,14 +493,14 @@ def with_one_line_errors(
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    print(manifest_summary(read_manifest(Path(args.snapshot_dir))))
+    print(manifest_summary(read_manifest(local_snapshot(args.snapshot_dir))))
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from megacpp_pipeline.snapshot import megatron
 
-    snap = Path(args.snapshot_dir)
+    snap = local_snapshot(args.snapshot_dir)
     read_manifest(snap)
     for split in args.split:
         prefix = Path(f"{args.out}_{split}" if len(args.split) > 1 else args.out)

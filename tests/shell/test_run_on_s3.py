@@ -8,7 +8,9 @@ needs the `cluster` extra."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import socket
@@ -25,6 +27,8 @@ try:
 except ImportError:  # the cluster extra; deselected tests then report no skip
     ThreadedMotoServer = None
 
+from megacpp_pipeline import cli
+from megacpp_pipeline.loader import PackedRowsLoader
 from megacpp_pipeline.storage.store import COMPLETE, ShardStore
 from tests.fixtures.pipeline_corpus import write_catalog
 
@@ -143,3 +147,52 @@ def test_every_asset_version_is_in_the_bucket_and_verifies(runs: dict) -> None:
     assert sorted(p.name for p in runs["root"].iterdir() if p.is_dir()) == [
         "cache-local", "cache-s3", "corpus_dir", "corpus_git", "dagster_home", "local",
     ]  # fmt: skip
+
+
+def test_verify_inspect_and_the_loader_read_the_snapshot_by_its_uri(
+    runs: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEGACPP_CACHE_DIR", str(tmp_path / "cache"))
+    store: ShardStore = runs["store"]
+    uri = runs["remote"] + "?" + store.uri.split("?", 1)[1]  # the endpoint, as given to run
+    code, out, err = megacpp(["verify", uri])
+    assert code == 0, err
+    code, out, _ = megacpp(["inspect", uri])
+    assert code == 0 and runs["local"].name in out
+    loader = PackedRowsLoader(uri, split="train", batch_size=2, cache_dir=tmp_path / "rows")
+    try:
+        batch = next(iter(loader))
+        assert batch["input_ids"].shape[0] == 2
+    finally:
+        loader.close()
+
+
+def test_verify_by_uri_names_a_file_changed_in_the_bucket(runs: dict, tmp_path: Path) -> None:
+    store: ShardStore = runs["store"]
+    target = f"{store.join('snapshots', runs['local'].name)}/train/part-00000.parquet"
+    data = bytearray(store.read_bytes(target))
+    data[len(data) // 2] ^= 0x01
+    with store.fs.open_output_stream(target) as f:
+        f.write(bytes(data))
+    uri = runs["remote"] + "?" + store.uri.split("?", 1)[1]
+    try:
+        code, _, err = megacpp(["verify", uri])
+        assert code == 1 and "train/part-00000.parquet" in err, err
+    finally:
+        data[len(data) // 2] ^= 0x01  # put it back for any test after this one
+        with store.fs.open_output_stream(target) as f:
+            f.write(bytes(data))
+
+
+def test_a_uri_without_a_promoted_snapshot_is_one_line(runs: dict) -> None:
+    store: ShardStore = runs["store"]
+    uri = store.uri_of(store.join("snapshots", "nope")) + "?" + store.uri.split("?", 1)[1]
+    code, _, err = megacpp(["inspect", uri])
+    assert code == 2 and err.count("\n") == 1 and "cannot read _COMPLETE" in err, err
+
+
+def megacpp(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
