@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pytest
 
 # Ray rewrites a 127.0.0.1 cluster address to this host's own address before connecting,
@@ -45,6 +43,8 @@ from megacpp_pipeline.pipeline.runner import run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.s3_server import CREDENTIALS as S3_CREDENTIALS
+from tests.fixtures.s3_server import moto_bucket
 
 pytestmark = [
     pytest.mark.cluster,
@@ -74,13 +74,6 @@ def two_node_cluster() -> Cluster:
     cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     cluster.wait_for_nodes()
     return cluster
-
-
-S3_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="module")
@@ -380,34 +373,21 @@ def test_a_killed_driver_leaves_the_last_version_whole_and_a_rerun_reuses_finish
 def test_ray_engine_with_the_store_on_s3_promotes_the_local_runs_snapshot(
     cluster: Cluster, both_runs: dict, tmp_path: Path
 ) -> None:
-    moto = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in S3_CREDENTIALS.items():
-                mp.setenv(k, v)  # this process and the run it starts (the workers have them)
-            pafs.S3FileSystem(
-                endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True
-            ).create_dir("megacpp-ray")
-            uri = f"s3://megacpp-ray/run?endpoint_override=127.0.0.1:{port}&scheme=http"
-            out = megacpp_run(
-                both_runs["catalog"], uri, tmp_path, "--engine", "ray",
-                "--ray-address", cluster.address,
-            )  # fmt: skip
-            assert out.returncode == 0, out.stderr[-3000:]
-            printed = out.stdout.strip().splitlines()[-1]
-            local = both_runs["local"]
-            assert printed == f"s3://megacpp-ray/run/snapshots/{local.name}"
-            store = ShardStore(uri)
-            remote_dir = store.join("snapshots", local.name)
-            for rel, sha in tree_sha256(local).items():  # every train/validation shard
-                got = hashlib.sha256(store.read_bytes(f"{remote_dir}/{rel}")).hexdigest()
-                assert got == sha, rel
-            m = store.latest("tokenized_docs", "repo")
-            assert m.extra["engine"] == "ray" and store.verify(m) == []
-    finally:
-        server.stop()
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    with moto_bucket("megacpp-ray") as endpoint:
+        uri = f"s3://megacpp-ray/run?endpoint_override={endpoint}&scheme=http"
+        out = megacpp_run(
+            both_runs["catalog"], uri, tmp_path, "--engine", "ray",
+            "--ray-address", cluster.address,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        printed = out.stdout.strip().splitlines()[-1]
+        local = both_runs["local"]
+        assert printed == f"s3://megacpp-ray/run/snapshots/{local.name}"
+        store = ShardStore(uri)
+        remote_dir = store.join("snapshots", local.name)
+        for rel, sha in tree_sha256(local).items():  # every train/validation shard
+            got = hashlib.sha256(store.read_bytes(f"{remote_dir}/{rel}")).hexdigest()
+            assert got == sha, rel
+        m = store.latest("tokenized_docs", "repo")
+        assert m.extra["engine"] == "ray" and store.verify(m) == []

@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from megacpp_pipeline import cli
 from megacpp_pipeline.loader import PackedRowsLoader
 from megacpp_pipeline.storage.store import COMPLETE, ShardStore
 from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
 
 pytestmark = [
     pytest.mark.cluster,
@@ -42,30 +42,12 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "megacpp-run"
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for key, value in CREDENTIALS.items():
-                mp.setenv(key, value)
-            pafs.S3FileSystem(
-                endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True
-            ).create_dir(BUCKET)
-            yield f"127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_bucket(BUCKET) as where:
+        yield where
 
 
 def megacpp_run(catalog: Path, data: str, root: Path, cache: str) -> subprocess.CompletedProcess:

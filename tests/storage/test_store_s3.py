@@ -7,7 +7,6 @@ cleaning after writer processes that claim different hosts. Run by `make test-sl
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from megacpp_pipeline.storage.store import (
     StoreError,
 )
 from megacpp_pipeline.storage.versions import LEASE_SUFFIX
+from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
 from tests.storage.writer_process import SCHEMA, WriterProcess
 
 pytestmark = [
@@ -41,11 +41,6 @@ pytestmark = [
 ]
 
 BUCKET = "megacpp-test"
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @dataclass
@@ -61,22 +56,8 @@ class S3Server:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in CREDENTIALS.items():
-            mp.setenv(key, value)
-        endpoint = f"127.0.0.1:{port}"
-        pafs.S3FileSystem(
-            endpoint_override=endpoint, scheme="http", allow_bucket_creation=True
-        ).create_dir(BUCKET)
-        try:
-            yield S3Server(endpoint)
-        finally:
-            server.stop()
+    with moto_bucket(BUCKET) as endpoint:
+        yield S3Server(endpoint)
 
 
 @pytest.fixture
