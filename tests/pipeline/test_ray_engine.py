@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,7 +40,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.engine import Engine, EngineKind
 from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Registry, Stage
-from megacpp_pipeline.pipeline.runner import run_stage
+from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 from tests.fixtures.pipeline_corpus import write_catalog
@@ -298,7 +299,7 @@ import test_ray_engine as t
 from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.engine import Engine, EngineKind
-from megacpp_pipeline.pipeline.runner import run_stage
+from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 
@@ -391,3 +392,35 @@ def test_ray_engine_with_the_store_on_s3_promotes_the_local_runs_snapshot(
             assert got == sha, rel
         m = store.latest("tokenized_docs", "repo")
         assert m.extra["engine"] == "ray" and store.verify(m) == []
+
+
+def test_a_source_with_nothing_to_gate_gets_a_complete_empty_version_on_ray(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    catalog, _ = write_catalog(tmp_path)
+    (tmp_path / "empty").mkdir()  # collects zero files
+    empty = "  - id: empty\n    kind: dir\n    uri: empty\n    declared_license: MIT\n"
+    text = catalog.read_text().replace("stages:", empty + "stages:")
+    catalog.write_text(text)
+    registry = default_registry()
+    store = ShardStore(str(tmp_path / "data"))
+    ctx = StageContext(
+        catalog=load_catalog(catalog, registry), store=store, registry=registry,
+        cache_dir=tmp_path / "cache", workers=1,
+        engine=Engine(EngineKind.RAY, cluster.address),
+    )  # fmt: skip
+    assert ctx.sources() == ["tree", "repo", "empty"]
+    list(run_stage(replace(ctx, engine=Engine()), registry.get("raw_files"), ctx.sources()))
+    connect(ctx.engine)
+    try:
+        stage = registry.get("normalized_files")
+        done = {d.partition: d for d in run_stage(ctx, stage, ctx.sources())}
+        outcomes = [c.evaluate(ctx, stage, "empty") for c in checks_of(stage)]
+    finally:
+        release()
+    m = store.latest("normalized_files", "empty")
+    assert m.rows == 0 and m.stats["input_files"] == 0 and m.stats["kept_files"] == 0
+    assert {"data", "ledger"} <= m.tables.keys() and store.verify(m) == []
+    assert m.extra["engine"] == "ray" and m.extra["engine_nodes"] == {}
+    assert done["empty"].stats["input_files"] == 0 and done["tree"].stats["input_files"] > 0
+    assert all(o.passed for o in outcomes), [o.description for o in outcomes]
