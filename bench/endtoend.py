@@ -42,6 +42,10 @@ class StageGroup:
     runs: int = 0
     peak_rss_mb: float = 0.0  # sampled PSS of the whole process tree while it ran
     process_peak_rss_mb: float = 0.0  # the group's own process' high-water mark (VmHWM)
+    # the largest resident set (RSS) of any one process of the tree while the group ran:
+    # the Dagster run's process, a forked worker, a Ray worker or Ray's own daemons
+    largest_process_mb: float = 0.0
+    largest_process: str = ""  # that process' command name
     partitions: dict[str, float] = field(default_factory=dict)  # partition -> seconds
 
 
@@ -111,6 +115,33 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
+def process_rss_bytes(pid: int) -> int:
+    """Plain resident bytes of one process (pages it shares count in full)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def largest_process(root: int) -> tuple[int, int]:
+    """(pid, RSS bytes) of the tree's process with the largest resident set."""
+    best = (root, 0)
+    for pid in process_tree(root):
+        rss = process_rss_bytes(pid)
+        if rss > best[1]:
+            best = (pid, rss)
+    return best
+
+
 def tree_rss_bytes(root: int) -> int:
     """Resident bytes (PSS) of `root` and all its descendants."""
     return sum(_rss_bytes(pid) for pid in process_tree(root))
@@ -152,8 +183,10 @@ def run(
     timeout_s: float,
     interval_s: float = 0.2,
     wrap: list[str] | None = None,
+    args: list[str] | None = None,
 ) -> EndToEnd:
-    """`megacpp run --config catalog` under work/ (data, dagster_home, cache all fresh)."""
+    """`megacpp run --config catalog [args]` under work/ (data, dagster_home, cache all
+    fresh)."""
     work.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -165,7 +198,7 @@ def run(
     # wrap: interpreter options before the module, e.g. ["-m", "pyinstrument", ...]
     cmd = [sys.executable, *(wrap or []), "-m", "assets.cli", "run"]
     cmd += ["--config", str(catalog)]
-    cmd += ["--data-dir", str(work / "data")]
+    cmd += ["--data-dir", str(work / "data"), *(args or [])]
     stages: dict[str, StageGroup] = {}
     current: list[str | None] = [None]
     current_partition: list[str | None] = [None]
@@ -230,6 +263,10 @@ def run(
             if current[0]:
                 group = stages[current[0]]
                 group.peak_rss_mb = max(group.peak_rss_mb, rss / 1e6)
+                pid, one = largest_process(proc.pid)
+                if one / 1e6 > group.largest_process_mb:
+                    group.largest_process_mb = one / 1e6
+                    group.largest_process = process_name(pid)
                 group.cpu_s += now_cpu - cpu
             cpu = now_cpu
             time.sleep(interval_s)

@@ -24,9 +24,10 @@ Stages, each bounded by a slice of a shard or by one band, never by the corpus:
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -163,7 +164,7 @@ class DedupResult:
 
 
 @dataclass
-class _Workdir:
+class Workdir:
     root: Path
 
     @property
@@ -181,6 +182,9 @@ class _Workdir:
     @property
     def shingles(self) -> Path:
         return self.root / "shingles.u64"
+
+    def band_partition(self, partition: int) -> Path:
+        return self.bands / f"p={partition:04d}"
 
     def reset(self) -> None:
         for d in (self.docs, self.bands):
@@ -204,7 +208,7 @@ _DOCS_SCHEMA = pa.schema(
 )
 
 
-class _StreamOrder:
+class StreamOrder:
     """Checks the canonical order across shards: a source, once left, never returns, and
     paths strictly increase inside a source."""
 
@@ -243,18 +247,31 @@ def find_duplicates(shards: Iterable[pa.Table], config: DedupConfig, workdir: Pa
 
     `shards` are tables of schema SCRUBBED_FILES in canonical order, consumed one at a time;
     `workdir` is owned by this call (its dedup subfolders are cleared first)."""
-    work = _Workdir(Path(workdir))
+    work = Workdir(Path(workdir))
     work.reset()
     stats: Counter[str] = Counter()
     n_docs = _write_signatures(shards, config, work, stats)
+    return decide(work, config, n_docs, stats, local_candidates(work))
+
+
+def decide(
+    work: Workdir,
+    config: DedupConfig,
+    n_docs: int,
+    stats: Counter[str],
+    candidates: Candidates,
+) -> DedupResult:
+    """Stages 2 to 5 over a workdir that holds every file's docs row and signature (in
+    doc_index order): exact groups, candidate pairs from `candidates` (which owns the band
+    rows, wherever they are), the similarity check, union-find, decisions and clusters."""
     docs = pl.read_parquet(work.docs / "*.parquet") if n_docs else _empty_docs()
     rank = _ranks(docs, n_docs)
     exact_rep = _exact_representatives(docs, rank, n_docs)
     edges_u = [np.arange(n_docs, dtype=np.int64)]
     edges_v = [exact_rep]
     if config.near and n_docs:
-        sig = np.memmap(work.signatures, dtype=np.uint64, mode="r", shape=(n_docs, config.num_perm))
-        u, v = _near_pairs(work, config, docs, exact_rep, sig, stats)
+        with SignatureFile(work.signatures, config.num_perm) as sig:
+            u, v = _near_pairs(work, config, docs, exact_rep, sig, candidates, stats)
         edges_u.append(u)
         edges_v.append(v)
     representative = _component_representatives(
@@ -272,6 +289,35 @@ def find_duplicates(shards: Iterable[pa.Table], config: DedupConfig, workdir: Pa
     clusters = _clusters(decisions)
     stats["clusters"] += clusters.num_rows
     return DedupResult(decisions=decisions, stats=stats, clusters=clusters)
+
+
+class SignatureFile:
+    """Rows of a signatures file (doc_index order, num_perm uint64 each), read with pread.
+
+    Not a memory map: the pages of a map count in the process' resident set once touched,
+    so checking candidates spread over the whole file would hold the file's size (2 KiB a
+    file at 256 slots) resident; pread leaves them to the page cache."""
+
+    def __init__(self, path: Path, num_perm: int) -> None:
+        self.num_perm = num_perm
+        self.row_bytes = num_perm * 8
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __enter__(self) -> SignatureFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+    def rows(self, index: minhash.I64) -> minhash.U64:
+        out = np.empty((len(index), self.num_perm), dtype=np.uint64)
+        raw = memoryview(out.data).cast("B")
+        size = self.row_bytes
+        for i, doc in enumerate(index.tolist()):
+            got = os.preadv(self._fd, [raw[i * size : (i + 1) * size]], doc * size)
+            if got != size:
+                raise OSError(f"signatures: row {doc} is short ({got} of {size} bytes)")
+        return out
 
 
 def _empty_docs() -> pl.DataFrame:
@@ -293,33 +339,68 @@ def _slices(shard: pa.Table) -> list[tuple[int, int]]:
     return bounds
 
 
+@dataclass
+class SignedSlice:
+    """What signing one slice of a shard yields: its files' signatures (rows in doc order),
+    their shingle hashes (kept only when candidates are verified), docs rows and band rows."""
+
+    sig: minhash.U64
+    shingles: minhash.U64
+    docs: pa.Table  # _DOCS_SCHEMA; shingle_offset counts from the `shingle_offset` given
+    bands: pa.Table | None  # BAND_SCHEMA rows of the files with shingles, or None
+
+
+def check_columns(shard: pa.Table, shard_no: int) -> None:
+    missing = set(SCRUBBED_FILES.names) - set(shard.column_names)
+    if missing:
+        raise DedupInputError(shard_no, sorted(missing))
+
+
+def sign_table(
+    shard: pa.Table,
+    config: DedupConfig,
+    first_doc: int,
+    shingle_offset: int,
+    stats: Counter[str],
+) -> Iterator[SignedSlice]:
+    """Stages 1 and 3 for one shard (or a row range of one), slice by slice of about
+    minhash.TOKEN_BATCH_BYTES of text: working memory is bounded by that."""
+    for lo, hi in _slices(shard):
+        piece = shard.slice(lo, hi - lo)
+        sig, shingles, docs = _sign(piece, config, first_doc, shingle_offset, stats)
+        bands = band_rows(config, sig, docs["doc_index"].to_numpy())
+        yield SignedSlice(sig, shingles.hashes, docs, bands)
+        first_doc += piece.num_rows
+        shingle_offset += len(shingles.hashes)
+
+
 def _write_signatures(
-    shards: Iterable[pa.Table], config: DedupConfig, work: _Workdir, stats: Counter[str]
+    shards: Iterable[pa.Table], config: DedupConfig, work: Workdir, stats: Counter[str]
 ) -> int:
     """Stage 1 and 3: per shard, exact keys, signatures and band rows to disk."""
-    order = _StreamOrder()
+    order = StreamOrder()
     n_docs = 0
     shingle_offset = 0
     with open(work.signatures, "wb") as sig_out:
         shingle_out = open(work.shingles, "wb") if config.verify_candidates else None  # noqa: SIM115
         try:
             for shard_no, shard in enumerate(shards):
-                missing = set(SCRUBBED_FILES.names) - set(shard.column_names)
-                if missing:
-                    raise DedupInputError(shard_no, sorted(missing))
+                check_columns(shard, shard_no)
                 order.check(shard["source_id"], shard["path"])
                 stats["shards"] += 1
-                for part, (lo, hi) in enumerate(_slices(shard)):
-                    piece = shard.slice(lo, hi - lo)
-                    sig, shingles, docs = _sign(piece, config, n_docs, shingle_offset, stats)
-                    sig_out.write(sig.tobytes())
+                for part, signed in enumerate(
+                    sign_table(shard, config, n_docs, shingle_offset, stats)
+                ):
+                    sig_out.write(signed.sig.tobytes())
                     if shingle_out is not None:
-                        shingle_out.write(shingles.hashes.tobytes())
+                        shingle_out.write(signed.shingles.tobytes())
                     name = f"part-{shard_no:05d}-{part:04d}.parquet"
-                    pq.write_table(docs, work.docs / name)
-                    _write_band_rows(work, config, name, sig, docs["doc_index"].to_numpy())
-                    shingle_offset += len(shingles.hashes)
-                    n_docs += piece.num_rows
+                    pq.write_table(signed.docs, work.docs / name)
+                    if signed.bands is not None:
+                        work.bands.mkdir(exist_ok=True)
+                        pq.write_table(signed.bands, work.bands / name)
+                    shingle_offset += len(signed.shingles)
+                    n_docs += signed.docs.num_rows
         finally:
             if shingle_out is not None:
                 shingle_out.close()
@@ -364,29 +445,91 @@ def _sign(
     return sig, shingles, docs
 
 
-def _write_band_rows(
-    work: _Workdir, config: DedupConfig, name: str, sig: minhash.U64, doc_index: minhash.I64
-) -> None:
-    """(band, band_hash, doc_index) rows, sorted by band so that a band's reader touches
-    only its own row groups. On a distributed executor the same rows would be written as
-    band=<b>/part-<shard>.parquet, one folder per band, and each band stage task reads one
-    folder: bands never need each other until union-find."""
+BAND_SCHEMA = pa.schema(
+    [
+        pa.field("band", pa.int16(), nullable=False),
+        pa.field("band_hash", pa.uint64(), nullable=False),
+        pa.field("doc_index", pa.int64(), nullable=False),
+    ]
+)
+
+
+def band_rows(config: DedupConfig, sig: minhash.U64, doc_index: minhash.I64) -> pa.Table | None:
+    """(band, band_hash, doc_index) rows of the files that have shingles, sorted by band.
+    Bands never need each other until union-find, so the rows can be split by band hash
+    (band_partitions) and each part's buckets found on its own."""
     live = ~np.all(sig == minhash.EMPTY_HASH, axis=1)
     if not config.near or not live.any():
-        return
+        return None
     hashes = minhash.band_hashes(sig[live], config.bands, config.rows)  # (docs, bands)
     n_live = hashes.shape[0]
-    pq.write_table(
-        pa.table(
-            {
-                "band": np.repeat(np.arange(config.bands, dtype=np.int16), n_live),
-                "band_hash": hashes.T.reshape(-1),
-                "doc_index": np.tile(doc_index[live], config.bands),
-            }
-        ),
-        work.bands / name,
-        row_group_size=max(n_live, 1),
+    return pa.table(
+        {
+            "band": np.repeat(np.arange(config.bands, dtype=np.int16), n_live),
+            "band_hash": hashes.T.reshape(-1),
+            "doc_index": np.tile(doc_index[live], config.bands),
+        },
+        schema=BAND_SCHEMA,
     )
+
+
+def band_partitions(rows: pa.Table, partitions: int) -> Iterator[tuple[int, pa.Table]]:
+    """The rows of each non-empty partition `band_hash % partitions`: a bucket (band,
+    band_hash) lies in one partition, so partitions find their candidates independently."""
+    part = np.asarray(rows["band_hash"].to_numpy() % np.uint64(partitions), dtype=np.int64)
+    order = np.argsort(part, kind="stable")
+    cuts = np.searchsorted(part[order], np.arange(partitions + 1))
+    for p in range(partitions):
+        if cuts[p + 1] > cuts[p]:
+            yield p, rows.take(pa.array(order[cuts[p] : cuts[p + 1]]))
+
+
+Candidates = Callable[[minhash.I64], tuple[minhash.I64, minhash.I64]]
+
+
+def local_candidates(work: Workdir) -> Candidates:
+    """Candidate pairs from the band rows under work.bands, all in one query."""
+
+    def find(reps: minhash.I64) -> tuple[minhash.I64, minhash.I64]:
+        files = sorted(work.bands.rglob("*.parquet")) if work.bands.exists() else []
+        if not files:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        return candidate_pairs(pl.scan_parquet(files), reps)
+
+    return find
+
+
+def candidate_pairs(bands: pl.LazyFrame, reps: minhash.I64) -> tuple[minhash.I64, minhash.I64]:
+    """(doc, bucket's lowest doc) for every representative in a bucket that is not its
+    lowest, sorted and distinct. Exact duplicates follow their representative through the
+    exact edges, so only representatives (`reps`) meet in buckets. Buckets are keyed by
+    (band, band_hash), so a part of the band rows split by band hash gives its own pairs;
+    polars' streaming engine runs the window min (half the peak memory of list aggregation)."""
+    found = (
+        bands.join(pl.DataFrame({"doc_index": reps}).lazy(), on="doc_index", how="semi")
+        .with_columns(pl.col("doc_index").min().over("band", "band_hash").alias("root"))
+        .filter(pl.col("doc_index") != pl.col("root"))
+        .select("doc_index", "root")
+        .unique()
+        .sort("doc_index", "root")
+        .collect(engine="streaming")
+    )
+    return (
+        found["doc_index"].to_numpy().astype(np.int64),
+        found["root"].to_numpy().astype(np.int64),
+    )
+
+
+def merge_pairs(
+    parts: Iterable[tuple[minhash.I64, minhash.I64]], n_docs: int
+) -> tuple[minhash.I64, minhash.I64]:
+    """The distinct pairs of several partitions' candidates, sorted as one query sorts them
+    (a pair whose files share buckets in two partitions is found by both)."""
+    keys = [u * n_docs + v for u, v in parts if len(u)]
+    if not keys:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    merged = np.unique(np.concatenate(keys))
+    return merged // n_docs, merged % n_docs
 
 
 def _ranks(docs: pl.DataFrame, n_docs: int) -> minhash.I64:
@@ -409,36 +552,16 @@ def _exact_representatives(docs: pl.DataFrame, rank: minhash.I64, n_docs: int) -
 
 
 def _near_pairs(
-    work: _Workdir,
+    work: Workdir,
     config: DedupConfig,
     docs: pl.DataFrame,
     exact_rep: minhash.I64,
-    sig: np.memmap,
+    sig: SignatureFile,
+    candidates: Candidates,
     stats: Counter[str],
 ) -> tuple[minhash.I64, minhash.I64]:
     """Stage 4: candidate pairs band by band, then the similarity check."""
-    band_files = sorted(work.bands.glob("*.parquet"))
-    if not band_files:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    # Exact duplicates follow their representative through the exact edges: only
-    # representatives need to meet in buckets.
-    reps = pl.DataFrame({"doc_index": np.flatnonzero(exact_rep == np.arange(len(exact_rep)))})
-    # Buckets are keyed by (band, band_hash): bands never meet, so on a distributed executor
-    # each band is one task running this same query over its own band=<b>/ folder, and only
-    # the (doc, root) pairs travel to the union-find. Here one query does all bands on
-    # polars' streaming engine (a window min, not list aggregation: half the peak memory).
-    candidates = (
-        pl.scan_parquet(band_files)
-        .join(reps.lazy(), on="doc_index", how="semi")
-        .with_columns(pl.col("doc_index").min().over("band", "band_hash").alias("root"))
-        .filter(pl.col("doc_index") != pl.col("root"))
-        .select("doc_index", "root")
-        .unique()
-        .sort("doc_index", "root")
-        .collect(engine="streaming")
-    )
-    u = candidates["doc_index"].to_numpy().astype(np.int64)
-    v = candidates["root"].to_numpy().astype(np.int64)
+    u, v = candidates(np.flatnonzero(exact_rep == np.arange(len(exact_rep))))
     stats["candidate_pairs"] += len(u)
     if config.verify_candidates:
         similar = _true_jaccard(work, docs, u, v) >= config.threshold
@@ -448,16 +571,20 @@ def _near_pairs(
     return u[similar], v[similar]
 
 
-def _estimated_jaccard(sig: np.memmap, u: minhash.I64, v: minhash.I64) -> npt.NDArray[np.float32]:
+def _estimated_jaccard(
+    sig: SignatureFile, u: minhash.I64, v: minhash.I64
+) -> npt.NDArray[np.float32]:
     out = np.empty(len(u), dtype=np.float32)
     step = 4096  # bounded: step x num_perm x 8 bytes per side
     for s in range(0, len(u), step):
-        out[s : s + step] = minhash.estimated_jaccard(sig[u[s : s + step]], sig[v[s : s + step]])
+        out[s : s + step] = minhash.estimated_jaccard(
+            sig.rows(u[s : s + step]), sig.rows(v[s : s + step])
+        )
     return out
 
 
 def _true_jaccard(
-    work: _Workdir, docs: pl.DataFrame, u: minhash.I64, v: minhash.I64
+    work: Workdir, docs: pl.DataFrame, u: minhash.I64, v: minhash.I64
 ) -> npt.NDArray[np.float32]:
     offsets = docs.sort("doc_index")["shingle_offset"].to_numpy()
     counts = docs.sort("doc_index")["n_shingles"].to_numpy()
@@ -485,14 +612,14 @@ def _component_representatives(u: minhash.I64, v: minhash.I64, rank: minhash.I64
 
 
 def _similarity_to_representative(
-    work: _Workdir, config: DedupConfig, n_docs: int, representative: minhash.I64
+    work: Workdir, config: DedupConfig, n_docs: int, representative: minhash.I64
 ) -> npt.NDArray[np.float32]:
     sim = np.full(n_docs, np.nan, dtype=np.float32)
     members = np.flatnonzero(representative != np.arange(n_docs))
     if len(members) == 0:
         return sim
-    sig = np.memmap(work.signatures, dtype=np.uint64, mode="r", shape=(n_docs, config.num_perm))
-    sim[members] = _estimated_jaccard(sig, members, representative[members])
+    with SignatureFile(work.signatures, config.num_perm) as sig:
+        sim[members] = _estimated_jaccard(sig, members, representative[members])
     return sim
 
 

@@ -446,6 +446,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="megacpp-verify-") as fresh:
         snap = local_snapshot(args.snapshot_dir, fresh)
         outcomes = verify_snapshot(snap, full=args.full)
+    given = str(args.snapshot_dir)
+    if "://" in given:  # name files by their place in the store, not the temporary copy
+        where = given.split("?", 1)[0].rstrip("/")
+        for o in outcomes:
+            o.problems = [p.replace(str(snap), where) for p in o.problems]
     print(_table(outcomes))
     failed = [o for o in outcomes if not o.passed]
     if failed:

@@ -9,6 +9,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +32,7 @@ from megacpp_pipeline.pipeline.runner import (
     drop_reasons_table,
     summary_metadata,
 )
-from megacpp_pipeline.storage.store import Manifest
+from megacpp_pipeline.storage.store import Manifest, VersionWriter
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -39,12 +40,31 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     config = ctx.config(stage)
     upstream = [ctx.latest(stage.input, s) for s in ctx.sources()]
     ctx.cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix="dedup-") as work:
-        result = dedup.find_duplicates(_stream(ctx, upstream), config, Path(work))
-    decisions = result.decisions
     version = ctx.store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
     )
+    with version:  # aborted if anything below raises
+        return _decide_and_write(ctx, stage, config, upstream, version)
+
+
+def _decide_and_write(
+    ctx: StageContext,
+    stage: Stage,
+    config: dedup.DedupConfig,
+    upstream: list[Manifest],
+    version: VersionWriter,
+) -> Materialized:
+    extra: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix="dedup-") as work:
+        if ctx.engine.distributed:
+            from megacpp_pipeline.pipeline import ray_engine  # the optional extra
+
+            result, extra = ray_engine.find_duplicates(
+                ctx, upstream, config, Path(work), version.dir
+            )
+        else:
+            result = dedup.find_duplicates(_stream(ctx, upstream), config, Path(work))
+    decisions = result.decisions
     stats: Counter[str] = Counter(result.stats)
     stats["input_files"] = 0
     for m in upstream:
@@ -62,7 +82,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     )
     version.table("decisions", decisions.schema).write(decisions)
     version.table("clusters", result.clusters.schema).write(result.clusters)
-    manifest = version.commit(upstream=ctx.upstream_hashes(upstream), stats=stats)
+    manifest = version.commit(upstream=ctx.upstream_hashes(upstream), stats=stats, extra=extra)
     meta = summary_metadata(
         ctx.store,
         manifest,
@@ -72,6 +92,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         clusters=int(stats.get("clusters", 0)),
         drop_reasons=drop_reasons_table(stats),
         top_clusters=Markdown(dedup.markdown_top_clusters(result, 10)),
+        **{k: extra[k] for k in ("engine_nodes", "sign_tasks", "band_partitions") if k in extra},
     )
     return Materialized(None, meta, stats)
 

@@ -18,7 +18,7 @@ from megacpp_pipeline.pipeline.registry import (
 )
 from megacpp_pipeline.snapshot import megatron
 from megacpp_pipeline.snapshot.promote import read_manifest
-from megacpp_pipeline.stages.snapshot import snapshot_dir_of
+from megacpp_pipeline.stages.snapshot import snapshot_dir_of, upload_beside_snapshot
 
 
 def export_dir(ctx: StageContext, snapshot_id: str) -> Path:
@@ -35,6 +35,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         if entry.rows:
             megatron.export_snapshot(snap, out / split, split=split)
             meta[f"{split}_prefix"] = PathValue(str(out / split))
+    # on an object store, the export goes beside the snapshot: <data dir>/megatron/<id>/
+    if uri := upload_beside_snapshot(ctx, out, "megatron", manifest.snapshot_id):
+        meta["export_uri"] = uri
     return Materialized(None, meta)
 
 

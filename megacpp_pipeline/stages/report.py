@@ -16,7 +16,11 @@ from megacpp_pipeline.pipeline.registry import (
 )
 from megacpp_pipeline.snapshot import report
 from megacpp_pipeline.snapshot.promote import REPORT_DIR, read_manifest
-from megacpp_pipeline.stages.snapshot import snapshot_dir_of, summed_stats
+from megacpp_pipeline.stages.snapshot import (
+    snapshot_dir_of,
+    summed_stats,
+    upload_beside_snapshot,
+)
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -45,10 +49,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     )
     result = report.render_report(inputs, snap / REPORT_DIR)
     manifest = read_manifest(snap)
+    uri = upload_beside_snapshot(
+        ctx, snap / REPORT_DIR, "snapshots", manifest.snapshot_id, REPORT_DIR
+    )
     return Materialized(
         None,
         {
             "report": PathValue(str(result.html)),
+            **({"report_uri": uri} if uri else {}),
             "snapshot_id": manifest.snapshot_id,
             "summary": Markdown(result.markdown),
             **{k: float(v) for k, v in result.metrics.items()},

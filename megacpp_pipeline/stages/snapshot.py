@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
@@ -35,8 +36,8 @@ from megacpp_pipeline.snapshot.promote import (
 )
 from megacpp_pipeline.stages.documents import document_files_table, documents_table
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
-from megacpp_pipeline.storage.store import config_hash
-from megacpp_pipeline.storage.versions import COMPLETE
+from megacpp_pipeline.storage.store import ShardStore, config_hash
+from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST
 
 
 def ledger_tables(ctx: StageContext) -> Iterator[pa.Table]:
@@ -120,6 +121,43 @@ def previous_snapshot(ctx: StageContext) -> Path | None:
     return path if (path / COMPLETE).exists() else None
 
 
+def prune_store_snapshots(store: ShardStore, current: SnapshotManifest, keep: int) -> list[str]:
+    """Older snapshots of the same name in the store's snapshots/ beyond the newest `keep`
+    (the current one counts), by the `created_at` their manifests record (an object store
+    has no trustworthy folder times); each loses `_COMPLETE` first, so no reader ever sees
+    a partly deleted snapshot as whole. The removed folders."""
+    root = store.join("snapshots")
+    done: list[tuple[str, str]] = []
+    for info in store.fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        name = info.base_name
+        if name == current.snapshot_id or not name.startswith(f"{current.name}-"):
+            continue
+        raw = store.read_bytes_if_exists(f"{info.path}/{MANIFEST}")
+        if raw is None or not store.exists(f"{info.path}/{COMPLETE}"):
+            continue  # not a whole snapshot: a concurrent upload, or one being removed
+        try:
+            done.append((SnapshotManifest.model_validate_json(raw).created_at, info.path))
+        except ValueError:
+            continue
+    done.sort()
+    removed = [path for _, path in done[: max(0, len(done) - (keep - 1))]]
+    for path in removed:
+        store.delete_file(f"{path}/{COMPLETE}")
+        store.delete_dir(path)
+    return removed
+
+
+def upload_beside_snapshot(ctx: StageContext, local: Path, *parts: str) -> str | None:
+    """On an object store, put a folder built locally after promotion (the report, the
+    Megatron export) at `<data dir>/<parts>`; its URI, or None on a local store."""
+    store = ctx.store
+    if store.is_local:
+        return None
+    target = store.join(*parts)
+    store.upload_dir(local, target)
+    return store.uri_of(target)
+
+
 def snapshot_dir_of(ctx: StageContext) -> Path:
     """The directory of the snapshot the latest `snapshot` version promoted."""
     return Path(ctx.store.latest("snapshot", None).extra["snapshot_dir"])
@@ -193,6 +231,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         target = store.join("snapshots", manifest.snapshot_id)
         store.upload_dir(snap, target)
         uploaded["snapshot_uri"] = store.uri_of(target)
+        pruned = prune_store_snapshots(store, manifest, config.keep_snapshots)
+        if pruned:
+            ctx.log(f"snapshot: removed {len(pruned)} older snapshot(s) from the store")
     version = store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
     )

@@ -273,6 +273,14 @@ class ShardStore:
         with contextlib.suppress(OSError):
             self.fs.delete_dir(path)
 
+    def delete_file(self, path: str) -> None:
+        """Remove one object of the store; a missing one is not an error."""
+        self._discard(path)
+
+    def delete_dir(self, path: str) -> None:
+        """Remove a folder of the store and all under it; a missing one is not an error."""
+        self._delete_dir(path)
+
     # writing -------------------------------------------------------------------------------
     def begin(
         self,

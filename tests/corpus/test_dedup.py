@@ -5,9 +5,11 @@ with datasketch."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pytest
 from datasketch import MinHash
@@ -22,10 +24,14 @@ from megacpp_pipeline.corpus.dedup import (
     DedupConfig,
     DedupInputError,
     DedupOrderError,
+    band_partitions,
+    candidate_pairs,
     find_duplicates,
     kept_rows,
     ledger_rows,
     markdown_top_clusters,
+    merge_pairs,
+    sign_table,
 )
 from tests.fixtures import dedup_labelled, real_cpp
 
@@ -213,6 +219,30 @@ def test_decisions_do_not_depend_on_shard_size(
     large = find_duplicates(dedup_labelled.shards(labelled, 500), DedupConfig(), tmp_path / "b")
     assert small.decisions.equals(large.decisions)
     assert small.clusters.equals(large.clusters)
+
+
+@pytest.mark.parametrize("partitions", [2, 7])
+def test_candidates_found_per_band_hash_partition_equal_one_query_over_all_bands(
+    labelled: list[dedup_labelled.LabelledFile], partitions: int
+) -> None:
+    """What the ray engine does (a task per partition, merged on the driver) gives exactly
+    the pairs, in the same order, as the local engine's single query."""
+    config, stats = DedupConfig(), Counter[str]()
+    rows, first = [], 0
+    for shard in dedup_labelled.shards(labelled, 20):
+        for signed in sign_table(shard, config, first, 0, stats):
+            assert signed.bands is not None
+            rows.append(signed.bands)
+        first += shard.num_rows
+    bands = pa.concat_tables(rows)
+    reps = np.arange(first, dtype=np.int64)
+    u, v = candidate_pairs(pl.from_arrow(bands).lazy(), reps)  # type: ignore[union-attr]
+    assert len(u) > 20  # the copies of every family meet their original
+    parts = list(band_partitions(bands, partitions))
+    assert len(parts) == partitions and sum(p.num_rows for _, p in parts) == bands.num_rows
+    found = [candidate_pairs(pl.from_arrow(p).lazy(), reps) for _, p in parts]  # type: ignore[union-attr]
+    mu, mv = merge_pairs(found, first)
+    assert np.array_equal(mu, u) and np.array_equal(mv, v)
 
 
 def test_verified_candidates_reach_the_same_decisions_on_the_labelled_set(

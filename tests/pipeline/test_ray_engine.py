@@ -162,6 +162,22 @@ def test_every_per_file_version_records_its_engine_and_both_nodes_did_work(both_
     assert all(n > 0 for n in tasks.values()) and all(s > 0 for s in busy.values()), busy
 
 
+def test_dedup_signs_and_bands_on_the_cluster_with_the_local_engines_decisions(both_runs: dict):
+    store, local_store = both_runs["store"], both_runs["local_store"]
+    m, local = store.latest("deduped_files", None), local_store.latest("deduped_files", None)
+    assert m.extra["engine"] == "ray" and local.extra.get("engine") is None
+    # one signing task per slice of every input shard, one band task per partition, both
+    # nodes used; the scratch under _work is gone before the commit
+    assert m.extra["sign_tasks"] >= m.stats["shards"] >= 2, m.extra
+    assert m.extra["band_partitions"] >= 2, m.extra  # at least one per CPU of the cluster
+    assert len(m.extra["engine_nodes"]) == 2, m.extra["engine_nodes"]
+    assert not (Path(store.version_dir(m)) / "_work").exists()
+    for table in ("decisions", "clusters", "ledger"):
+        assert store.read_table(m, table).equals(local_store.read_table(local, table)), table
+    assert m.stats == local.stats and m.rows == local.rows
+    assert m.stats["dropped_near_duplicate"] + m.stats["dropped_exact_duplicate"] > 0
+
+
 def test_run_tags_name_the_engine(both_runs: dict) -> None:
     import dagster as dg
 

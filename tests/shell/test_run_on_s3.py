@@ -28,6 +28,8 @@ except ImportError:  # the cluster extra; deselected tests then report no skip
 
 from megacpp_pipeline import cli
 from megacpp_pipeline.loader import PackedRowsLoader
+from megacpp_pipeline.snapshot.promote import SnapshotManifest
+from megacpp_pipeline.stages.snapshot import prune_store_snapshots
 from megacpp_pipeline.storage.store import COMPLETE, ShardStore
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
@@ -158,12 +160,72 @@ def test_verify_by_uri_names_a_file_changed_in_the_bucket(runs: dict, tmp_path: 
         f.write(bytes(data))
     uri = runs["remote"] + "?" + store.uri.split("?", 1)[1]
     try:
-        code, _, err = megacpp(["verify", uri])
-        assert code == 1 and "train/part-00000.parquet" in err, err
+        code, out, err = megacpp(["verify", uri])
+        # named by its place in the bucket, not by the temporary copy verify judged
+        assert code == 1 and store.uri_of(target) in err, err
+        assert "megacpp-verify-" not in err + out
     finally:
         data[len(data) // 2] ^= 0x01  # put it back for any test after this one
         with store.fs.open_output_stream(target) as f:
             f.write(bytes(data))
+
+
+def test_the_report_and_the_megatron_export_go_to_the_bucket_too(runs: dict) -> None:
+    store: ShardStore = runs["store"]
+    snapshot_id = runs["local"].name
+    report = store.join("snapshots", snapshot_id, "report", "quality_report.html")
+    assert b"<html" in store.read_bytes(report).lower()
+    local_export = runs["root"] / "local" / "megatron" / snapshot_id
+    expected = {
+        p.relative_to(local_export).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in local_export.rglob("*")
+        if p.is_file()
+    }
+    assert {"train.bin", "train.idx"} <= expected.keys()
+    export = store.join("megatron", snapshot_id)
+    infos = store.fs.get_file_info(pafs.FileSelector(export, recursive=True))
+    remote = {
+        i.path[len(export) + 1 :]: hashlib.sha256(store.read_bytes(i.path)).hexdigest()
+        for i in infos
+        if i.type == pafs.FileType.File
+    }
+    assert remote == expected  # the same export, byte for byte, as the local run's
+
+
+def test_older_snapshots_in_the_bucket_beyond_keep_go_oldest_first_and_others_stay(
+    runs: dict,
+) -> None:
+    store: ShardStore = runs["store"]
+    current_dir = store.join("snapshots", runs["local"].name)
+    raw = json.loads(store.read_bytes(f"{current_dir}/manifest.json"))
+    current = SnapshotManifest.model_validate(raw)
+
+    def put(snapshot_id: str, created_at: str, *, name: str | None = None, complete: bool = True):
+        folder = store.join("snapshots", snapshot_id)
+        body = {**raw, "snapshot_id": snapshot_id, "created_at": created_at}
+        body["name"] = name or raw["name"]
+        store.put_bytes(f"{folder}/manifest.json", json.dumps(body).encode())
+        store.put_bytes(f"{folder}/train/part-00000.parquet", b"rows")
+        if complete:
+            store.put_bytes(f"{folder}/{COMPLETE}", b"done")
+        return folder
+
+    oldest = put(f"{current.name}-0000000000000001", "2020-01-01T00:00:00+00:00")
+    older = put(f"{current.name}-0000000000000002", "2021-01-01T00:00:00+00:00")
+    other = put("othersnap-0000000000000003", "2019-01-01T00:00:00+00:00", name="othersnap")
+    partial = put(f"{current.name}-0000000000000004", "2018-01-01T00:00:00+00:00", complete=False)
+    try:
+        assert prune_store_snapshots(store, current, keep=2) == [oldest]
+        assert not store.exists(f"{oldest}/{COMPLETE}")
+        assert not store.exists(f"{oldest}/train/part-00000.parquet")
+        for kept in (older, other, current_dir):
+            assert store.exists(f"{kept}/{COMPLETE}"), kept
+        assert store.exists(f"{partial}/manifest.json")  # an upload in flight is not judged
+        assert prune_store_snapshots(store, current, keep=1) == [older]
+        assert store.exists(f"{current_dir}/{COMPLETE}")
+    finally:
+        for folder in (oldest, older, other, partial):
+            store.delete_dir(folder)
 
 
 def test_a_uri_without_a_promoted_snapshot_is_one_line(runs: dict) -> None:
