@@ -14,9 +14,11 @@ Stages, each bounded by a slice of a shard or by one band, never by the corpus:
    signature per file; texts are dropped as soon as the slice is done (docs/*.parquet,
    signatures.u64, shingles.u64 when verifying);
 2. exact: polars groups exact keys; each group's lowest rank is its representative;
-3. bands: per slice, (band, band_hash, doc_index) rows as parquet under bands/;
-4. candidates: polars groups rows by (band, band_hash) into buckets and emits (doc, bucket's
-   lowest doc) pairs; bands are independent, the partition key for a distributed executor;
+3. bands: per slice, (band, band_hash, doc_index) rows as parquet, split into partitions by
+   band_hash (bands/p=<n>/), about BAND_ROWS_PER_PARTITION rows each over the corpus;
+4. candidates: per partition, polars groups rows by (band, band_hash) into buckets and emits
+   (doc, bucket's lowest doc) pairs; a bucket lies in one partition, so partitions are
+   independent (the ray engine runs one task each) and their pairs merge into the same set;
    a pair counts when its similarity clears the threshold;
 5. clusters: union-find over integer doc ids (scipy connected components) joins exact and
    near pairs; every component keeps its member of lowest rank.
@@ -24,6 +26,7 @@ Stages, each bounded by a slice of a shard or by one band, never by the corpus:
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections import Counter
@@ -242,16 +245,30 @@ class StreamOrder:
         self.last_path = str(pth[-1])
 
 
-def find_duplicates(shards: Iterable[pa.Table], config: DedupConfig, workdir: Path) -> DedupResult:
+# Band rows per partition: a partition's bucket query holds about 70 bytes a row in polars,
+# so 1M rows keep it near 70 MB whatever the corpus size.
+BAND_ROWS_PER_PARTITION = 1_000_000
+
+
+def band_partition_count(files: int, config: DedupConfig, at_least: int = 1) -> int:
+    """How many band-hash partitions for about `files` input files."""
+    return max(1, at_least, min(4096, math.ceil(files * config.bands / BAND_ROWS_PER_PARTITION)))
+
+
+def find_duplicates(
+    shards: Iterable[pa.Table], config: DedupConfig, workdir: Path, *, partitions: int = 1
+) -> DedupResult:
     """Exact then near-duplicate decisions for every file of the stream.
 
     `shards` are tables of schema SCRUBBED_FILES in canonical order, consumed one at a time;
-    `workdir` is owned by this call (its dedup subfolders are cleared first)."""
+    `workdir` is owned by this call (its dedup subfolders are cleared first). Band rows are
+    split into `partitions` by band hash (band_partition_count) and each partition's buckets
+    are found on their own, so that step's memory is bounded by a partition."""
     work = Workdir(Path(workdir))
     work.reset()
     stats: Counter[str] = Counter()
-    n_docs = _write_signatures(shards, config, work, stats)
-    return decide(work, config, n_docs, stats, local_candidates(work))
+    n_docs = _write_signatures(shards, config, work, stats, partitions)
+    return decide(work, config, n_docs, stats, local_candidates(work, n_docs))
 
 
 def decide(
@@ -375,7 +392,11 @@ def sign_table(
 
 
 def _write_signatures(
-    shards: Iterable[pa.Table], config: DedupConfig, work: Workdir, stats: Counter[str]
+    shards: Iterable[pa.Table],
+    config: DedupConfig,
+    work: Workdir,
+    stats: Counter[str],
+    partitions: int,
 ) -> int:
     """Stage 1 and 3: per shard, exact keys, signatures and band rows to disk."""
     order = StreamOrder()
@@ -397,8 +418,10 @@ def _write_signatures(
                     name = f"part-{shard_no:05d}-{part:04d}.parquet"
                     pq.write_table(signed.docs, work.docs / name)
                     if signed.bands is not None:
-                        work.bands.mkdir(exist_ok=True)
-                        pq.write_table(signed.bands, work.bands / name)
+                        for p, rows in band_partitions(signed.bands, partitions):
+                            folder = work.band_partition(p)
+                            folder.mkdir(exist_ok=True)
+                            pq.write_table(rows, folder / name)
                     shingle_offset += len(signed.shingles)
                     n_docs += signed.docs.num_rows
         finally:
@@ -487,14 +510,15 @@ def band_partitions(rows: pa.Table, partitions: int) -> Iterator[tuple[int, pa.T
 Candidates = Callable[[minhash.I64], tuple[minhash.I64, minhash.I64]]
 
 
-def local_candidates(work: Workdir) -> Candidates:
-    """Candidate pairs from the band rows under work.bands, all in one query."""
+def local_candidates(work: Workdir, n_docs: int) -> Candidates:
+    """Candidate pairs from the band rows under work.bands, one partition at a time."""
 
     def find(reps: minhash.I64) -> tuple[minhash.I64, minhash.I64]:
-        files = sorted(work.bands.rglob("*.parquet")) if work.bands.exists() else []
-        if not files:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        return candidate_pairs(pl.scan_parquet(files), reps)
+        folders = sorted(work.bands.glob("p=*"))
+        parts = (
+            candidate_pairs(pl.scan_parquet(sorted(f.glob("*.parquet"))), reps) for f in folders
+        )
+        return merge_pairs(parts, n_docs)
 
     return find
 

@@ -569,6 +569,13 @@ class _SplitPacker:
         return PackedBatch(split=self.split, rows=rows, pieces=pieces, telemetry=telemetry)
 
 
+def _own_buffers(table: pa.Table) -> pa.Table:
+    """`table` in buffers of its own (a slice shares its parent's)."""
+    return pa.Table.from_arrays(
+        [pa.concat_arrays(column.chunks) for column in table.columns], schema=table.schema
+    )
+
+
 def pack(
     docs: Iterable[pa.Table], config: PackingConfig, special: SpecialIds
 ) -> Iterator[PackedBatch]:
@@ -594,13 +601,17 @@ def pack(
                 "member_starts", pa.nulls(table.num_rows, _INPUT_SCHEMA.field("member_starts").type)
             )
         columns = table.select(_INPUT_SCHEMA.names).cast(_INPUT_SCHEMA)
-        # Zero-copy slices of each run of one split (Arrow's filter/take copy list columns
-        # slowly); the window concatenation later makes them contiguous.
+        # Each run of one split, copied out of the input table when it is only part of it
+        # (Arrow's filter/take copy list columns slowly; concatenation is a memcpy): a
+        # zero-copy slice would keep the whole input table alive while its run waits for
+        # a window, and the validation window fills only every few dozen input tables, so
+        # memory would grow with the corpus.
         is_train = pc.equal(split_col, "train").to_numpy(zero_copy_only=False)
         run_starts = np.flatnonzero(np.diff(is_train, prepend=~is_train[:1])).tolist()
         for lo, hi in zip(run_starts, [*run_starts[1:], table.num_rows], strict=True):
             packer = packers["train" if is_train[lo] else "validation"]
-            yield from packer.add(columns.slice(lo, hi - lo))
+            run = columns.slice(lo, hi - lo)
+            yield from packer.add(run if hi - lo == table.num_rows else _own_buffers(run))
     for packer in packers.values():
         yield from packer.flush()
 

@@ -373,12 +373,6 @@ def _band_task(
     return u, v, ray.get_runtime_context().get_node_id(), time.perf_counter() - started
 
 
-def _band_partitions(input_rows: int, config: dedup.DedupConfig) -> int:
-    """About 4M band rows per partition, and at least one partition per CPU of the cluster."""
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    return max(1, cpus, min(1024, math.ceil(input_rows * config.bands / 4_000_000)))
-
-
 def find_duplicates(
     ctx: StageContext,
     upstream: Sequence[Manifest],
@@ -395,7 +389,9 @@ def find_duplicates(
     store = ctx.store
     work_dir = f"{version_dir}/_work"
     input_rows = sum(m.tables["data"].rows for m in upstream if "data" in m.tables)
-    partitions = _band_partitions(input_rows, config)
+    # bounded band rows per partition, and at least one partition per CPU of the cluster
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    partitions = dedup.band_partition_count(input_rows, config, at_least=cpus)
     job = ray.put(SignJob(store, config, work_dir, partitions))
     refs: list[Any] = []
     first_doc = shard_no = 0

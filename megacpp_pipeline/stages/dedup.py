@@ -63,7 +63,13 @@ def _decide_and_write(
                 ctx, upstream, config, Path(work), version.dir
             )
         else:
-            result = dedup.find_duplicates(_stream(ctx, upstream), config, Path(work))
+            files = sum(m.tables["data"].rows for m in upstream if "data" in m.tables)
+            result = dedup.find_duplicates(
+                _stream(ctx, upstream),
+                config,
+                Path(work),
+                partitions=dedup.band_partition_count(files, config),
+            )
     decisions = result.decisions
     stats: Counter[str] = Counter(result.stats)
     stats["input_files"] = 0

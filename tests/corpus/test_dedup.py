@@ -245,6 +245,18 @@ def test_candidates_found_per_band_hash_partition_equal_one_query_over_all_bands
     assert np.array_equal(mu, u) and np.array_equal(mv, v)
 
 
+def test_decisions_do_not_depend_on_how_many_band_partitions(
+    labelled: list[dedup_labelled.LabelledFile], tmp_path: Path
+) -> None:
+    one = find_duplicates(dedup_labelled.shards(labelled, 20), DedupConfig(), tmp_path / "a")
+    split = find_duplicates(
+        dedup_labelled.shards(labelled, 20), DedupConfig(), tmp_path / "b", partitions=5
+    )
+    assert len(list((tmp_path / "b" / "bands").glob("p=*"))) == 5
+    assert one.stats["dropped_near_duplicate"] > 0
+    assert split.decisions.equals(one.decisions) and split.stats == one.stats
+
+
 def test_verified_candidates_reach_the_same_decisions_on_the_labelled_set(
     labelled: list[dedup_labelled.LabelledFile], tmp_path: Path
 ) -> None:

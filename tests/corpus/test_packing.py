@@ -354,3 +354,31 @@ def test_a_split_without_documents_gets_no_batch_and_the_other_keeps_its_base(em
     pack_ids = [i for b in batches for i in b.rows.column("pack_id").to_pylist()]
     assert pack_ids == list(range(PACK_ID_BASE[full], PACK_ID_BASE[full] + len(pack_ids)))
     assert reconstruct(batches, 16).keys() == expected_stream(table).keys()
+
+
+def test_documents_waiting_for_a_window_do_not_keep_their_input_tables_alive() -> None:
+    """One validation document in each of 40 train-heavy tables: the validation window fills
+    only at the end, and its waiting documents must hold their own bytes, not each whole
+    input table (memory would then grow with the corpus)."""
+    config = PackingConfig(seq_len=512, window_docs=64)
+    tables_bytes = 0
+
+    def tables():
+        nonlocal tables_bytes
+        for t in range(40):
+            splits = ["train"] * 63 + ["validation"]
+            table = docs_table([2000] * 64, splits, first_id=t * 64)
+            tables_bytes += table.nbytes
+            yield table
+
+    consumed = []
+    stream = pack(tables(), config, SPECIAL)
+    for batch in stream:
+        consumed.append(batch.split)
+        if len(consumed) == 40:  # every train window is out; validation still waits
+            held = pa.total_allocated_bytes()
+            break
+    waiting = 40 * 2000 * 5  # the 40 validation documents' tokens and kinds
+    assert consumed.count("validation") == 0
+    assert held < 4 * waiting + tables_bytes / 40, (held, tables_bytes)  # not 40 tables
+    assert [b.split for b in stream] == ["validation"]
