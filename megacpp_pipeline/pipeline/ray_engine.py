@@ -37,6 +37,7 @@ from megacpp_pipeline.core import ledger
 from megacpp_pipeline.corpus import dedup, minhash
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.engine import Engine
+from megacpp_pipeline.pipeline.memory import bound_malloc
 from megacpp_pipeline.pipeline.parallel import default_workers
 from megacpp_pipeline.pipeline.registry import Materialized, Stage
 from megacpp_pipeline.pipeline.runner import ACCOUNTING_STATS, file_stage_metadata, gate_table
@@ -118,6 +119,7 @@ _PREPARED: dict[str, tuple[Any, Stage, FileResultCache]] = {}
 
 
 def _prepared(job: FileJob) -> tuple[Any, Stage, FileResultCache]:
+    bound_malloc()  # once per worker process
     if job.output_dir not in _PREPARED:
         _PREPARED.clear()
         ctx = job.ctx
@@ -321,6 +323,7 @@ def _sign_task(
     job: SignJob, index: int, shard_no: int, path: str, lo: int, hi: int, first_doc: int
 ) -> SignResult:
     started = time.perf_counter()
+    bound_malloc()
     store = job.store
     try:
         table = pq.read_table(path, filesystem=store.fs).slice(lo, hi - lo)

@@ -22,6 +22,7 @@ from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
+from megacpp_pipeline.pipeline.memory import bound_malloc
 from megacpp_pipeline.pipeline.parallel import default_workers, forked_pool, parallel, row_sizes
 from megacpp_pipeline.pipeline.registry import (
     Body,
@@ -46,6 +47,7 @@ def run_stage(
     yielding what each one reports, in partition order. Many sources of a per-source stage
     run on every core, a source to a forked worker (each source's gate then runs inline);
     a few sources run one after the other, each on every core shard by shard."""
+    bound_malloc()
     body = stage.body or run_file_partition
     workers = ctx.workers if ctx.workers is not None else default_workers()
     started = time.monotonic()

@@ -1,0 +1,54 @@
+"""bound_malloc for real, in fresh interpreters: after a large block has been freed (which
+raises glibc's dynamic mmap threshold), shard-sized blocks freed between live small objects
+go back to the system only when the threshold is fixed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROGRAM = """
+import sys
+from megacpp_pipeline.pipeline.memory import bound_malloc
+if sys.argv[1] == "bound":
+    assert bound_malloc()
+page = 4096
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+big = bytearray(24 << 20); big[::page] = b"x" * len(big[::page]); del big  # threshold -> 24 MiB
+blocks, small = [], []
+for i in range(40):
+    b = bytearray(5 << 20)
+    b[::page] = b"y" * len(b[::page])  # touch every page
+    blocks.append(b)
+    small.append(bytearray(200))  # a live small object after each block
+before = rss()
+del blocks
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize("mode", ["bound", "default"])
+def test_freed_shard_sized_blocks_go_back_only_with_the_threshold_fixed(mode: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM, mode], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    released = int(out.stdout)
+    if mode == "bound":
+        assert released > 150 << 20  # most of the 200 MiB
+    else:
+        assert released < 50 << 20  # held in the heap between the small objects
+
+
+def test_an_operators_own_threshold_is_left_alone() -> None:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    code = "from megacpp_pipeline.pipeline.memory import bound_malloc; print(bound_malloc())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
