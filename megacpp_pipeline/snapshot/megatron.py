@@ -262,9 +262,11 @@ def export_snapshot(
 
     bin_tmp = _tmp(prefix.with_name(prefix.name + ".bin"))
     idx_tmp = _tmp(prefix.with_name(prefix.name + ".idx"))
+    # the .bin is written with pwrite, not through a memory map: dirty mapped pages count in
+    # this process' resident set, so a map would hold the whole split's tokens resident
+    fd = os.open(bin_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        bin_tmp.write_bytes(b"")
-        out = np.memmap(bin_tmp, dtype=dtype, mode="w+", shape=(total,)) if total else None
+        os.ftruncate(fd, total * dtype.itemsize)
         for relpath in shards:
             parquet = pq.ParquetFile(root / relpath, memory_map=True)
             for group in range(parquet.num_row_groups):
@@ -280,12 +282,10 @@ def export_snapshot(
                 src = _ranges(row_of_piece * seq_len + piece_offset[chosen], piece_length[chosen])
                 values = tokens[src]
                 _check_token_range(values, dtype, root / relpath, "input_ids")
-                assert out is not None
-                out[_ranges(piece_dest[chosen], piece_length[chosen])] = values
+                _write_pieces(fd, values.astype(dtype), piece_dest[chosen], piece_length[chosen])
                 np.add.at(placed, chosen, 1)
-        if out is not None:
-            out.flush()
-            del out
+        os.close(fd)
+        fd = -1
         if (bad := np.flatnonzero(placed != 1)).size:
             doc, pack = int(piece_doc[bad[0]]), int(piece_pack[bad[0]])
             raise MegatronExportError(
@@ -296,11 +296,27 @@ def export_snapshot(
         _write_index(idx_tmp, dtype, doc_tokens, np.arange(len(doc_ids) + 1, dtype=np.int64))
         _promote(bin_tmp, idx_tmp, prefix)
     finally:
+        if fd >= 0:
+            os.close(fd)
         bin_tmp.unlink(missing_ok=True)
         idx_tmp.unlink(missing_ok=True)
     return IndexedDatasetSummary(
         prefix, dtype.name, len(doc_ids), len(doc_ids), total, total * dtype.itemsize
     )
+
+
+def _write_pieces(fd: int, values: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> None:
+    """`values` (the pieces' tokens, one after another) written piece by piece at `dest`
+    (in tokens) of the open .bin."""
+    size = values.dtype.itemsize
+    view = np.ascontiguousarray(values).data.cast("B")
+    start = 0
+    for at, n in zip(dest.tolist(), lengths.tolist(), strict=True):
+        chunk, offset = view[start * size : (start + n) * size], at * size
+        while chunk:
+            written = os.pwrite(fd, chunk, offset)
+            chunk, offset = chunk[written:], offset + written
+        start += n
 
 
 class IndexedDatasetReader:

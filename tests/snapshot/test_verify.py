@@ -154,3 +154,73 @@ def test_the_other_snapshot_commands_refuse_a_directory_without_complete_in_one_
     assert err.getvalue().splitlines() == [
         f"megacpp {command}: SnapshotError: {snap}: no _COMPLETE; not a snapshot"
     ]
+
+
+# --- document_consistency: every row against the pieces that say what it holds -------------
+def _rewrite_first_train_shard(snap: Path, change) -> None:
+    from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+
+    path = sorted((snap / "train").glob("part-*.parquet"))[0]
+    t = pq.read_table(path)
+    seq = read_manifest(snap).seq_len
+    columns = {name: t[name] for name in t.column_names}
+    arrays = {name: fixed_list_to_numpy(t[name], seq).copy() for name in ("doc_ids", "target_ids")}
+    pack_ids = t["pack_id"].to_numpy().copy()
+    change(arrays, pack_ids)
+    for name, values in arrays.items():
+        field = t.schema.field(name)
+        flat = pa.array(values.reshape(-1), field.type.value_type)
+        columns[name] = pa.FixedSizeListArray.from_arrays(flat, seq)
+    columns["pack_id"] = pa.array(pack_ids, t.schema.field("pack_id").type)
+    pq.write_table(pa.table(columns, schema=t.schema), path)
+
+
+def _documents_check(snap: Path) -> verify.CheckOutcome:
+    return verify.check_documents(snap, read_manifest(snap))
+
+
+def test_document_consistency_passes_on_a_sound_snapshot(pristine: Path) -> None:
+    out = _documents_check(pristine)
+    assert out.passed, out.problems
+    assert out.metrics["rows"] > 0
+
+
+def test_document_consistency_names_a_row_whose_doc_ids_disagree_with_its_pieces(
+    pristine: Path, tmp_path: Path
+) -> None:
+    snap = damaged(pristine, tmp_path)
+
+    def change(arrays, pack_ids):
+        arrays["doc_ids"][1, 0] = 9999  # the first token of row 1 now claims another doc
+
+    _rewrite_first_train_shard(snap, change)
+    out = _documents_check(snap)
+    assert not out.passed
+    assert any("doc_ids disagree with pieces.parquet" in p for p in out.problems), out.problems
+
+
+def test_document_consistency_names_a_target_that_crosses_a_document_boundary(
+    pristine: Path, tmp_path: Path
+) -> None:
+    snap = damaged(pristine, tmp_path)
+    pieces = pq.read_table(snap / "pieces.parquet").to_pylist()
+
+    def change(arrays, pack_ids):
+        first = next(p for p in pieces if p["pack_id"] == int(pack_ids[0]))
+        end = first["row_offset"] + first["length"] - 1
+        arrays["target_ids"][0, end] = 7  # the document's last token now predicts the next
+
+    _rewrite_first_train_shard(snap, change)
+    out = _documents_check(snap)
+    assert any("a target crosses a document boundary" in p for p in out.problems), out.problems
+
+
+def test_document_consistency_names_a_row_without_pieces(pristine: Path, tmp_path: Path) -> None:
+    snap = damaged(pristine, tmp_path)
+
+    def change(arrays, pack_ids):
+        pack_ids[0] = 987_654_321
+
+    _rewrite_first_train_shard(snap, change)
+    out = _documents_check(snap)
+    assert any("row pack_id 987654321 has no pieces" in p for p in out.problems), out.problems
