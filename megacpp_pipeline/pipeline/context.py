@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from megacpp_pipeline.core.catalog import Catalog, SourceSpec
 from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.registry import Registry, Stage
+from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore
 
 
@@ -41,6 +42,24 @@ class StageContext:
     def code_version(self, stage: Stage | str) -> str:
         s = self.registry.get(stage) if isinstance(stage, str) else stage
         return self.registry.code_version(s, self.catalog)
+
+    def file_cache(
+        self, stage: Stage, code_version: str, salt: str, source: str
+    ) -> FileResultCache:
+        """One stage's per-file results for one source: in the store (`file-results/`) when
+        it is an object store, so every node of a cluster and every later run share them;
+        else under the cache dir."""
+        if self.store.is_local:
+            root: Path | str = self.cache_dir / "file-results"
+            return FileResultCache(root, stage.name, code_version, salt, source=source)
+        return FileResultCache(
+            self.store.join("file-results"),
+            stage.name,
+            code_version,
+            salt,
+            source=source,
+            fs=self.store.fs,
+        )
 
     def sources(self) -> list[str]:
         """The operational sources, in catalog order (the per-source partitions)."""

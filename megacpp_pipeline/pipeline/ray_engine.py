@@ -127,13 +127,7 @@ def _prepared(job: FileJob) -> tuple[Any, Stage, FileResultCache]:
         assert stage.gate is not None
         spec = ctx.catalog.source(job.source)
         prepared = stage.gate(SourceInputs(ctx, stage, spec, ctx.config(stage)))
-        cache = FileResultCache(
-            ctx.cache_dir / "file-results",
-            stage.name,
-            job.code_version,
-            prepared.salt,
-            source=job.source,
-        )
+        cache = ctx.file_cache(stage, job.code_version, prepared.salt, job.source)
         _PREPARED[job.output_dir] = (prepared.gate, stage, cache)
     return _PREPARED[job.output_dir]
 

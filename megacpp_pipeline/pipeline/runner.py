@@ -104,9 +104,7 @@ def run_file_partition(ctx: StageContext, stage: Stage, source: str | None) -> M
     inputs = SourceInputs(ctx, stage, spec, config)
     prepared = stage.gate(inputs)
     code_version = ctx.code_version(stage)
-    cache = FileResultCache(
-        ctx.cache_dir / "file-results", stage.name, code_version, prepared.salt, source=source
-    )
+    cache = ctx.file_cache(stage, code_version, prepared.salt, source)
     version = ctx.store.begin(
         stage.name, source, code_version=code_version, config=config, run_id=ctx.run_id
     )

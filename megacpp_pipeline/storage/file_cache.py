@@ -4,14 +4,17 @@ changed recomputes about 1% of the per-file work. A config or code-version chang
 stage to a new namespace: it invalidates exactly that stage's entries.
 
 Entries are Arrow IPC files (kept rows, ledger rows and side-table rows, each with a `_key`
-column) written atomically under <root>/<stage>/<namespace>/<source>/; a crash leaves at worst an
-unreferenced `.tmp`, never a half entry.
+column) under <root>/<stage>/<namespace>/<source>/, on any pyarrow filesystem: the cache dir
+on local disk, or the store's bucket (`file-results/`) when the data dir is an object store,
+so every node of a cluster and every later run share one cache. An entry's index object is
+written last; on local disk each object is written to a unique temp name and moved into
+place, an object store's PUT is whole already; a crash leaves at worst an unreferenced temp
+file or parts without an index, never a half entry.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from megacpp_pipeline.core.gate import GateResult
 
@@ -43,28 +47,48 @@ def row_keys(table: pa.Table, content_column: str, salt: str = "") -> list[str]:
 class FileResultCache:
     """One stage's entries under one code version and salt; with `source`, only that
     source's entries (a stage's cache is read source by source, so loading the index of one
-    never reads the entries of thousands of others)."""
+    never reads the entries of thousands of others). `root` is a path on `fs` (default: the
+    local disk)."""
 
     def __init__(
-        self, root: Path, stage: str, code_version: str, salt: str, *, source: str | None = None
+        self,
+        root: Path | str,
+        stage: str,
+        code_version: str,
+        salt: str,
+        *,
+        source: str | None = None,
+        fs: pafs.FileSystem | None = None,
     ) -> None:
         namespace = hashlib.sha256(f"{code_version}\0{salt}".encode()).hexdigest()[:16]
-        self.dir = root / stage / namespace / source if source else root / stage / namespace
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._index: dict[str, Path] | None = None
+        self.fs = fs or pafs.LocalFileSystem()
+        self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        base = f"{Path(root).as_posix() if self._local else str(root).rstrip('/')}/{stage}"
+        self.dir = f"{base}/{namespace}/{source}" if source else f"{base}/{namespace}"
+        if self._local:
+            self.fs.create_dir(self.dir, recursive=True)
+        self._index: dict[str, str] | None = None
 
-    def _load_index(self) -> dict[str, Path]:
+    def _load_index(self) -> dict[str, str]:
         if self._index is None:
-            index: dict[str, Path] = {}
-            for part in sorted(self.dir.glob(f"e-*{_SUFFIX}")):
-                if part.name.count(".") != 1:
+            index: dict[str, str] = {}
+            selector = pafs.FileSelector(self.dir, allow_not_found=True)
+            names = sorted(
+                i.base_name
+                for i in self.fs.get_file_info(selector)
+                if i.type == pafs.FileType.File
+                and i.base_name.startswith("e-")
+                and i.base_name.endswith(_SUFFIX)
+            )
+            for name in names:
+                if name.count(".") != 1:
                     continue  # a part; only an entry's index file (written last) counts
                 try:
-                    keys = _read(part)[KEY].to_pylist()
+                    keys = _read(self.fs, f"{self.dir}/{name}")[KEY].to_pylist()
                 except (OSError, pa.ArrowInvalid):
                     continue  # an unreadable entry is a miss, never an error
                 for key in keys:
-                    index.setdefault(key, part)
+                    index.setdefault(key, name.split(".")[0])
             self._index = index
         return self._index
 
@@ -75,14 +99,12 @@ class FileResultCache:
     def fetch(self, keys: list[str], kind: str) -> pa.Table | None:
         """Cached rows of `kind` (kept, dropped or a side table) for these keys."""
         index = self._load_index()
-        parts = sorted(
-            {index[k].parent / f"{index[k].stem.split('.')[0]}.{kind}{_SUFFIX}" for k in keys}
-        )
+        parts = sorted({f"{self.dir}/{index[k]}.{kind}{_SUFFIX}" for k in keys})
         wanted = pa.array(keys, pa.string())
         tables = []
-        for part in parts:
-            if part.exists():
-                t = _read(part)
+        for part, info in zip(parts, self.fs.get_file_info(parts), strict=True):
+            if info.type == pafs.FileType.File:
+                t = _read(self.fs, part)
                 tables.append(t.filter(pc.is_in(t[KEY], value_set=wanted)))
         if not tables:
             return None
@@ -94,29 +116,36 @@ class FileResultCache:
         tables = {"kept": result.kept, "dropped": result.dropped, **result.extra}
         for kind, table in tables.items():
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
-            _write(keyed, self.dir / f"{entry}.{kind}{_SUFFIX}")
+            self._write(keyed, f"{self.dir}/{entry}.{kind}{_SUFFIX}")
         # the index file is written last: an entry exists only once all its parts do
-        _write(pa.table({KEY: pa.array(keys, pa.string())}), self.dir / f"{entry}{_SUFFIX}")
+        self._write(pa.table({KEY: pa.array(keys, pa.string())}), f"{self.dir}/{entry}{_SUFFIX}")
         if self._index is not None:
             for key in keys:
-                self._index.setdefault(key, self.dir / f"{entry}{_SUFFIX}")
+                self._index.setdefault(key, entry)
+
+    def _write(self, table: pa.Table, path: str) -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        data = sink.getvalue()
+        if not self._local:  # an object store's PUT is whole or absent
+            with self.fs.open_output_stream(path) as f:
+                f.write(data)
+            return
+        tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+        with self.fs.open_output_stream(tmp) as f:
+            f.write(data)
+        self.fs.move(tmp, path)
 
 
-# Entries are Arrow IPC files: local scratch that is written once and read whole, where
-# parquet's encoding and compression cost more than they save (a few ms an entry, and a
-# stage writes one entry per shard per source).
+# Entries are Arrow IPC files: scratch that is written once and read whole, where parquet's
+# encoding and compression cost more than they save (a few ms an entry, and a stage writes
+# one entry per shard per source).
 _SUFFIX = ".arrow"
 
 
-def _write(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, path)
-
-
-def _read(path: Path) -> pa.Table:
-    with pa.memory_map(str(path)) as source:
+def _read(fs: pafs.FileSystem, path: str) -> pa.Table:
+    with fs.open_input_file(path) as source:
         return pa.ipc.open_file(source).read_all()
 
 

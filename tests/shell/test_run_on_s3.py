@@ -75,6 +75,7 @@ def runs(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
         "remote": remote.stdout.strip().splitlines()[-1],
         "store": ShardStore(uri),
         "root": root,
+        "catalog": catalog,
     }
 
 
@@ -128,9 +129,26 @@ def test_every_asset_version_is_in_the_bucket_and_verifies(runs: dict) -> None:
         m = store.latest(asset, partition)
         assert store.verify(m) == [], asset
     # the local data dir was never used: nothing but the caches and the instance on disk
-    assert sorted(p.name for p in runs["root"].iterdir() if p.is_dir()) == [
-        "cache-local", "cache-s3", "corpus_dir", "corpus_git", "dagster_home", "local",
-    ]  # fmt: skip
+    assert {p.name for p in runs["root"].iterdir() if p.is_dir()} <= {
+        "cache-local", "cache-s3", "cache-other-host", "corpus_dir", "corpus_git",
+        "dagster_home", "local",
+    }  # fmt: skip
+
+
+def test_the_file_result_cache_is_in_the_bucket_and_a_fresh_host_reuses_it(runs: dict) -> None:
+    store: ShardStore = runs["store"]
+    entries = store.fs.get_file_info(
+        pafs.FileSelector(store.join("file-results", "normalized_files"), recursive=True)
+    )
+    assert any(i.base_name.endswith(".arrow") for i in entries)
+    assert not (runs["root"] / "cache-s3" / "file-results").exists()
+    # another run with an empty cache dir, as on another host: every file comes from the
+    # bucket's cache and the snapshot is the same
+    again = megacpp_run(runs["catalog"], store.uri, runs["root"], "cache-other-host")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.strip().splitlines()[-1] == runs["remote"]
+    m = store.latest("normalized_files", "tree")
+    assert m.stats["input_files"] > 0 and m.stats["cached_files"] == m.stats["input_files"]
 
 
 def test_verify_inspect_and_the_loader_read_the_snapshot_by_its_uri(

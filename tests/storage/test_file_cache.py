@@ -108,7 +108,7 @@ def test_an_entry_without_its_index_file_is_a_miss(tmp_path: Path) -> None:
     table = _raw(_corpus(5))
     cache = FileResultCache(tmp_path, "normalize", "c", "k")
     _call(cache, table, CountingGate(cfg))
-    for index in cache.dir.glob("e-*.arrow"):
+    for index in Path(cache.dir).glob("e-*.arrow"):
         if index.name.count(".") == 1:
             index.unlink()  # as if the process died before writing it
     gate = CountingGate(cfg)
