@@ -402,6 +402,7 @@ def _write_signatures(
     order = StreamOrder()
     n_docs = 0
     shingle_offset = 0
+    stats["shards"] += 0  # recorded even for an empty stream, as the ray engine records it
     with open(work.signatures, "wb") as sig_out:
         shingle_out = open(work.shingles, "wb") if config.verify_candidates else None  # noqa: SIM115
         try:

@@ -440,3 +440,54 @@ def test_a_source_with_nothing_to_gate_gets_a_complete_empty_version_on_ray(
     assert m.extra["engine"] == "ray" and m.extra["engine_nodes"] == {}
     assert done["empty"].stats["input_files"] == 0 and done["tree"].stats["input_files"] > 0
     assert all(o.passed for o in outcomes), [o.description for o in outcomes]
+
+
+@pytest.mark.parametrize("only_empty", [False, True])
+def test_dedup_on_ray_with_an_empty_source_or_no_file_at_all_matches_the_local_engine(
+    cluster: Cluster, tmp_path: Path, only_empty: bool
+) -> None:
+    catalog, _ = write_catalog(tmp_path)
+    (tmp_path / "empty").mkdir()  # collects zero files
+    empty = "  - id: empty\n    kind: dir\n    uri: empty\n    declared_license: MIT\n"
+    text = catalog.read_text()
+    if only_empty:  # the catalog's own sources go; only the empty one is left
+        head, rest = text.split("sources:", 1)
+        text = head + "sources:\n" + empty + "stages:" + rest.split("stages:", 1)[1]
+    else:
+        text = text.replace("stages:", empty + "stages:")
+    catalog.write_text(text)
+    registry = default_registry()
+    store = ShardStore(str(tmp_path / "data"))
+    local = StageContext(
+        catalog=load_catalog(catalog, registry), store=store, registry=registry,
+        cache_dir=tmp_path / "cache", workers=1,
+    )  # fmt: skip
+    for stage in registry:
+        if stage.name == "deduped_files":
+            break
+        list(run_stage(local, stage, local.partitions(stage)))
+    dedup_stage = registry.get("deduped_files")
+    list(run_stage(local, dedup_stage, [None]))
+    by_local = store.latest("deduped_files")
+    on_ray = replace(local, engine=Engine(EngineKind.RAY, cluster.address))
+    connect(on_ray.engine)
+    try:
+        list(run_stage(on_ray, dedup_stage, [None]))
+        outcomes = [c.evaluate(on_ray, dedup_stage, None) for c in checks_of(dedup_stage)]
+    finally:
+        release()
+    m = store.latest("deduped_files")
+    assert m.version != by_local.version and m.extra["engine"] == "ray"
+    assert m.stats == by_local.stats and store.verify(m) == []
+    assert "data:empty" in m.tables and m.tables["data:empty"].rows == 0
+    decisions = [list(store.iter_tables(v, "decisions")) for v in (m, by_local)]
+    assert [t.to_pylist() for t in decisions[0]] == [t.to_pylist() for t in decisions[1]]
+    assert not (Path(store.version_dir(m)) / "_work").exists()
+    if only_empty:
+        assert m.rows == 0 and m.extra["sign_tasks"] == 0
+        # an empty version is sound; only the check that stops a run on nothing fails
+        verdicts = {c.name: o.passed for c, o in zip(checks_of(dedup_stage), outcomes, strict=True)}
+        assert verdicts.pop("some_file_is_left") is False
+        assert verdicts and all(verdicts.values()), verdicts
+    else:
+        assert m.rows > 0 and all(o.passed for o in outcomes), [o.description for o in outcomes]
