@@ -249,7 +249,12 @@ def run_gate(shard_dir: Path, mb: float) -> dict[str, Any]:
         "getrusage_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_after_imports_mb": base_rss,
         "stats": dict(result.stats),
-        "markdown": markdown_top_clusters(result, 10),
+        "markdown": markdown_top_clusters(
+            result.clusters,
+            result.stats["dropped_exact_duplicate"],
+            result.stats["dropped_near_duplicate"],
+            10,
+        ),
     }
 
 

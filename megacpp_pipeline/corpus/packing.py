@@ -12,9 +12,10 @@ per member, each member permuted inside its own span with its own draw, so no pr
 or middle ever crosses from one file into the next; a document without member_starts is one
 member (file mode, unchanged: its draws are keyed by the doc id alone, as before).
 
-pack_id: rows are numbered sequentially per split in output order, starting at the split's
-base in PACK_ID_BASE (train from 0, validation from 2**40), so an id never depends on the
-other split and never collides with it.
+pack_id: rows are numbered sequentially per split and block in output order, from the
+block's base (block_base: the split's base in PACK_ID_BASE, train from 0, validation from
+2**62, plus the block number times 2**32), so an id never depends on the other split or on
+another block, and blocks of whole windows can be packed side by side on any worker.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from megacpp_pipeline.snapshot.packed_rows import (
 )
 
 SPLITS = ("train", "validation")
-PACK_ID_BASE = {"train": 0, "validation": 1 << 40}
+PACK_ID_BASE = {"train": 0, "validation": 1 << 62}
+BLOCK_SHIFT = 32  # a block's rows are numbered from its base: fewer than 2**32 of them
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _INPUT_SCHEMA = pa.schema(
     [
@@ -82,6 +84,9 @@ class PackingConfig(BaseModel):
     # kind except 0 ("other").
     fim_structured_kinds: tuple[int, ...] = (2,)
     seed: int = 0
+    # Windows a packing task packs: the unit of parallel packing (a block of this many
+    # windows of one split, numbered from its own pack_id base)
+    windows_per_task: int = Field(default=16, ge=1)
     packing_telemetry: bool = False
     histogram_bins: int = Field(default=20, ge=1)
 
@@ -437,11 +442,13 @@ def _fill_rows(
 class _SplitPacker:
     """Packs one split's windows; owns that split's pack_id counter."""
 
-    def __init__(self, split: str, config: PackingConfig, special: SpecialIds) -> None:
+    def __init__(
+        self, split: str, config: PackingConfig, special: SpecialIds, block: int = 0
+    ) -> None:
         self.split = split
         self.config = config
         self.special = special
-        self.next_pack_id = PACK_ID_BASE[split]
+        self.next_pack_id = block_base(split, block)
         self.pending: list[pa.Table] = []
         self.pending_docs = 0
 
@@ -576,6 +583,27 @@ def _own_buffers(table: pa.Table) -> pa.Table:
     )
 
 
+def block_base(split: str, block: int) -> int:
+    """The first pack_id of a block of one split."""
+    return PACK_ID_BASE[split] + (block << BLOCK_SHIFT)
+
+
+def _columns(table: pa.Table) -> pa.Table:
+    """A document table checked and cut to what the packer reads (member_starts null when
+    the table has none: one member per document)."""
+    missing = {"doc_id", "token_ids", "chunk_kind", "split"} - set(table.column_names)
+    if missing:
+        raise PackingInputError(f"document table lacks columns {sorted(missing)}")
+    unknown = set(pc.unique(table.column("split")).to_pylist()) - set(SPLITS)
+    if unknown:
+        raise PackingInputError(f"split: unknown values {sorted(map(str, unknown))}")
+    if "member_starts" not in table.column_names:
+        table = table.append_column(
+            "member_starts", pa.nulls(table.num_rows, _INPUT_SCHEMA.field("member_starts").type)
+        )
+    return table.select(_INPUT_SCHEMA.names).cast(_INPUT_SCHEMA)
+
+
 def pack(
     docs: Iterable[pa.Table], config: PackingConfig, special: SpecialIds
 ) -> Iterator[PackedBatch]:
@@ -587,20 +615,10 @@ def pack(
     order, so the output does not depend on how the input is cut into tables."""
     packers = {split: _SplitPacker(split, config, special) for split in SPLITS}
     for table in docs:
-        missing = {"doc_id", "token_ids", "chunk_kind", "split"} - set(table.column_names)
-        if missing:
-            raise PackingInputError(f"document table lacks columns {sorted(missing)}")
         if table.num_rows == 0:
             continue
         split_col = table.column("split")
-        unknown = set(pc.unique(split_col).to_pylist()) - set(SPLITS)
-        if unknown:
-            raise PackingInputError(f"split: unknown values {sorted(map(str, unknown))}")
-        if "member_starts" not in table.column_names:
-            table = table.append_column(
-                "member_starts", pa.nulls(table.num_rows, _INPUT_SCHEMA.field("member_starts").type)
-            )
-        columns = table.select(_INPUT_SCHEMA.names).cast(_INPUT_SCHEMA)
+        columns = _columns(table)
         # Each run of one split, copied out of the input table when it is only part of it
         # (Arrow's filter/take copy list columns slowly; concatenation is a memcpy): a
         # zero-copy slice would keep the whole input table alive while its run waits for
@@ -614,6 +632,24 @@ def pack(
             yield from packer.add(run if hi - lo == table.num_rows else _own_buffers(run))
     for packer in packers.values():
         yield from packer.flush()
+
+
+def pack_block(
+    docs: Iterable[pa.Table], split: str, block: int, config: PackingConfig, special: SpecialIds
+) -> Iterator[PackedBatch]:
+    """One block of one split: its documents (all of `split`, in doc order) packed window
+    by window, pack_ids from the block's base. The windows of the whole split, cut into
+    blocks of `windows_per_task` windows, pack to exactly the rows `pack` gives them; only
+    the pack_ids say which block a row came from."""
+    packer = _SplitPacker(split, config, special, block)
+    for table in docs:
+        if table.num_rows == 0:
+            continue
+        columns = _columns(table)
+        if set(pc.unique(table.column("split")).to_pylist()) != {split}:
+            raise PackingInputError(f"a {split} block holds documents of another split")
+        yield from packer.add(columns)
+    yield from packer.flush()
 
 
 def restore_fim_order(

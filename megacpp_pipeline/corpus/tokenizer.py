@@ -121,21 +121,25 @@ def effective_fraction(config: TokenizerConfig, total_bytes: int | None) -> floa
     return min(config.sample_fraction, config.max_train_bytes / total_bytes)
 
 
-def _training_sample(
-    texts: Iterable[str], config: TokenizerConfig, fraction: float
+def training_sample(
+    texts: Iterable[str], config: TokenizerConfig, fraction: float, budget: int | None = -1
 ) -> Iterator[str]:
+    """The texts a hash of their bytes (seeded) draws at `fraction`, in order, until
+    `budget` bytes (default max_train_bytes; None: no budget, a task's share of a sample
+    whose budget the driver applies)."""
     threshold = int(fraction * (1 << 64))
     salt = config.seed.to_bytes(8, "little", signed=True)
-    budget = config.max_train_bytes
+    left = config.max_train_bytes if budget == -1 else budget
     for text in texts:
         data = text.encode("utf-8")
         if fraction < 1.0:
             digest = hashlib.blake2b(data, digest_size=8, key=salt).digest()
             if int.from_bytes(digest, "little") >= threshold:
                 continue
-        budget -= len(data)
-        if budget < 0:
-            return
+        if left is not None:
+            left -= len(data)
+            if left < 0:
+                return
         yield text
 
 
@@ -168,7 +172,7 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     fraction = effective_fraction(config, total_bytes)
-    tok.train_from_iterator(_training_sample(texts, config, fraction), trainer)
+    tok.train_from_iterator(training_sample(texts, config, fraction), trainer)
     return _finalize(tok)
 
 

@@ -14,6 +14,8 @@ from pydantic import BaseModel
 
 from megacpp_pipeline.core.catalog import Catalog, SourceSpec
 from megacpp_pipeline.pipeline.engine import LOCAL, Engine
+from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
+from megacpp_pipeline.pipeline.parallel import default_workers
 from megacpp_pipeline.pipeline.registry import Registry, Stage
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore
@@ -35,6 +37,15 @@ class StageContext:
     log: Callable[[str], None] = _ignore
     workers: int | None = None  # forked workers per shard for per-file gates (None: every CPU)
     engine: Engine = LOCAL  # where per-file stages run (pipeline/engine.py)
+
+    def executor(self) -> Executor:
+        """A fresh executor for one stage's maps (its per-node figures are that stage's):
+        forked workers of this host, or Ray tasks on the engine's cluster."""
+        if self.engine.distributed:
+            from megacpp_pipeline.pipeline import ray_engine  # the optional extra
+
+            return ray_engine.RayExecutor(self.engine)
+        return LocalExecutor(self.workers if self.workers is not None else default_workers())
 
     def config(self, stage: Stage) -> Any:
         return self.registry.config_of(stage, self.catalog)

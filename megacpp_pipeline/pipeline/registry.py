@@ -86,6 +86,7 @@ class Materialized:
     partition: str | None
     metadata: Mapping[str, Any]
     stats: Mapping[str, float] = field(default_factory=dict)  # its version's counters
+    messages: tuple[str, ...] = ()  # what it logged in a worker, for the driver's log
 
 
 Body = Callable[["StageContext", "Stage", "str | None"], Materialized]
@@ -114,12 +115,13 @@ class Stage:
     # non-corpus files of a source this stage reads (REUSE metadata, the compile database):
     # collection keeps every path one of the stages asks for in the source's metadata table
     metadata_files: Callable[[SourceSpec, str], bool] | None = None
-    # per-file stages: the gate for one source; the runner streams the input through it
+    # per-file stages: the gate for one source; the runner maps it over the input's slices
+    # (a per-source stage: one version per source; a global one: one version whose
+    # `data:<source>` tables keep the sources apart)
     gate: Callable[[SourceInputs], PreparedGate] | None = None
     # recomputes the gate's stats families (prefix before ':') over its whole output, cached
     # rows included, since a gate's own stats only cover the files it saw
     summarize: Callable[[GateResult], Counter[str]] | None = None
-    workers: int | None = None  # forked workers per shard (None: every core; 1: inline)
     body: Body | None = None  # any other stage: its work for one partition
     # what a per-file stage shows beyond the standard summary, from its version and stats
     report: Callable[[StageContext, Manifest, Mapping[str, float]], Mapping[str, Any]] | None = None
@@ -159,10 +161,8 @@ class Registry:
             if (s.gate is None) == (s.body is None):
                 raise RegistryError(f"stage {s.name!r}: needs exactly one of gate and body")
             if s.gate is not None:
-                if not s.per_source or s.input is None:
-                    raise RegistryError(
-                        f"stage {s.name!r}: a per-file gate runs per source on an input"
-                    )
+                if s.input is None:
+                    raise RegistryError(f"stage {s.name!r}: a per-file gate runs on an input")
                 if s.schema is None or s.content_column is None:
                     raise RegistryError(
                         f"stage {s.name!r}: a per-file gate needs schema and content_column"

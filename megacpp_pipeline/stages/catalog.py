@@ -10,8 +10,8 @@ import pyarrow as pa
 from megacpp_pipeline.collect import commit_exists
 from megacpp_pipeline.core.schemas import SOURCE_CATALOG
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
-from megacpp_pipeline.pipeline.runner import summary_metadata
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:

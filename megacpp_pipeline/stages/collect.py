@@ -16,8 +16,8 @@ from megacpp_pipeline.core.catalog import Catalog
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.core.schemas import RAW_FILES
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
-from megacpp_pipeline.pipeline.runner import drop_reasons_table, summary_metadata
 
 
 def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:

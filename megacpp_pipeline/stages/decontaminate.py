@@ -1,99 +1,107 @@
 """decontaminated_files: every kept file checked against an n-gram index of the pinned
 `benchmarks:` (prompts, canonical solutions, tests); a file that shares a sequence with a
 task is dropped (or has the match cut out, `action: excise`) with the benchmark and task ids
-in its ledger row. Corpus-wide, because the index is built once; each source's rows stay
-in a table of their own."""
+in its ledger row. A corpus-wide gate: the index is built once and every slice of every
+source is checked against it in its own task (cached per file like any gate, the index's
+fingerprint in the key); each source's rows stay in a table of their own."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.catalog import Catalog
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
+from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import decontaminate
-from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
     CheckOutcome,
     Grain,
     Markdown,
-    Materialized,
+    PreparedGate,
     Stage,
 )
-from megacpp_pipeline.pipeline.runner import drop_reasons_table, summary_metadata
+from megacpp_pipeline.storage.store import Manifest
+
+_INDEXES: dict[str, decontaminate.BenchmarkIndex] = {}  # per process, by what builds it
 
 
 def benchmark_index(
     catalog: Catalog, config: decontaminate.DecontaminateConfig
 ) -> decontaminate.BenchmarkIndex:
-    tasks = [
-        t
-        for spec in catalog.benchmarks
-        for t in decontaminate.load_benchmark(spec, catalog.base_dir)
-    ]
-    return decontaminate.BenchmarkIndex.build(tasks, config)
-
-
-def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
-    assert stage.input is not None
-    config = ctx.config(stage)
-    index = benchmark_index(ctx.catalog, config)
-    upstream = ctx.latest(stage.input)
-    version = ctx.store.begin(
-        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
+    """The n-gram index of the catalog's pinned benchmarks, built once per process for a
+    given catalog and config (every source's gate, and the check, share it)."""
+    key = json.dumps(
+        [
+            str(catalog.base_dir),
+            [b.model_dump(mode="json") for b in catalog.benchmarks],
+            config.model_dump(mode="json"),
+        ],
+        sort_keys=True,
     )
-    stats: Counter[str] = Counter(input_files=0, kept_files=0, dropped_files=0)
-    drops = version.table("ledger", LEDGER_SCHEMA)
-    matches = version.table("matches", decontaminate.MATCHES_SCHEMA)
-    all_matches: list[pa.Table] = []
-    for source in ctx.sources():
-        out = version.table(f"data:{source}", DEDUPED_FILES)
-        for t in ctx.store.iter_tables(upstream, ctx.input_table(stage, source)):
-            result = decontaminate.run(t, index, config)
-            out.write(result.kept)
-            drops.write(ledger.stamp(result.dropped, stage.name))
-            matches.write(result.extra["matches"])
-            all_matches.append(result.extra["matches"])
-            stats.update(result.stats)
-            stats["input_files"] += t.num_rows
-            stats["input_bytes"] += int(pc.sum(pc.binary_length(t["text"])).as_py() or 0)
-            stats["kept_files"] += result.kept.num_rows
-            stats["dropped_files"] += result.dropped.num_rows
-    stats[f"ledger:{DropReason.BENCHMARK_CONTAMINATION}"] = stats["dropped_files"]
-    manifest = version.commit(
-        upstream=ctx.upstream_hashes([upstream]),
-        stats=stats,
+    if key not in _INDEXES:
+        tasks = [
+            t
+            for spec in catalog.benchmarks
+            for t in decontaminate.load_benchmark(spec, catalog.base_dir)
+        ]
+        _INDEXES.clear()
+        _INDEXES[key] = decontaminate.BenchmarkIndex.build(tasks, config)
+    return _INDEXES[key]
+
+
+def _gate(inputs: SourceInputs) -> PreparedGate:
+    config = inputs.config
+    index = benchmark_index(inputs.catalog, config)
+    return PreparedGate(
+        partial(decontaminate.run, index=index, config=config),
+        salt=index.fingerprint,
         extra={
-            "benchmarks": [b.id for b in ctx.catalog.benchmarks],
+            "benchmarks": [b.id for b in inputs.catalog.benchmarks],
             "index": index.fingerprint,
             "index_stats": dict(index.stats),
         },
     )
+
+
+def _summarize(result: GateResult) -> Counter[str]:
+    """The per-benchmark counters over a whole output, cached files included: one per
+    (file, benchmark) match, as the gate counts them."""
+    out: Counter[str] = Counter()
+    matches = result.extra.get("matches")
+    if matches is None:
+        return out
+    excised: dict[tuple[str, str], int] = {}
+    for row in matches.to_pylist():
+        out[f"benchmark:{row['benchmark_id']}:files_{row['action']}"] += 1
+        if row["action"] == "excised":
+            excised[(row["source_id"], row["path"])] = int(row["excised_bytes"] or 0)
+    out["excised_files"] = len(excised)
+    out["excised_bytes"] = sum(excised.values())
+    return out
+
+
+def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -> dict[str, Any]:
+    config = ctx.config(ctx.registry.get(manifest.asset))
     found = (
-        pa.concat_tables(all_matches) if all_matches else decontaminate.MATCHES_SCHEMA.empty_table()
+        ctx.store.read_table(manifest, "matches")
+        if manifest.tables.get("matches") is not None and manifest.tables["matches"].rows
+        else decontaminate.MATCHES_SCHEMA.empty_table()
     )
-    return Materialized(
-        None,
-        summary_metadata(
-            ctx.store,
-            manifest,
-            input_files=stats["input_files"],
-            benchmarks=len(ctx.catalog.benchmarks),
-            drop_reasons=drop_reasons_table(stats),
-            per_benchmark=Markdown(
-                decontaminate.markdown_table(found, index)
-                if ctx.catalog.benchmarks
-                else "no benchmarks in the catalog"
-            ),
+    return {
+        "benchmarks": len(ctx.catalog.benchmarks),
+        "per_benchmark": Markdown(
+            decontaminate.markdown_table(found, benchmark_index(ctx.catalog, config))
+            if ctx.catalog.benchmarks
+            else "no benchmarks in the catalog"
         ),
-        stats,
-    )
+    }
 
 
 def _kept_files_rescan_clean(
@@ -135,9 +143,13 @@ STAGE = Stage(
     code=(decontaminate.__name__, __name__),
     version_data=lambda catalog: [b.model_dump(mode="json") for b in catalog.benchmarks],
     schema=DEDUPED_FILES,
+    content_column="text",
+    side_tables={"matches": decontaminate.MATCHES_SCHEMA},
     drop_reasons=(DropReason.BENCHMARK_CONTAMINATION,),
     writes_ledger=True,
-    body=_body,
+    gate=_gate,
+    summarize=_summarize,
+    report=_report,
     checks=(
         Check(
             "kept_files_rescan_clean",

@@ -5,20 +5,21 @@ rows go to a table of their own (`data:<source>`), so the next per-source stage 
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import dedup
+from megacpp_pipeline.pipeline.checks import SOME_FILE_IS_LEFT
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.executor import Executor
+from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metadata
 from megacpp_pipeline.pipeline.registry import (
     Check,
     CheckOutcome,
@@ -27,11 +28,7 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
-from megacpp_pipeline.pipeline.runner import (
-    SOME_FILE_IS_LEFT,
-    drop_reasons_table,
-    summary_metadata,
-)
+from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, VersionWriter
 
 
@@ -39,55 +36,82 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     assert stage.input is not None
     config = ctx.config(stage)
     upstream = [ctx.latest(stage.input, s) for s in ctx.sources()]
-    ctx.cache_dir.mkdir(parents=True, exist_ok=True)
+    executor = ctx.executor()
+    code_version = ctx.code_version(stage)
     version = ctx.store.begin(
-        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
+        stage.name, None, code_version=code_version, config=config, run_id=ctx.run_id
     )
     with version:  # aborted if anything below raises
-        return _decide_and_write(ctx, stage, config, upstream, version)
+        plan, n_docs = _plan(ctx, upstream, executor.workers)
+        outcome = dedup.deduplicate(
+            ctx.store,
+            executor.map,
+            executor.workers,
+            plan,
+            n_docs,
+            config,
+            version.dir,
+            shards=sum(len(m.tables["data"].shards) for m in upstream if "data" in m.tables),
+            open_cache=partial(_open_cache, replace(ctx, log=_ignore), stage, code_version),
+            ledger_stage=stage.name,
+        )
+        return _write(ctx, stage, upstream, version, outcome, executor, len(plan))
 
 
-def _decide_and_write(
+def _plan(
+    ctx: StageContext, upstream: list[Manifest], workers: int
+) -> tuple[list[dedup.SliceOfSource], int]:
+    """Every source's kept files as slices in canonical order (a slice never mixes two
+    sources), each with the doc_index of its first file."""
+    inputs = [(m, "data") for m in upstream]
+    task_bytes = slices.task_bytes_for(slices.total_bytes(inputs), workers, ctx.engine.task_bytes)
+    plan: list[dedup.SliceOfSource] = []
+    first = 0
+    for m, table in inputs:
+        for s in slices.plan(ctx.store, [(m, table)], task_bytes, first_row=first):
+            plan.append(dedup.SliceOfSource(len(plan), str(m.partition), s.pieces, s.first_row))
+            first += s.rows
+    return plan, first
+
+
+def _open_cache(ctx: StageContext, stage: Stage, code_version: str, source: str) -> Any:
+    return ctx.file_cache(stage, code_version, "", source)
+
+
+def _ignore(message: str) -> None:
+    pass
+
+
+def _write(
     ctx: StageContext,
     stage: Stage,
-    config: dedup.DedupConfig,
     upstream: list[Manifest],
     version: VersionWriter,
+    outcome: dedup.DedupOutcome,
+    executor: Executor,
+    tasks: int,
 ) -> Materialized:
-    extra: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix="dedup-") as work:
-        if ctx.engine.distributed:
-            from megacpp_pipeline.pipeline import ray_engine  # the optional extra
-
-            result, extra = ray_engine.find_duplicates(
-                ctx, upstream, config, Path(work), version.dir
-            )
-        else:
-            files = sum(m.tables["data"].rows for m in upstream if "data" in m.tables)
-            result = dedup.find_duplicates(
-                _stream(ctx, upstream),
-                config,
-                Path(work),
-                partitions=dedup.band_partition_count(files, config),
-            )
-    decisions = result.decisions
-    stats: Counter[str] = Counter(result.stats)
-    stats["input_files"] = 0
-    for m in upstream:
-        out = version.table(f"data:{m.partition}", DEDUPED_FILES)
-        for t in ctx.store.iter_tables(m):
-            out.write(dedup.kept_rows(t, decisions))
-            stats["input_files"] += t.num_rows
+    for m in upstream:  # every source's table exists, even with no file kept
+        version.table(f"data:{m.partition}", DEDUPED_FILES)
+    version.table("ledger", LEDGER_SCHEMA)
+    version.table("decisions", dedup.DECISIONS_SCHEMA)
+    for applied in outcome.applied:  # in input order
+        for name, (schema, shard, written) in applied.shards.items():
+            version.table(name, schema).adopt(shard, written)
+    version.table("clusters", dedup.CLUSTERS_SCHEMA).write(outcome.clusters)
+    stats: Counter[str] = Counter(outcome.stats)
+    stats["input_files"] = int(stats["files"])
     stats["dropped_files"] = stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
     stats["kept_files"] = stats["input_files"] - stats["dropped_files"]
     stats["input_bytes"] = stats["bytes"]
     for reason in (DropReason.EXACT_DUPLICATE, DropReason.NEAR_DUPLICATE):
         stats[f"ledger:{reason}"] = stats[f"dropped_{reason}"]
-    version.table("ledger", LEDGER_SCHEMA).write(
-        ledger.stamp(dedup.ledger_rows(decisions), stage.name)
-    )
-    version.table("decisions", decisions.schema).write(decisions)
-    version.table("clusters", result.clusters.schema).write(result.clusters)
+    extra: dict[str, Any] = {
+        **executor.describe(),
+        "engine_nodes": executor.stats.figures(),
+        "sign_tasks": tasks,
+        "band_partitions": outcome.partitions,
+    }
     manifest = version.commit(upstream=ctx.upstream_hashes(upstream), stats=stats, extra=extra)
     meta = summary_metadata(
         ctx.store,
@@ -97,15 +121,19 @@ def _decide_and_write(
         near_duplicates=int(stats.get("dropped_near_duplicate", 0)),
         clusters=int(stats.get("clusters", 0)),
         drop_reasons=drop_reasons_table(stats),
-        top_clusters=Markdown(dedup.markdown_top_clusters(result, 10)),
-        **{k: extra[k] for k in ("engine_nodes", "sign_tasks", "band_partitions") if k in extra},
+        top_clusters=Markdown(
+            dedup.markdown_top_clusters(
+                outcome.clusters,
+                int(stats["dropped_exact_duplicate"]),
+                int(stats["dropped_near_duplicate"]),
+                10,
+            )
+        ),
+        engine_nodes=extra["engine_nodes"],
+        sign_tasks=tasks,
+        band_partitions=outcome.partitions,
     )
     return Materialized(None, meta, stats)
-
-
-def _stream(ctx: StageContext, manifests: list[Manifest]) -> Iterator[pa.Table]:
-    for m in manifests:
-        yield from ctx.store.iter_tables(m)
 
 
 def _no_shared_hash(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:

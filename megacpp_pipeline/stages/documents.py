@@ -6,28 +6,41 @@ file gets a `document_files` row saying which document holds it, at which positi
 token span, so a file stays traceable whatever a document is.
 
 doc_ids run in catalog order, then document order within a source (path order in file mode:
-the ids file-level snapshots always had). Each source's documents go to a table of their own
-(`data:<source>`, the token streams the packer reads). File mode streams shard by shard;
-repository mode holds one source's token streams at a time (its include graph needs them all).
+the ids file-level snapshots always had). Each source's documents of each split go to a table
+of their own (`data:<source>:<split>`, the token streams the packer reads split by split).
+File mode is one task per slice of the tokenized files, each numbering its documents from the
+slice's first row; repository mode is one task per source (its include graph needs all of its
+files), after a first map that counts each source's documents so ids stay 0..N-1.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENT_TOKENS, DOCUMENTS
 from megacpp_pipeline.corpus import repository
 from megacpp_pipeline.corpus.repository import DocumentMode, DocumentsConfig
 from megacpp_pipeline.gates.build_context import LOCAL_PATH
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.executor import Executor
+from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
-from megacpp_pipeline.pipeline.runner import summary_metadata
 from megacpp_pipeline.stages.tokenize import load_artifact
+from megacpp_pipeline.storage import slices
+from megacpp_pipeline.storage.store import (
+    Manifest,
+    ShardInfo,
+    ShardUploader,
+    VersionWriter,
+    WrittenSchema,
+)
 
 # include statistics a repository build counts, summed over sources into the version's stats
 _INCLUDE_STATS = (
@@ -91,55 +104,181 @@ def _texts(ctx: StageContext, source: str, paths: Sequence[str]) -> pa.Array:
     return pa.array([text[p] for p in paths], pa.string())
 
 
+SPLITS = ("train", "validation")
+
+
+def split_table(source: str, split: str) -> str:
+    """The documents version's table of one source's documents of one split (the packer
+    reads a split's tables without touching the other's)."""
+    return f"data:{source}:{split}"
+
+
+def split_tables(manifest: Manifest, sources: Sequence[str], split: str) -> list[str]:
+    """A split's tables in catalog order: the split's documents in doc_id order."""
+    return [t for s in sources if (t := split_table(s, split)) in manifest.tables]
+
+
+@dataclass(frozen=True)
+class _Job:
+    ctx: StageContext
+    config: DocumentsConfig
+    out_dir: str
+    first_ids: Mapping[str, int] = field(default_factory=dict)  # repository mode, per source
+
+
+@dataclass(frozen=True)
+class _FileSlice:
+    index: int
+    source: str
+    pieces: tuple[slices.Piece, ...]
+    first_doc: int
+
+
+@dataclass
+class _Written:
+    """A task's shards and what it counted: documents per length, the build's stats."""
+
+    shards: list[tuple[str, pa.Schema, ShardInfo, WrittenSchema]]
+    lengths: dict[int, int]
+    stats: Counter[str]
+    broken: list[str] = field(default_factory=list)
+
+
+def _write(job: _Job, index: int, source: str, docs: pa.Table, files: pa.Table) -> _Written:
+    uploader = ShardUploader(job.ctx.store, job.out_dir)
+    shards = []
+    split = docs["split"]
+    for name in SPLITS:
+        part = docs.filter(pc.equal(split, name))
+        if part.num_rows:
+            table = split_table(source, name)
+            rel = f"{table.replace(':', '-')}-{index:05d}.parquet"
+            shard, written = uploader.write_parquet(rel, part)
+            shards.append((table, DOCUMENT_TOKENS, shard, written))
+    if files.num_rows:
+        shard, written = uploader.write_parquet(f"document_files-{index:05d}.parquet", files)
+        shards.append(("document_files", DOCUMENT_FILES, shard, written))
+    return _Written(shards, repository.length_counts(docs["num_tokens"]), Counter())
+
+
+def _file_task(job: _Job, task: _FileSlice) -> _Written:
+    """A slice of one source's tokenized files as one-file documents."""
+    table = slices.read(job.ctx.store, task.pieces)
+    docs = file_documents(table, task.first_doc)
+    out = _write(job, task.index, task.source, docs, repository.file_document_files(docs))
+    out.stats["input_files"] = table.num_rows
+    return out
+
+
+def _build(job: _Job, source: str) -> repository.RepositoryDocuments:
+    ctx = job.ctx
+    m = ctx.latest("tokenized_docs", source)
+    files = pa.concat_tables(list(ctx.store.iter_tables(m)))
+    files = files.append_column("text", _texts(ctx, source, files["path"].to_pylist()))
+    tok = load_artifact(ctx)[0]
+    return repository.build_repository_documents(files, tok, job.config, include_roots(ctx, source))
+
+
+def _count_task(job: _Job, source: str) -> int:
+    """How many repository documents a source makes (the ids of the next source start
+    after them)."""
+    return (
+        _build(job, source).documents.num_rows
+        if job.ctx.latest("tokenized_docs", source).rows
+        else 0
+    )
+
+
+def _repository_task(job: _Job, task: tuple[int, str]) -> _Written:
+    """One source's kept files as repository documents, numbered from its first id."""
+    index, source = task
+    first = job.first_ids[source]
+    if job.ctx.latest("tokenized_docs", source).rows == 0:
+        return _Written([], {}, Counter())
+    built = _build(job, source)
+    ids = pa.array(np.arange(first, first + built.documents.num_rows, dtype=np.int32))
+    docs = _as_document_tokens(built.documents, {"doc_id": ids})
+    out = _write(job, index, source, docs, built.document_files_from(first))
+    out.stats.update({k: int(built.stats[k]) for k in _INCLUDE_STATS})
+    for k in ("directives", "edges", "external"):  # #include lines, resolved, not found
+        out.stats[f"include_{k}"] += int(built.stats.get(k, 0))
+    out.stats["input_files"] = int(pc.sum(built.documents["num_files"]).as_py() or 0)
+    out.broken = [f"{source}: {a} includes {b}" for a, b in built.broken_edges()]
+    return out
+
+
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     assert stage.input is not None
     config: DocumentsConfig = ctx.config(stage)
-    upstream = [ctx.latest(stage.input, s) for s in ctx.sources()]
+    sources = ctx.sources()
+    upstream = [ctx.latest(stage.input, s) for s in sources]
+    executor = ctx.executor()
     version = ctx.store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
     )
-    files_out = version.table("document_files", DOCUMENT_FILES)
-    stats: Counter[str] = Counter(dict.fromkeys(("input_files", "documents", *_INCLUDE_STATS), 0))
-    lengths: list[np.ndarray] = []
-    broken: list[str] = []
-    tok = load_artifact(ctx)[0] if config.mode is DocumentMode.REPOSITORY else None
-    next_id = 0
-    for m in upstream:
-        out = version.table(f"data:{m.partition}", DOCUMENT_TOKENS)
-        tables: Iterator[pa.Table] = ctx.store.iter_tables(m)
-        if tok is None:
-            for t in tables:
-                docs = file_documents(t, next_id)
-                out.write(docs)
-                files_out.write(repository.file_document_files(docs))
-                next_id += docs.num_rows
-                stats["input_files"] += t.num_rows
-                lengths.append(t["num_tokens"].to_numpy())
-            continue
-        files = pa.concat_tables(list(tables)) if m.rows else None
-        if files is None or files.num_rows == 0:
-            continue
-        source = str(m.partition)
-        files = files.append_column("text", _texts(ctx, source, files["path"].to_pylist()))
-        built = repository.build_repository_documents(
-            files, tok, config, include_roots(ctx, source)
+    with version:
+        job = _Job(replace(ctx, log=_ignore), config, version.dir)
+        results: Iterator[_Written]
+        if config.mode is DocumentMode.REPOSITORY:
+            counts = list(executor.map(_count_task, job, sources))
+            firsts = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+            job = replace(job, first_ids=dict(zip(sources, firsts, strict=False)))
+            results = executor.map(_repository_task, job, list(enumerate(sources)))
+        else:
+            results = executor.map(_file_task, job, _file_plan(ctx, upstream, executor.workers))
+        for s in sources:  # every table exists, even with no document in it
+            for split in SPLITS:
+                version.table(split_table(s, split), DOCUMENT_TOKENS)
+        version.table("document_files", DOCUMENT_FILES)
+        stats: Counter[str] = Counter(
+            dict.fromkeys(("input_files", "documents", *_INCLUDE_STATS), 0)
         )
-        n = built.documents.num_rows
-        ids = pa.array(np.arange(next_id, next_id + n, dtype=np.int32))
-        out.write(_as_document_tokens(built.documents, {"doc_id": ids}))
-        files_out.write(built.document_files_from(next_id))
-        next_id += n
-        stats["input_files"] += files.num_rows
-        lengths.append(built.documents["num_tokens"].to_numpy())
-        stats.update({k: int(built.stats[k]) for k in _INCLUDE_STATS})
-        for k in ("directives", "edges", "external"):  # #include lines, resolved, not found
-            stats[f"include_{k}"] += int(built.stats.get(k, 0))
-        broken += [f"{source}: {a} includes {b}" for a, b in built.broken_edges()]
-    stats["documents"] = next_id
+        lengths: Counter[int] = Counter()
+        broken: list[str] = []
+        for out in results:
+            for table, schema, shard, written in out.shards:
+                version.table(table, schema).adopt(shard, written)
+            stats.update(out.stats)
+            lengths.update(out.lengths)
+            broken += out.broken
+        return _commit(ctx, stage, config, version, upstream, stats, lengths, broken, executor)
+
+
+def _file_plan(ctx: StageContext, upstream: list[Manifest], workers: int) -> list[_FileSlice]:
+    """Every source's tokenized files as slices, each with the doc_id of its first file
+    (catalog order, then path: the ids file-level snapshots always had)."""
+    inputs = [(m, "data") for m in upstream]
+    task_bytes = slices.task_bytes_for(slices.total_bytes(inputs), workers, ctx.engine.task_bytes)
+    plan: list[_FileSlice] = []
+    first = 0
+    for m, table in inputs:
+        for s in slices.plan(ctx.store, [(m, table)], task_bytes, first_row=first):
+            plan.append(_FileSlice(len(plan), str(m.partition), s.pieces, s.first_row))
+            first += s.rows
+    return plan
+
+
+def _commit(
+    ctx: StageContext,
+    stage: Stage,
+    config: DocumentsConfig,
+    version: VersionWriter,
+    upstream: list[Manifest],
+    stats: Counter[str],
+    lengths: Counter[int],
+    broken: list[str],
+    executor: Executor,
+) -> Materialized:
+    dist = repository.distribution_of_counts(dict(lengths))
+    stats["documents"] = dist.documents
     stats["kept_files"] = stats["input_files"]  # every file is in a document
     stats["dropped_files"] = 0
-    dist = repository.length_distribution(np.concatenate(lengths) if lengths else [])
-    extra: dict[str, Any] = {"mode": str(config.mode), "lengths": dist.model_dump()}
+    extra: dict[str, Any] = {
+        "mode": str(config.mode),
+        "lengths": dist.model_dump(),
+        **executor.describe(),
+        "engine_nodes": executor.stats.figures(),
+    }
     if broken:  # a cycle forced these includers before what they include
         extra["broken_includes"] = broken[:200]
     manifest = version.commit(upstream=ctx.upstream_hashes(upstream), stats=stats, extra=extra)
@@ -166,6 +305,10 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     return Materialized(None, summary_metadata(ctx.store, manifest, **meta), stats)
 
 
+def _ignore(message: str) -> None:
+    pass
+
+
 def documents_table(ctx: StageContext) -> pa.Table:
     """Every document's metadata (DOCUMENTS, no tokens), in doc_id order."""
     manifest = ctx.latest("documents")
@@ -174,14 +317,15 @@ def documents_table(ctx: StageContext) -> pa.Table:
         for name in manifest.data_tables()
         for t in ctx.store.iter_tables(manifest, name, columns=DOCUMENTS.names)
     ]
-    return pa.concat_tables([DOCUMENTS.empty_table(), *(t.cast(DOCUMENTS) for t in parts)])
+    table = pa.concat_tables([DOCUMENTS.empty_table(), *(t.cast(DOCUMENTS) for t in parts)])
+    return table.sort_by("doc_id")
 
 
 def document_files_table(ctx: StageContext) -> pa.Table:
     manifest = ctx.latest("documents")
     return pa.concat_tables(
         [DOCUMENT_FILES.empty_table(), *ctx.store.iter_tables(manifest, "document_files")]
-    )
+    ).sort_by([("doc_id", "ascending"), ("position", "ascending")])
 
 
 def _every_file_in_one_document(

@@ -1,20 +1,27 @@
 """packed_rows: BOS + tokens + EOS per document (the documents stage's, doc_ids and all), cut
 into pieces of at most seq_len and packed best-fit into rows of exactly seq_len tokens (train
 and validation apart), with the pieces table that says where every piece of every document
-sits. FIM stays inside one member file of a repository document."""
+sits. FIM stays inside one member file of a repository document.
+
+Windows of documents are packed independently, so each split's windows are cut into blocks
+(`windows_per_task`) and a task packs one block wherever it runs; the driver adopts the
+blocks' shards in order and merges their telemetry."""
 
 from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from megacpp_pipeline.corpus import packing, repository, tokenizer
+from megacpp_pipeline.pipeline.checks import nothing_left
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.executor import Executor
+from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import (
     Check,
     CheckOutcome,
@@ -23,45 +30,133 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
-from megacpp_pipeline.pipeline.runner import nothing_left, summary_metadata
 from megacpp_pipeline.snapshot import packed_rows as rows_contract
+from megacpp_pipeline.stages.documents import split_tables
+from megacpp_pipeline.storage import slices
+from megacpp_pipeline.storage.store import (
+    Manifest,
+    ShardInfo,
+    ShardStore,
+    ShardUploader,
+    VersionWriter,
+    WrittenSchema,
+)
 
 UTILIZATION_PNG = "utilization_train.png"
 # what the packer reads of the documents stage's token streams
 _PACKED_COLUMNS = ["doc_id", "split", "member_starts", "token_ids", "chunk_kind"]
 
 
+@dataclass(frozen=True)
+class _Job:
+    store: ShardStore
+    config: packing.PackingConfig
+    out_dir: str
+
+
+@dataclass(frozen=True)
+class _Block:
+    split: str
+    block: int
+    pieces: tuple[slices.Piece, ...]
+
+
+@dataclass
+class _Packed:
+    shards: list[tuple[str, pa.Schema, ShardInfo, WrittenSchema]]
+    stats: Counter[str]
+    telemetry: packing.PackingTelemetry | None
+    whole: repository.WholeDocumentRows | None
+
+
+def _pack_task(job: _Job, task: _Block) -> _Packed:
+    """One block of one split's windows packed, its rows and pieces written, one shard of
+    each per window (a window's rows are bounded by window_docs)."""
+    config = job.config
+    schema = rows_contract.packed_rows_schema(config.seq_len)
+    uploader = ShardUploader(job.store, job.out_dir)
+    docs = slices.read_each(job.store, task.pieces, _PACKED_COLUMNS)
+    out = _Packed([], Counter(), None, None)
+    out.stats["documents"] = sum(p.rows for p in task.pieces)
+    batches = packing.pack_block(docs, task.split, task.block, config, tokenizer.special_ids())
+    for window, batch in enumerate(batches):
+        name = f"{task.split}-{task.block:05d}-{window:04d}.parquet"
+        for table, rows, rows_schema in (
+            (f"data:{task.split}", batch.rows, schema),
+            ("pieces", batch.pieces, rows_contract.PIECES_SCHEMA),
+        ):
+            shard, written = uploader.write_parquet(f"{table.replace(':', '-')}-{name}", rows)
+            out.shards.append((table, rows_schema, shard, written))
+        out.stats[f"rows:{task.split}"] += batch.rows.num_rows
+        out.stats["valid_tokens"] += int(pc.sum(batch.rows["valid_token_count"]).as_py() or 0)
+        if batch.telemetry is not None:
+            t = batch.telemetry
+            out.telemetry = out.telemetry.merge(t) if out.telemetry else t
+        whole = repository.whole_document_rows([batch], config.seq_len)
+        out.whole = out.whole.merge(whole) if out.whole else whole
+    return out
+
+
+def _plan(ctx: StageContext, upstream: Manifest, config: packing.PackingConfig) -> list[_Block]:
+    """Each split's documents, in doc order, cut into blocks of `windows_per_task` whole
+    windows: the same blocks whatever the engine or the number of workers."""
+    rows = config.window_docs * config.windows_per_task
+    blocks: list[_Block] = []
+    for split in packing.SPLITS:
+        tables = [(upstream, t) for t in split_tables(upstream, ctx.sources(), split)]
+        for k, s in enumerate(slices.plan_rows(ctx.store, tables, rows)):
+            blocks.append(_Block(split, k, s.pieces))
+    return blocks
+
+
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     assert stage.input is not None
     config = ctx.config(stage)
     upstream = ctx.latest(stage.input)
+    executor = ctx.executor()
     version = ctx.store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
     )
-    schema = rows_contract.packed_rows_schema(config.seq_len)
-    pieces = version.table("pieces", rows_contract.PIECES_SCHEMA)
-    telemetry: dict[str, packing.PackingTelemetry] = {}
-    whole: dict[str, repository.WholeDocumentRows] = {}
-    stats: Counter[str] = Counter(documents=0, valid_tokens=0)
+    with version:
+        schema = rows_contract.packed_rows_schema(config.seq_len)
+        for split in packing.SPLITS:  # both exist even when a split has no document
+            version.table(f"data:{split}", schema)
+        version.table("pieces", rows_contract.PIECES_SCHEMA)
+        telemetry: dict[str, packing.PackingTelemetry] = {}
+        whole: dict[str, repository.WholeDocumentRows] = {}
+        stats: Counter[str] = Counter(documents=0, valid_tokens=0)
+        blocks = _plan(ctx, upstream, config)
+        job = _Job(ctx.store, config, version.dir)
+        for block, out in zip(blocks, executor.map(_pack_task, job, blocks), strict=True):
+            for table, table_schema, shard, written in out.shards:
+                version.table(table, table_schema).adopt(shard, written)
+            stats.update(out.stats)
+            split = block.split
+            if out.telemetry is not None:
+                prev = telemetry.get(split)
+                telemetry[split] = prev.merge(out.telemetry) if prev else out.telemetry
+            if out.whole is not None:
+                whole[split] = whole[split].merge(out.whole) if split in whole else out.whole
+        return _commit(ctx, stage, config, version, upstream, stats, telemetry, whole, executor)
 
-    def docs() -> Iterator[pa.Table]:
-        # the documents stage's order: catalog, then document order, doc_ids ascending
-        for name in upstream.data_tables():
-            for t in ctx.store.iter_tables(upstream, name, columns=_PACKED_COLUMNS):
-                stats["documents"] += t.num_rows
-                yield t
 
-    for batch in packing.pack(docs(), config, tokenizer.special_ids()):
-        version.table(f"data:{batch.split}", schema).write(batch.rows)
-        pieces.write(batch.pieces)
-        stats[f"rows:{batch.split}"] += batch.rows.num_rows
-        stats["valid_tokens"] += int(pc.sum(batch.rows["valid_token_count"]).as_py() or 0)
-        if batch.telemetry is not None:
-            prev = telemetry.get(batch.split)
-            telemetry[batch.split] = prev.merge(batch.telemetry) if prev else batch.telemetry
-        rows = repository.whole_document_rows([batch], config.seq_len)
-        whole[batch.split] = whole[batch.split].merge(rows) if batch.split in whole else rows
-    extra: dict[str, Any] = {"seq_len": config.seq_len, "policy": str(config.policy)}
+def _commit(
+    ctx: StageContext,
+    stage: Stage,
+    config: packing.PackingConfig,
+    version: VersionWriter,
+    upstream: Manifest,
+    stats: Counter[str],
+    telemetry: dict[str, packing.PackingTelemetry],
+    whole: dict[str, repository.WholeDocumentRows],
+    executor: Executor,
+) -> Materialized:
+    extra: dict[str, Any] = {
+        "seq_len": config.seq_len,
+        "policy": str(config.policy),
+        **executor.describe(),
+        "engine_nodes": executor.stats.figures(),
+    }
     meta: dict[str, Any] = {}
     if whole:  # rows that hold one document end to end (the point of repository mode)
         extra["whole_documents"] = {k: v.model_dump() for k, v in whole.items()}

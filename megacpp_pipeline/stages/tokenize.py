@@ -90,9 +90,6 @@ STAGE = Stage(
     writes_ledger=True,
     gate=_gate,
     summarize=lambda r: Counter({"tokens_kept": int(pc.sum(r.kept["num_tokens"]).as_py() or 0)}),
-    # encode_batch already runs on every core (Rust threads); forked workers would only lose
-    # that (tokenizers turns its threads off after a fork) and measured slower
-    workers=1,
     report=_report,
     checks=(
         Check(

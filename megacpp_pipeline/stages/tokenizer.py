@@ -1,23 +1,62 @@
 """tokenizer: a pinned tokenizer.json (sha256 verified) or a byte-level BPE trained
 deterministically on a sample of the train split of the deduplicated files; special tokens
-(BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids."""
+(BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids. Tasks measure the train split and
+draw the hash-uniform sample slice by slice; the driver reads only the sample (bounded by
+max_train_bytes) and trains."""
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Materialized, PathValue, Stage
-from megacpp_pipeline.storage.store import Manifest
+from megacpp_pipeline.storage import slices
+from megacpp_pipeline.storage.store import Manifest, ShardStore, ShardUploader
 
 ARTIFACT = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class _Job:
+    store: ShardStore
+    split: tokenization.TokenizeConfig
+    config: tokenizer.TokenizerConfig
+    work: str  # where sample tasks put the texts they drew
+    fraction: float = 1.0
+
+
+def _train_bytes_task(job: _Job, pieces: tuple[slices.Piece, ...]) -> int:
+    """Bytes of a slice's train split (`size` stands in for the text's: close enough to
+    pick a sample fraction)."""
+    t = slices.read(job.store, pieces, ["source_id", "path", "size"])
+    splits = tokenization.assign_split(t["source_id"], t["path"], job.split)
+    train = pc.equal(pa.array(splits, pa.string()), "train")
+    return int(pc.sum(pc.filter(t["size"], train)).as_py() or 0)
+
+
+def _sample_task(job: _Job, task: tuple[int, tuple[slices.Piece, ...]]) -> tuple[int, int]:
+    """A slice's share of the hash-uniform sample of the train split, written to the work
+    folder; (texts, bytes) drawn."""
+    index, pieces = task
+    t = slices.read(job.store, pieces, ["source_id", "path", "text"])
+    splits = tokenization.assign_split(t["source_id"], t["path"], job.split)
+    texts = [x for x, s in zip(t["text"].to_pylist(), splits, strict=True) if s == "train"]
+    drawn = list(tokenizer.training_sample(texts, job.config, job.fraction, budget=None))
+    if not drawn:
+        return 0, 0
+    uploader = ShardUploader(job.store, job.work)
+    uploader.write_parquet(f"sample-{index:05d}.parquet", pa.table({"text": drawn}))
+    return len(drawn), sum(len(x.encode()) for x in drawn)
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -25,27 +64,22 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     config = ctx.config(stage)
     split_config = ctx.config(ctx.registry.get("tokenized_docs"))
     source = ctx.latest(stage.input)
-    total = None if config.pinned else train_split_bytes(ctx, source, split_config)
-    tok = tokenizer.obtain_tokenizer(config, train_texts(ctx, source, split_config), total)
-    training = (
-        None
-        if total is None
-        else {
-            "train_split_bytes": total,
-            "sample_fraction": tokenizer.effective_fraction(config, total),
-            "max_train_bytes": config.max_train_bytes,
-        }
-    )
     version = ctx.store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        info = tokenizer.save_tokenizer(tok, Path(tmp) / ARTIFACT)
-        version.write_file(ARTIFACT, (Path(tmp) / ARTIFACT).read_bytes())
-    manifest = version.commit(
-        upstream=ctx.upstream_hashes([source]),
-        extra={"tokenizer": info.model_dump(), "training": training},
-    )
+    with version:
+        training = None
+        if config.pinned:
+            tok = tokenizer.obtain_tokenizer(config)
+        else:
+            tok, training = _train(ctx, source, config, split_config, f"{version.dir}/_sample")
+        with tempfile.TemporaryDirectory() as tmp:
+            info = tokenizer.save_tokenizer(tok, Path(tmp) / ARTIFACT)
+            version.write_file(ARTIFACT, (Path(tmp) / ARTIFACT).read_bytes())
+        manifest = version.commit(
+            upstream=ctx.upstream_hashes([source]),
+            extra={"tokenizer": info.model_dump(), "training": training},
+        )
     return Materialized(
         None,
         {
@@ -60,29 +94,49 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     )
 
 
-def train_split_bytes(
-    ctx: StageContext, source: Manifest, split: tokenization.TokenizeConfig
-) -> int:
-    """Raw bytes of the train split (`size` stands in for the text's: close enough to pick a
-    sample fraction)."""
-    total = 0
-    for name in source.data_tables():
-        for t in ctx.store.iter_tables(source, name, columns=["source_id", "path", "size"]):
-            splits = tokenization.assign_split(t["source_id"], t["path"], split)
-            train = pc.equal(pa.array(splits, pa.string()), "train")
-            total += int(pc.sum(pc.filter(t["size"], train)).as_py() or 0)
-    return total
+def _train(
+    ctx: StageContext,
+    source: Manifest,
+    config: tokenizer.TokenizerConfig,
+    split: tokenization.TokenizeConfig,
+    work: str,
+) -> tuple[Any, dict[str, Any]]:
+    """A BPE trained on a hash-uniform sample of the train split that tasks draw slice by
+    slice; the driver reads only the sample, in stream order, up to max_train_bytes."""
+    executor = ctx.executor()
+    inputs = [(source, name) for name in source.data_tables()]
+    task_bytes = slices.task_bytes_for(
+        slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
+    )
+    plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes)]
+    job = _Job(ctx.store, split, config, work)
+    total = sum(executor.map(_train_bytes_task, job, plan))
+    fraction = tokenizer.effective_fraction(config, total)
+    job = replace(job, fraction=fraction)
+    try:
+        drawn = list(executor.map(_sample_task, job, list(enumerate(plan))))
 
-
-def train_texts(
-    ctx: StageContext, source: Manifest, split: tokenization.TokenizeConfig
-) -> Iterator[str]:
-    for name in source.data_tables():
-        for t in ctx.store.iter_tables(source, name, columns=["source_id", "path", "text"]):
-            splits = tokenization.assign_split(t["source_id"], t["path"], split)
-            for text, which in zip(t["text"].to_pylist(), splits, strict=True):
-                if which == "train":
+        def sample() -> Iterator[str]:
+            budget = config.max_train_bytes
+            for index, (texts, _) in enumerate(drawn):
+                if not texts:
+                    continue
+                table = pq.read_table(f"{work}/sample-{index:05d}.parquet", filesystem=ctx.store.fs)
+                for text in table["text"].to_pylist():
+                    budget -= len(text.encode())
+                    if budget < 0:
+                        return
                     yield text
+
+        tok = tokenizer.train_tokenizer(sample(), config, None)
+    finally:
+        ctx.store.delete_dir(work)
+    training = {
+        "train_split_bytes": total,
+        "sample_fraction": fraction,
+        "max_train_bytes": config.max_train_bytes,
+    }
+    return tok, training
 
 
 STAGE = Stage(

@@ -27,6 +27,7 @@ import os
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -568,6 +569,20 @@ class ShardStore:
         return []
 
 
+@dataclass(frozen=True)
+class WrittenSchema:
+    """What parquet holds of a shard's schema, as a worker reports it to the writer that
+    adopts the shard: its column names and fingerprint (a pa.Schema does not survive
+    pickling whole: a fixed-size list's element name is lost, and with it the fingerprint)."""
+
+    names: tuple[str, ...]
+    fingerprint: str
+
+    @classmethod
+    def of(cls, schema: pa.Schema) -> WrittenSchema:
+        return cls(tuple(schema.names), schema_fingerprint(schema))
+
+
 class ShardUploader:
     """Puts objects into one version's folder at their final names and reads each back. The
     committing writer uses one, and so may a worker on another host that writes shards of
@@ -576,7 +591,7 @@ class ShardUploader:
     def __init__(self, store: ShardStore, vdir: str) -> None:
         self.store = store
         self.dir = vdir
-        self._made_dirs: set[str] = {vdir}
+        self._made_dirs: set[str] = set()  # a worker's folder may not exist yet
 
     def _ensure_parent(self, path: str) -> None:
         parent = path.rsplit("/", 1)[0]
@@ -607,10 +622,10 @@ class ShardUploader:
 
     def write_parquet(
         self, relpath: str, table: pa.Table, **kwargs: Any
-    ) -> tuple[ShardInfo, pa.Schema]:
+    ) -> tuple[ShardInfo, WrittenSchema]:
         """Encode in memory, check the parquet metadata, upload to the final name, read
         back: a shard is listed only once the store holds exactly the checked bytes. Returns
-        the shard and the schema parquet holds."""
+        the shard and what parquet holds of its schema."""
         final = f"{self.dir}/{relpath}"
         options: dict[str, Any] = {"compression": self.store.compression}
         options.update(kwargs)
@@ -624,7 +639,8 @@ class ShardUploader:
         if written.names != table.schema.names:
             raise StoreError(f"{final}: columns changed on the way to disk")
         size, sha = self.upload(final, data)
-        return ShardInfo(path=relpath, rows=table.num_rows, bytes=size, sha256=sha), written
+        shard = ShardInfo(path=relpath, rows=table.num_rows, bytes=size, sha256=sha)
+        return shard, WrittenSchema.of(written)
 
 
 class TableWriter:
@@ -670,23 +686,23 @@ class TableWriter:
         index = len(self.info.shards)
         prefix = "part" if self.name == "data" else self.name.replace(":", "-")
         shard = self.version.write_parquet(f"{prefix}-{index:05d}.parquet", table)
-        if not self.info.shards:
+        if not self.info.shards and self.version.last_schema is not None:
             # the contract is what parquet holds: fingerprint the schema read back from disk
-            self.info.schema_fingerprint = schema_fingerprint(self.version.last_schema)
+            self.info.schema_fingerprint = self.version.last_schema.fingerprint
         self.info.shards.append(shard)
         self.info.rows += shard.rows
 
-    def adopt(self, shard: ShardInfo, written: pa.Schema) -> None:
+    def adopt(self, shard: ShardInfo, written: WrittenSchema) -> None:
         """List a shard a worker already put into this version (ShardUploader), after what
         this writer wrote so far: the caller adopts in input order."""
         self.flush()
-        if written.names != self.schema.names:
+        if list(written.names) != self.schema.names:
             raise StoreError(
-                f"{self.version.dir}/{shard.path}: columns {written.names} are not table "
+                f"{self.version.dir}/{shard.path}: columns {list(written.names)} are not table "
                 f"{self.name!r}'s {self.schema.names}"
             )
         if not self.info.shards:
-            self.info.schema_fingerprint = schema_fingerprint(written)
+            self.info.schema_fingerprint = written.fingerprint
         self.info.shards.append(shard)
         self.info.rows += shard.rows
 
@@ -717,7 +733,7 @@ class VersionWriter:
         self.lease = keeper
         self._writers: dict[str, TableWriter] = {}
         self.uploader = ShardUploader(store, vdir)
-        self.last_schema: pa.Schema | None = None
+        self.last_schema: WrittenSchema | None = None
         self.closed = False
         # a writer dropped without commit or abort (its gate raised) stops beating, so its
         # version expires after the TTL like a dead process's

@@ -5,11 +5,9 @@ with datasketch."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pytest
 from datasketch import MinHash
@@ -25,14 +23,16 @@ from megacpp_pipeline.corpus.dedup import (
     DedupInputError,
     DedupOrderError,
     band_partitions,
-    candidate_pairs,
+    band_rows,
+    bucket_pairs,
+    components,
     find_duplicates,
     kept_rows,
     ledger_rows,
     markdown_top_clusters,
-    merge_pairs,
-    sign_table,
+    sign_files,
 )
+from megacpp_pipeline.corpus.dedup.signing import signatures
 from tests.fixtures import dedup_labelled, real_cpp
 
 SPAN_HPP = """// Copyright 2021 The Kestrel Authors
@@ -225,24 +225,35 @@ def test_decisions_do_not_depend_on_shard_size(
 def test_candidates_found_per_band_hash_partition_equal_one_query_over_all_bands(
     labelled: list[dedup_labelled.LabelledFile], partitions: int
 ) -> None:
-    """What the ray engine does (a task per partition, merged on the driver) gives exactly
-    the pairs, in the same order, as the local engine's single query."""
-    config, stats = DedupConfig(), Counter[str]()
+    """What a run does (a task per partition, merged on the driver) gives exactly the
+    pairs, in the same order, as one query over every band row."""
+    config = DedupConfig()
     rows, first = [], 0
     for shard in dedup_labelled.shards(labelled, 20):
-        for signed in sign_table(shard, config, first, 0, stats):
-            assert signed.bands is not None
-            rows.append(signed.bands)
+        sig = signatures(sign_files(shard, config), config.num_perm)
+        rank = np.arange(first, first + shard.num_rows, dtype=np.int64)
+        bands = band_rows(config, sig, rank)
+        assert bands is not None
+        rows.append(bands)
         first += shard.num_rows
     bands = pa.concat_tables(rows)
-    reps = np.arange(first, dtype=np.int64)
-    u, v = candidate_pairs(pl.from_arrow(bands).lazy(), reps)  # type: ignore[union-attr]
+    none = np.empty(0, np.int64)
+    u, v = bucket_pairs(bands, none, first)
     assert len(u) > 20  # the copies of every family meet their original
     parts = list(band_partitions(bands, partitions))
     assert len(parts) == partitions and sum(p.num_rows for _, p in parts) == bands.num_rows
-    found = [candidate_pairs(pl.from_arrow(p).lazy(), reps) for _, p in parts]  # type: ignore[union-attr]
-    mu, mv = merge_pairs(found, first)
-    assert np.array_equal(mu, u) and np.array_equal(mv, v)
+    found = [bucket_pairs(p, none, first) for _, p in parts]
+    keys = np.unique(np.concatenate([a * first + b for a, b in found]))
+    assert np.array_equal(keys, u * first + v)
+
+
+def test_union_find_keeps_the_lowest_rank_of_every_component() -> None:
+    # ranks: 3-7-9 chained, 12-4 apart; 100 is a vendored copy (rank >= n) of doc 0
+    u = np.array([7, 9, 12, 100], dtype=np.int64)
+    v = np.array([3, 7, 4, 40], dtype=np.int64)
+    nodes, reps = components(u, v)
+    assert nodes.tolist() == [3, 4, 7, 9, 12, 40, 100]
+    assert reps.tolist() == [3, 4, 3, 3, 4, 40, 40]
 
 
 def test_decisions_do_not_depend_on_how_many_band_partitions(
@@ -252,7 +263,6 @@ def test_decisions_do_not_depend_on_how_many_band_partitions(
     split = find_duplicates(
         dedup_labelled.shards(labelled, 20), DedupConfig(), tmp_path / "b", partitions=5
     )
-    assert len(list((tmp_path / "b" / "bands").glob("p=*"))) == 5
     assert one.stats["dropped_near_duplicate"] > 0
     assert split.decisions.equals(one.decisions) and split.stats == one.stats
 
@@ -332,7 +342,13 @@ def test_markdown_lists_the_biggest_cluster_first_with_its_paths(
         table(("zz-app", "span.hpp", SPAN_HPP)),
         table(*extra),
     ]
-    markdown = markdown_top_clusters(find_duplicates(shards, DedupConfig(), tmp_path), n=3)
+    result = find_duplicates(shards, DedupConfig(), tmp_path)
+    markdown = markdown_top_clusters(
+        result.clusters,
+        result.stats["dropped_exact_duplicate"],
+        result.stats["dropped_near_duplicate"],
+        n=3,
+    )
     lines = markdown.splitlines()
     assert lines[2].startswith("| cluster | files |")
     assert "| 10 | 9 | 0 | `zz-app:span.hpp` |" in lines[4]

@@ -6,7 +6,6 @@ Run by `make test-slow` and `make test-cluster`; needs the `cluster` (or `ray`) 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import subprocess
 import sys
@@ -31,7 +30,7 @@ try:
     import ray
     from ray.cluster_utils import Cluster
 
-    from megacpp_pipeline.pipeline.ray_engine import connect, release, slices
+    from megacpp_pipeline.pipeline.ray_engine import connect, release
 except ImportError:  # the ray (or cluster) extra; deselected tests then report no skip
     ray = None
 
@@ -144,7 +143,7 @@ def test_every_per_file_version_records_its_engine_and_both_nodes_did_work(both_
     catalog = load_catalog(both_runs["catalog"], registry)
     tasks: Counter[str] = Counter()
     busy: Counter[str] = Counter()
-    per_file = [s for s in registry if s.gate is not None]
+    per_file = [s for s in registry if s.gate is not None and s.per_source]
     assert len(per_file) >= 8
     for stage in per_file:
         for source in catalog.operational:
@@ -162,16 +161,29 @@ def test_every_per_file_version_records_its_engine_and_both_nodes_did_work(both_
     assert all(n > 0 for n in tasks.values()) and all(s > 0 for s in busy.values()), busy
 
 
+def test_every_corpus_wide_stage_maps_its_work_over_both_nodes(both_runs: dict):
+    """Decontamination, the tokenizer's sample, documents and packing run as tasks too, with
+    the local engine's output."""
+    store, local_store = both_runs["store"], both_runs["local_store"]
+    for name in ("decontaminated_files", "documents", "packed_rows"):
+        m, local = store.latest(name, None), local_store.latest(name, None)
+        assert m.extra["engine"] == "ray" and local.extra["engine"] == "local", name
+        assert len(m.extra["engine_nodes"]) == 2, (name, m.extra["engine_nodes"])
+        assert m.rows == local.rows, name
+        for table in m.data_tables():
+            assert store.read_table(m, table).equals(local_store.read_table(local, table))
+
+
 def test_dedup_signs_and_bands_on_the_cluster_with_the_local_engines_decisions(both_runs: dict):
     store, local_store = both_runs["store"], both_runs["local_store"]
     m, local = store.latest("deduped_files", None), local_store.latest("deduped_files", None)
-    assert m.extra["engine"] == "ray" and local.extra.get("engine") is None
+    assert m.extra["engine"] == "ray" and local.extra["engine"] == "local"
     # one signing task per slice of every input shard, one band task per partition, both
     # nodes used; the scratch under _work is gone before the commit
     assert m.extra["sign_tasks"] >= m.stats["shards"] >= 2, m.extra
     assert m.extra["band_partitions"] >= 2, m.extra  # at least one per CPU of the cluster
     assert len(m.extra["engine_nodes"]) == 2, m.extra["engine_nodes"]
-    assert not (Path(store.version_dir(m)) / "_work").exists()
+    assert not list(Path(store.version_dir(m)).glob("_work*"))
     for table in ("decisions", "clusters", "ledger"):
         assert store.read_table(m, table).equals(local_store.read_table(local, table)), table
     assert m.stats == local.stats and m.rows == local.rows
@@ -188,15 +200,6 @@ def test_run_tags_name_the_engine(both_runs: dict) -> None:
         assert engines == {"local": 5, "ray": 5}, engines
     finally:
         instance.dispose()
-
-
-def test_slices_cover_a_shard_in_order_without_gaps() -> None:
-    assert slices(0, 10_000, 100) == []
-    assert slices(7, 10, 1 << 20) == [(0, 7)]
-    cut = slices(10, 1000, 300)
-    assert cut[0][0] == 0 and cut[-1][1] == 10 and len(cut) == 4
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(cut))
-    assert slices(3, 10**9, 1) == [(0, 1), (1, 2), (2, 3)]  # never more slices than rows
 
 
 def test_an_unknown_engine_or_an_address_without_ray_is_refused() -> None:
@@ -482,7 +485,7 @@ def test_dedup_on_ray_with_an_empty_source_or_no_file_at_all_matches_the_local_e
     assert "data:empty" in m.tables and m.tables["data:empty"].rows == 0
     decisions = [list(store.iter_tables(v, "decisions")) for v in (m, by_local)]
     assert [t.to_pylist() for t in decisions[0]] == [t.to_pylist() for t in decisions[1]]
-    assert not (Path(store.version_dir(m)) / "_work").exists()
+    assert not list(Path(store.version_dir(m)).glob("_work*"))
     if only_empty:
         assert m.rows == 0 and m.extra["sign_tasks"] == 0
         # an empty version is sound; only the check that stops a run on nothing fails

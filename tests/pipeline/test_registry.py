@@ -71,8 +71,8 @@ def test_every_stage_reads_only_earlier_stages_and_declares_its_drop_reasons() -
         ([_stage("a", input="b"), _stage("b")], "stage 'a': upstream 'b' is not an earlier stage"),
         ([_stage("a", gate=lambda i: None)], "stage 'a': needs exactly one of gate and body"),
         (
-            [_stage("a"), _stage("b", body=None, gate=lambda i: None, input="a")],
-            "stage 'b': a per-file gate runs per source on an input",
+            [_stage("a"), _stage("b", body=None, gate=lambda i: None)],
+            "stage 'b': a per-file gate runs on an input",
         ),
         ([_stage("a", config_key="x")], "stage 'a': config_key without a config model"),
     ],

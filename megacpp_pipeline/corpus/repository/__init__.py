@@ -43,6 +43,8 @@ from megacpp_pipeline.corpus.repository.order import Ordering, include_order
 from megacpp_pipeline.corpus.repository.telemetry import (
     LengthDistribution,
     WholeDocumentRows,
+    distribution_of_counts,
+    length_counts,
     length_distribution,
     whole_document_rows,
 )
@@ -63,10 +65,12 @@ __all__ = [
     "WholeDocumentRows",
     "build_repository_documents",
     "default_include_roots",
+    "distribution_of_counts",
     "document_files_problems",
     "file_document_files",
     "include_graph",
     "include_order",
+    "length_counts",
     "length_distribution",
     "marker_text",
     "plan_documents",

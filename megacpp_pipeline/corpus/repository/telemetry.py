@@ -36,29 +36,52 @@ class LengthDistribution(BaseModel):
     token_counts: list[int]  # tokens of the documents in each bucket
 
 
-def length_distribution(
+def length_counts(
     num_tokens: Sequence[int] | np.ndarray | pa.Array | pa.ChunkedArray,
-) -> LengthDistribution:
-    """Documents' lengths (their own tokens, as documents.num_tokens counts them)."""
+) -> dict[int, int]:
+    """How many documents have each length: what a slice's task returns, and what sums
+    over slices to the corpus's exact distribution (bounded by the longest document, not
+    by the number of documents)."""
     if isinstance(num_tokens, pa.Array | pa.ChunkedArray):
         n = num_tokens.to_numpy(zero_copy_only=False).astype(np.int64)
     else:
         n = np.asarray(num_tokens, dtype=np.int64)
+    values, counts = np.unique(n, return_counts=True)
+    return dict(zip(values.tolist(), counts.tolist(), strict=True))
+
+
+def length_distribution(
+    num_tokens: Sequence[int] | np.ndarray | pa.Array | pa.ChunkedArray,
+) -> LengthDistribution:
+    """Documents' lengths (their own tokens, as documents.num_tokens counts them)."""
+    return distribution_of_counts(length_counts(num_tokens))
+
+
+def distribution_of_counts(counts: dict[int, int]) -> LengthDistribution:
+    """The distribution of documents whose lengths occur as often as `counts` says; the
+    quantiles are exact (numpy's "lower" method over every document)."""
+    values = np.array(sorted(counts), dtype=np.int64)
+    freq = np.array([counts[v] for v in values.tolist()], dtype=np.int64)
+    total = int(freq.sum())
     lower = np.array(LENGTH_BUCKETS, dtype=np.int64)
-    bucket = np.searchsorted(lower, n, side="right") - 1
-    counts = np.bincount(bucket, minlength=lower.size)
-    tokens = np.bincount(bucket, weights=n, minlength=lower.size)
-    q = np.quantile(n, [0.5, 0.9, 0.99], method="lower") if n.size else np.zeros(3)
+    bucket = np.searchsorted(lower, values, side="right") - 1
+    bucket_counts = np.bincount(bucket, weights=freq, minlength=lower.size).astype(np.int64)
+    tokens = np.bincount(bucket, weights=freq * values, minlength=lower.size)
+    q = [0, 0, 0]
+    if total:
+        cum = np.cumsum(freq)
+        ranks = np.floor(np.array([0.5, 0.9, 0.99]) * (total - 1)).astype(np.int64)
+        q = values[np.searchsorted(cum, ranks, side="right")].tolist()
     return LengthDistribution(
-        documents=int(n.size),
-        tokens=int(n.sum()),
-        mean=float(n.mean()) if n.size else 0.0,
+        documents=total,
+        tokens=int((freq * values).sum()),
+        mean=float((freq * values).sum() / total) if total else 0.0,
         p50=int(q[0]),
         p90=int(q[1]),
         p99=int(q[2]),
-        max=int(n.max()) if n.size else 0,
+        max=int(values[-1]) if total else 0,
         bucket_lower=lower.tolist(),
-        counts=[int(c) for c in counts],
+        counts=[int(c) for c in bucket_counts],
         token_counts=[int(t) for t in tokens],
     )
 

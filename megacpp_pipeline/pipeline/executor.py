@@ -1,0 +1,238 @@
+"""Where a stage's map tasks run: the one executor protocol every stage is written against
+(plan -> map over tasks -> reduce -> commit), with two implementations that differ only in
+where a task runs. `LocalExecutor`: forked worker processes of this host, which inherit the
+job (the stage's context, its prepared gates, an index) instead of receiving it pickled;
+`RayExecutor` (pipeline/ray_engine.py): one Ray task each, on any node of a cluster, the job
+put into Ray's object store once. A task gets the job and one small item (a slice's address,
+a partition number) and returns a small result (shard names and hashes, counters, integer
+arrays); text never travels through the executor.
+
+Results come back in item order whatever order the tasks finish in, so the reduce, and so
+every version and the snapshot, is the same on either executor and any number of workers.
+A task whose worker dies (killed, out of memory) runs again, up to `retries` times; a task
+that raises fails the map with its own exception (a gate error still names its file).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import multiprocessing.util
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from megacpp_pipeline.pipeline.memory import bound_malloc
+from megacpp_pipeline.pipeline.parallel import worker_init
+
+J = TypeVar("J")
+T = TypeVar("T")
+R = TypeVar("R")
+Task = Callable[[J, T], R]
+TASK_RETRIES = 3  # a task whose worker died runs again, this many times
+
+
+class TaskLost(RuntimeError):
+    """A task's worker died more than `retries` times; names the task."""
+
+
+@dataclass
+class NodeWork:
+    """What one node (a host, a Ray node) did for a map: tasks run and seconds busy."""
+
+    tasks: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass
+class MapStats:
+    """Per-node figures of every map an executor ran (the manifest's `engine_nodes`)."""
+
+    nodes: dict[str, NodeWork] = field(default_factory=dict)
+    retried: int = 0
+
+    def count(self, node: str, busy_s: float) -> None:
+        work = self.nodes.setdefault(node, NodeWork())
+        work.tasks += 1
+        work.busy_s += busy_s
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        return {
+            node[:12]: {"tasks": w.tasks, "busy_s": round(w.busy_s, 3)}
+            for node, w in sorted(self.nodes.items())
+        }
+
+
+class Executor(Protocol):
+    """Runs `task(job, item)` for every item; yields the results in item order."""
+
+    @property
+    def workers(self) -> int: ...
+
+    @property
+    def distributed(self) -> bool: ...
+
+    def map(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[R]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    stats: MapStats
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A task's result with where and how long it ran (the executor unwraps it)."""
+
+    value: Any
+    node: str
+    busy_s: float
+
+
+def run_timed(task: Task[J, T, R], job: J, item: T, node: str) -> Timed:
+    started = time.perf_counter()
+    value = task(job, item)
+    return Timed(value, node, time.perf_counter() - started)
+
+
+# Set in the parent right before a pool forks; the children read it, never the parent.
+_JOB: tuple[Callable[..., Any], Any] | None = None
+_HOST = socket.gethostname()
+
+
+def _worker_init() -> None:
+    worker_init()
+    bound_malloc()
+
+
+def _run_in_worker(item: Any) -> Timed:
+    assert _JOB is not None, "worker started without a fork"
+    task, job = _JOB
+    return run_timed(task, job, item, _HOST)
+
+
+class LocalExecutor:
+    """Map tasks over forked workers of this host (inline with one worker, or one task).
+
+    The pool is forked per map, after the job is set, so a worker inherits the job (and
+    whatever the driver prepared: compiled gates, a benchmark index) without pickling it;
+    only items and results cross the pipes. Task code must not use polars: a process
+    forked after polars' threads started would hang at its first query."""
+
+    distributed = False
+
+    def __init__(self, workers: int, *, retries: int = TASK_RETRIES) -> None:
+        self._workers = max(1, workers)
+        self.retries = retries
+        self.stats = MapStats()
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "local", "workers": self._workers}
+
+    def map(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[R]:
+        items = list(items)
+        if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
+            for item in items:
+                timed = run_timed(task, job, item, _HOST)
+                self.stats.count(timed.node, timed.busy_s)
+                yield timed.value
+            return
+        yield from self._map_forked(task, job, items)
+
+    def _map_forked(self, task: Task[J, T, R], job: J, items: list[T]) -> Iterator[R]:
+        results: dict[int, Timed] = {}
+        todo = list(range(len(items)))
+        next_out = 0
+        attempts = 0
+        while todo:
+            pool, futures, end = _start_pool(task, job, items, todo, self._workers)
+            broken = False
+            try:
+                for i in todo:
+                    try:
+                        results[i] = futures[i].result()
+                    except BrokenProcessPool:
+                        broken = True
+                        break
+                    while next_out in results:
+                        timed = results.pop(next_out)
+                        self.stats.count(timed.node, timed.busy_s)
+                        next_out += 1
+                        yield timed.value
+                if broken:  # a worker died: keep what finished, fail on a real error
+                    for i, future in futures.items():
+                        if i in results or not future.done() or future.cancelled():
+                            continue
+                        exc = future.exception()
+                        if exc is None:
+                            results[i] = future.result()
+                        elif not isinstance(exc, BrokenProcessPool):
+                            raise exc
+            except BaseException:
+                end()  # terminates the pool, once
+                raise
+            if not broken:
+                pool.shutdown(wait=True)
+                end.cancel()
+                break
+            end()
+            todo = [i for i in todo if i >= next_out and i not in results]
+            attempts += 1
+            self.stats.retried += len(todo)
+            if attempts > self.retries:
+                raise TaskLost(
+                    f"task {todo[0] + 1} of {len(items)}: its worker died {attempts} times"
+                )
+        while next_out in results:
+            timed = results.pop(next_out)
+            self.stats.count(timed.node, timed.busy_s)
+            next_out += 1
+            yield timed.value
+
+
+def _start_pool(
+    task: Callable[..., Any], job: Any, items: list[Any], todo: list[int], workers: int
+) -> tuple[ProcessPoolExecutor, dict[int, Future[Timed]], multiprocessing.util.Finalize]:
+    """A pool forked now, with the job set for its workers to inherit, and every item of
+    `todo` submitted to it (a fork-context pool forks all its workers at the first submit)."""
+    global _JOB
+    _JOB = (task, job)
+    gc.collect()
+    gc.freeze()  # the children's collector then never writes to (and so copies) these pages
+    try:
+        pool = ProcessPoolExecutor(
+            max_workers=min(workers, len(todo)),
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_worker_init,
+        )
+        # A map whose consumer failed and never closed it must not keep a process from
+        # exiting: a forked process's exit joins its children (after the finalizers with an
+        # exit priority, which end the pool first).
+        end = multiprocessing.util.Finalize(pool, _terminate, args=(pool,), exitpriority=10)
+        futures = {i: pool.submit(_run_in_worker, items[i]) for i in todo}
+    finally:
+        _JOB = None  # the workers are forked: the parent drops its reference
+        gc.unfreeze()
+    return pool, futures, end
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """End a pool's workers now (a failed or broken map must not leave them running)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+
+
+def _start_methods() -> list[str]:
+    return multiprocessing.get_all_start_methods()

@@ -1,0 +1,154 @@
+"""The map side of every stage: a version's rows cut into slices of about `task_bytes` of
+parquet, each slice the input of one task. A slice is a list of row ranges of the input's
+shards in stream order (small shards are joined, a large one is cut), so output shards
+stay near `task_bytes` whatever the input's shards were. Planning reads manifests only;
+a task reads its own rows from the store."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from megacpp_pipeline.storage.store import Manifest, ShardStore, StoreError
+
+# Slices per worker the planner aims for when a version is small: enough for the workers
+# to even out, never below MIN_TASK_BYTES of parquet a task (a task has fixed costs).
+SLICES_PER_WORKER = 4
+MIN_TASK_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [lo, hi) of one shard (its full store path)."""
+
+    path: str
+    lo: int
+    hi: int
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One task's input: pieces in stream order, and where its first row sits in the
+    stream the plan covered (doc ids and ranks count from there)."""
+
+    pieces: tuple[Piece, ...]
+    first_row: int
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.pieces)
+
+
+def task_bytes_for(total_bytes: int, workers: int, ceiling: int) -> int:
+    """Parquet bytes per task: `ceiling` (the engine's task_bytes), or less when the input
+    is too small to give every worker SLICES_PER_WORKER tasks."""
+    if workers < 2:
+        return ceiling
+    share = total_bytes // (workers * SLICES_PER_WORKER)
+    return min(ceiling, max(MIN_TASK_BYTES, share))
+
+
+def plan(
+    store: ShardStore,
+    tables: Iterable[tuple[Manifest, str]],
+    task_bytes: int,
+    *,
+    first_row: int = 0,
+) -> list[Slice]:
+    """Slices over the shards of `tables` ((version, table name), in stream order), about
+    `task_bytes` each, none empty. One plan never joins two tables' rows in one slice:
+    call it per table when outputs must not mix (a source's rows stay its own)."""
+    out: list[Slice] = []
+    pieces: list[Piece] = []
+    size = 0.0
+    start = first_row
+    row = first_row
+    for manifest, table in tables:
+        info = manifest.tables.get(table)
+        if info is None:
+            continue
+        vdir = store.version_dir(manifest)
+        for shard in info.shards:
+            if shard.rows == 0:
+                continue
+            row_bytes = max(1.0, shard.bytes / shard.rows)
+            lo = 0
+            while lo < shard.rows:
+                room = (
+                    max(1, math.floor((task_bytes - size) / row_bytes)) if row_bytes else shard.rows
+                )
+                hi = min(shard.rows, lo + room)
+                pieces.append(Piece(f"{vdir}/{shard.path}", lo, hi))
+                size += (hi - lo) * row_bytes
+                row += hi - lo
+                lo = hi
+                if size >= task_bytes:
+                    out.append(Slice(tuple(pieces), start))
+                    pieces, size, start = [], 0.0, row
+    if pieces:
+        out.append(Slice(tuple(pieces), start))
+    return out
+
+
+def plan_rows(
+    store: ShardStore, tables: Iterable[tuple[Manifest, str]], rows_per_slice: int
+) -> list[Slice]:
+    """Slices of exactly `rows_per_slice` rows over `tables` in stream order (the last one
+    shorter): where a unit of work is a number of rows, not of bytes (packing windows)."""
+    out: list[Slice] = []
+    pieces: list[Piece] = []
+    start = row = 0
+    for manifest, table in tables:
+        info = manifest.tables.get(table)
+        if info is None:
+            continue
+        vdir = store.version_dir(manifest)
+        for shard in info.shards:
+            lo = 0
+            while lo < shard.rows:
+                hi = min(shard.rows, lo + rows_per_slice - (row - start))
+                pieces.append(Piece(f"{vdir}/{shard.path}", lo, hi))
+                row += hi - lo
+                lo = hi
+                if row - start == rows_per_slice:
+                    out.append(Slice(tuple(pieces), start))
+                    pieces, start = [], row
+    if pieces:
+        out.append(Slice(tuple(pieces), start))
+    return out
+
+
+def total_bytes(tables: Iterable[tuple[Manifest, str]]) -> int:
+    return sum(
+        s.bytes for m, t in tables if (info := m.tables.get(t)) is not None for s in info.shards
+    )
+
+
+def read(store: ShardStore, pieces: Sequence[Piece], columns: list[str] | None = None) -> pa.Table:
+    """A slice's rows, read from the store by the task that works on them."""
+    tables = list(read_each(store, pieces, columns))
+    if not tables:
+        raise StoreError("a slice with no rows was planned")
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def read_each(
+    store: ShardStore, pieces: Sequence[Piece], columns: list[str] | None = None
+) -> Iterator[pa.Table]:
+    """A slice's rows shard by shard (a task that streams holds one shard at a time)."""
+    for path, group in itertools.groupby(pieces, key=lambda p: p.path):
+        try:
+            shard = pq.read_table(path, filesystem=store.fs, columns=columns)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise StoreError(f"{path}: unreadable shard ({e})") from e
+        for p in group:
+            yield shard.slice(p.lo, p.rows)

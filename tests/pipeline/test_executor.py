@@ -1,0 +1,151 @@
+"""The local executor: tasks on forked workers give what the inline loop gives, in item
+order; a worker inherits the job without pickling it; a killed worker's task runs again; a
+task's error is raised with its own type and message; workers end even when the parent
+defers SIGTERM as Dagster does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from megacpp_pipeline.gates import normalize
+from megacpp_pipeline.pipeline.executor import LocalExecutor, TaskLost
+from megacpp_pipeline.pipeline.parallel import default_workers
+from tests.gates.test_normalize import HEADER, raw_table
+
+
+def _corpus(n: int) -> dict[str, bytes]:
+    """Real-looking headers of varied size, with files every normalize rule drops mixed in."""
+    files: dict[str, bytes] = {}
+    for i in range(n):
+        body = HEADER.replace("span", f"span{i}") * (1 + i % 7)
+        files[f"include/example/span{i}.hpp"] = body.encode()
+        if i % 9 == 0:
+            files[f"include/example/blob{i}.h"] = b"\x00\x01binary" * 40
+        if i % 11 == 0:
+            files[f"include/example/gen{i}.pb.h"] = b"// generated\nint x;\n"
+    return files
+
+
+def _normalize_slice(job: tuple[pa.Table, normalize.NormalizeConfig], bounds: tuple[int, int]):
+    table, config = job
+    lo, hi = bounds
+    result = normalize.run(table.slice(lo, hi - lo), config)
+    return result.kept["path"].to_pylist(), result.dropped["reason"].to_pylist(), os.getpid()
+
+
+def test_normalize_over_forked_workers_equals_the_inline_loop():
+    table = raw_table(_corpus(200))
+    job = (table, normalize.NormalizeConfig())
+    bounds = [(lo, min(lo + 17, table.num_rows)) for lo in range(0, table.num_rows, 17)]
+    inline = list(LocalExecutor(1).map(_normalize_slice, job, bounds))
+    forked = list(LocalExecutor(2).map(_normalize_slice, job, bounds))
+    assert [r[:2] for r in inline] == [r[:2] for r in forked]
+    assert {r[2] for r in inline} == {os.getpid()}
+    assert os.getpid() not in {r[2] for r in forked}  # the work ran in the workers
+    assert sum(len(r[1]) for r in forked) > 0
+
+
+def test_a_worker_inherits_a_job_that_cannot_be_pickled():
+    job = {"scale": lambda x: x * 3}  # a lambda: pickle refuses it, a fork inherits it
+    out = list(LocalExecutor(2).map(lambda j, x: j["scale"](x), job, range(20)))
+    assert out == [3 * x for x in range(20)]
+
+
+def _die_once(marker: str, x: int) -> int:
+    if x == 5 and not Path(marker).exists():
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
+
+
+def test_a_task_whose_worker_is_killed_runs_again(tmp_path: Path):
+    executor = LocalExecutor(2)
+    out = list(executor.map(_die_once, str(tmp_path / "killed"), range(12)))
+    assert out == [x * x for x in range(12)]
+    assert (tmp_path / "killed").exists()
+    assert executor.stats.retried >= 1
+
+
+def _always_die(job: None, x: int) -> int:
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_a_task_that_always_kills_its_worker_is_lost_with_its_number():
+    with pytest.raises(TaskLost, match=r"task 4 of 6: its worker died 2 times"):
+        list(LocalExecutor(2, retries=1).map(_always_die, None, range(6)))
+
+
+def _refuse(job: None, x: int) -> int:
+    if x == 7:
+        raise ValueError(f"include/a{x}.hpp: refused by the test gate")
+    return x
+
+
+def test_a_task_error_is_raised_with_its_type_and_message():
+    with pytest.raises(ValueError, match=r"include/a7.hpp: refused by the test gate"):
+        list(LocalExecutor(2).map(_refuse, None, range(10)))
+
+
+def test_one_worker_or_one_item_runs_inline():
+    assert list(LocalExecutor(1).map(lambda j, x: os.getpid(), None, range(3))) == [os.getpid()] * 3
+    assert list(LocalExecutor(4).map(lambda j, x: os.getpid(), None, [0])) == [os.getpid()]
+
+
+def test_workers_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MEGACPP_WORKERS", "3")
+    assert default_workers() == 3
+    monkeypatch.setenv("MEGACPP_WORKERS", "0")
+    assert default_workers() == 1
+    monkeypatch.setenv("MEGACPP_WORKERS", "many")
+    with pytest.raises(ValueError, match="MEGACPP_WORKERS='many'"):
+        default_workers()
+
+
+def test_workers_end_even_when_the_parent_defers_sigterm_as_dagster_does():
+    # Dagster's run process defers SIGTERM/SIGINT; forked workers inherit that. A pool that
+    # ends its workers by signal (terminate) then hung forever in a real run.
+    script = """
+import signal
+from megacpp_pipeline.pipeline.executor import LocalExecutor
+signal.signal(signal.SIGTERM, lambda *a: None)
+signal.signal(signal.SIGINT, lambda *a: None)
+for _ in range(5):
+    assert list(LocalExecutor(2).map(lambda j, x: x, None, range(8))) == list(range(8))
+def bad(j, x):
+    if x == 3:
+        raise RuntimeError("a.hpp: refused")
+    import time; time.sleep(0.2)
+    return x
+try:
+    list(LocalExecutor(2).map(bad, None, range(8)))
+except RuntimeError as e:
+    print("raised:", e)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "raised: a.hpp: refused"
+
+
+def test_polars_threads_are_seen_once_a_query_ran_and_not_before():
+    # a fresh interpreter: this test process has run polars queries already
+    script = (
+        "import polars as pl\n"
+        "from megacpp_pipeline.pipeline.parallel import polars_threads_run\n"
+        "before = polars_threads_run()\n"
+        "pl.DataFrame({'a': [1, 2, 2]}).group_by('a').len()\n"
+        "print(before, polars_threads_run())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["False", "True"]
