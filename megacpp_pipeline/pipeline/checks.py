@@ -5,13 +5,72 @@ left, with the one line that says where every file went."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
 
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Markdown, Stage
+from megacpp_pipeline.storage import slices
+from megacpp_pipeline.storage.store import Manifest, ShardStore
 
 
 class CheckFailed(Exception):
     """A blocking check failed; the message names the stage, the check and the problem."""
+
+
+# at most this many problems travel back from one slice, and are kept for a check
+MAX_PROBLEMS = 50
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """A check whose verdict is made row by row: each slice of the version is inspected in a
+    task of its own (the run's executor), so rescanning a corpus costs the driver nothing.
+    `state` is what every slice needs (a config, an index, a tokenizer): built once by the
+    driver, inherited by forked workers or shipped once to Ray; `inspect(state, rows)` gives
+    the slice's problems, each naming its file."""
+
+    columns: tuple[str, ...] | None
+    inspect: Callable[[Any, pa.Table], list[str]]
+
+
+@dataclass(frozen=True)
+class _RowJob:
+    store: ShardStore
+    check: RowCheck
+    state: Any
+
+
+def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> tuple[int, list[str]]:
+    columns = list(job.check.columns) if job.check.columns else None
+    rows = slices.read(job.store, pieces, columns)
+    return rows.num_rows, job.check.inspect(job.state, rows)[:MAX_PROBLEMS]
+
+
+def inspect_rows(
+    ctx: StageContext,
+    manifest: Manifest,
+    check: RowCheck,
+    state: Any,
+    tables: Sequence[str] | None = None,
+) -> tuple[int, list[str]]:
+    """(rows inspected, the first problems) of `check` over the version's data tables (or
+    `tables`), one task per slice on the run's executor."""
+    executor = ctx.executor()
+    names = list(tables) if tables is not None else manifest.data_tables()
+    inputs = [(manifest, n) for n in names]
+    task_bytes = slices.task_bytes_for(
+        slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
+    )
+    plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes)]
+    rows, problems = 0, list[str]()
+    for n, found in executor.map(_inspect_task, _RowJob(ctx.store, check, state), plan):
+        rows += n
+        problems += found[: MAX_PROBLEMS - len(problems)]
+    return rows, problems
 
 
 def standard_checks(stage: Stage) -> tuple[Check, ...]:
@@ -27,7 +86,8 @@ def standard_checks(stage: Stage) -> tuple[Check, ...]:
 
 def _manifest_verifies(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
     manifest = ctx.store.latest(stage.name, partition)
-    problems = ctx.store.verify(manifest, check_sha256=True)
+    executor = ctx.executor()
+    problems = ctx.store.verify(manifest, check_sha256=True, mapper=executor.map)
     return CheckOutcome(
         passed=not problems,
         metadata={

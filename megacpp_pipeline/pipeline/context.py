@@ -47,6 +47,11 @@ class StageContext:
             return ray_engine.RayExecutor(self.engine)
         return LocalExecutor(self.workers if self.workers is not None else default_workers())
 
+    def host_executor(self) -> Executor:
+        """Forked workers of this host whatever the engine: for work on this host's own
+        files (a snapshot being built, its Megatron export)."""
+        return LocalExecutor(self.workers if self.workers is not None else default_workers())
+
     def config(self, stage: Stage) -> Any:
         return self.registry.config_of(stage, self.catalog)
 

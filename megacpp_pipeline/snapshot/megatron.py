@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.storage.versions import pid_alive
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -189,14 +190,17 @@ def export_snapshot(
     out_prefix: str | os.PathLike[str],
     split: str = "train",
     dtype: np.dtype[Any] | type[np.number[Any]] | None = None,
+    mapper: Mapper = inline,
 ) -> IndexedDatasetSummary:
     """Write one Megatron sequence per document of `split`, in doc_id order. A split without
     documents (a snapshot may have one with no rows) is refused: there is nothing to train on
     and megatron-core cannot open an empty `.bin`.
 
-    Two passes: `pieces.parquet` fixes where every piece lands in the output, then each row
-    group's `input_ids` is scattered into a memory-mapped `.bin`, so a document whose pieces
-    sit in different rows or shards comes out whole without holding the corpus in memory.
+    Two passes: `pieces.parquet` fixes where every piece lands in the output, then each
+    shard's `input_ids` is scattered into the preallocated `.bin` by a task of `mapper` (an
+    executor's map on this host: the tasks write disjoint ranges of one local file), so a
+    document whose pieces sit in different rows or shards comes out whole without holding
+    the corpus in memory.
     """
     root = Path(snapshot_dir)
     prefix = Path(out_prefix)
@@ -267,25 +271,14 @@ def export_snapshot(
     fd = os.open(bin_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.ftruncate(fd, total * dtype.itemsize)
-        for relpath in shards:
-            parquet = pq.ParquetFile(root / relpath, memory_map=True)
-            for group in range(parquet.num_row_groups):
-                table = parquet.read_row_group(group, columns=["pack_id", "input_ids"])
-                rows = table.column("pack_id").to_numpy()
-                tokens = fixed_list_to_numpy(table.column("input_ids"), seq_len).reshape(-1)
-                lo = np.searchsorted(sorted_pack, rows, side="left")
-                hi = np.searchsorted(sorted_pack, rows, side="right")
-                if not (hi - lo).any():
-                    continue
-                chosen = by_pack[_ranges(lo, hi - lo)]
-                row_of_piece = np.repeat(np.arange(len(rows)), hi - lo)
-                src = _ranges(row_of_piece * seq_len + piece_offset[chosen], piece_length[chosen])
-                values = tokens[src]
-                _check_token_range(values, dtype, root / relpath, "input_ids")
-                _write_pieces(fd, values.astype(dtype), piece_dest[chosen], piece_length[chosen])
-                np.add.at(placed, chosen, 1)
         os.close(fd)
         fd = -1
+        job = _Scatter(
+            root, seq_len, dtype, bin_tmp, sorted_pack, by_pack, piece_offset, piece_length,
+            piece_dest,
+        )  # fmt: skip
+        for chosen in mapper(_scatter_shard, job, list(shards)):
+            np.add.at(placed, chosen, 1)
         if (bad := np.flatnonzero(placed != 1)).size:
             doc, pack = int(piece_doc[bad[0]]), int(piece_pack[bad[0]])
             raise MegatronExportError(
@@ -303,6 +296,47 @@ def export_snapshot(
     return IndexedDatasetSummary(
         prefix, dtype.name, len(doc_ids), len(doc_ids), total, total * dtype.itemsize
     )
+
+
+@dataclass(frozen=True)
+class _Scatter:
+    """What every shard's scatter task needs: where each piece of the split goes."""
+
+    root: Path
+    seq_len: int
+    dtype: np.dtype[Any]
+    bin_path: Path
+    sorted_pack: np.ndarray  # piece pack_ids, sorted
+    by_pack: np.ndarray  # piece indices in that order
+    offset: np.ndarray  # per piece: where in its row it starts
+    length: np.ndarray
+    dest: np.ndarray  # per piece: where in the .bin (in tokens) it goes
+
+
+def _scatter_shard(job: _Scatter, relpath: str) -> np.ndarray:
+    """One shard's pieces written into the .bin; the pieces it placed (indices)."""
+    placed: list[np.ndarray] = []
+    parquet = pq.ParquetFile(job.root / relpath, memory_map=True)
+    fd = os.open(job.bin_path, os.O_WRONLY)
+    try:
+        for group in range(parquet.num_row_groups):
+            table = parquet.read_row_group(group, columns=["pack_id", "input_ids"])
+            rows = table.column("pack_id").to_numpy()
+            tokens = fixed_list_to_numpy(table.column("input_ids"), job.seq_len).reshape(-1)
+            lo = np.searchsorted(job.sorted_pack, rows, side="left")
+            hi = np.searchsorted(job.sorted_pack, rows, side="right")
+            if not (hi - lo).any():
+                continue
+            chosen = job.by_pack[_ranges(lo, hi - lo)]
+            row_of_piece = np.repeat(np.arange(len(rows)), hi - lo)
+            src = _ranges(row_of_piece * job.seq_len + job.offset[chosen], job.length[chosen])
+            values = tokens[src]
+            _check_token_range(values, job.dtype, job.root / relpath, "input_ids")
+            _write_pieces(fd, values.astype(job.dtype), job.dest[chosen], job.length[chosen])
+            placed.append(chosen)
+    finally:
+        os.close(fd)
+    return np.concatenate(placed) if placed else np.empty(0, np.int64)
 
 
 def _write_pieces(fd: int, values: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +32,7 @@ from megacpp_pipeline.corpus.repository import file_document_files
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
 from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
+from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
     MANIFEST,
@@ -116,6 +118,52 @@ class SnapshotManifest(BaseModel):
     files: list[FileEntry]  # every file but manifest.json and _COMPLETE
 
 
+@dataclass(frozen=True)
+class ShardSource:
+    """A packed-row shard in the store: copied into the snapshot by a task that checks the
+    bytes it reads against the size and sha256 its version recorded."""
+
+    fs: pafs.FileSystem
+    path: str
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class _Copied:
+    entry: FileEntry
+    tokens: int
+
+
+def _copy_shard(work: Path, item: tuple[ShardSource | Path, str]) -> _Copied:
+    """One rows shard into the build: read once, hashed while it is written, checked
+    against what its version recorded; its rows and valid tokens counted."""
+    source, rel = item
+    fs, path = (
+        (source.fs, source.path)
+        if isinstance(source, ShardSource)
+        else (pafs.LocalFileSystem(), str(source))
+    )
+    digest = hashlib.sha256()
+    size = 0
+    dest = work / rel
+    with fs.open_input_stream(path) as src, open(dest, "wb") as out:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    sha = digest.hexdigest()
+    if isinstance(source, ShardSource) and (sha, size) != (source.sha256, source.bytes):
+        raise SnapshotError(
+            f"{path}: {size} bytes with sha256 {sha[:12]}..., its version recorded "
+            f"{source.bytes} bytes with sha256 {source.sha256[:12]}...: not copied into a snapshot"
+        )
+    meta = pq.read_metadata(dest)
+    col = pq.read_table(dest, columns=["valid_token_count"])
+    tokens = int(pa.compute.sum(col["valid_token_count"]).as_py() or 0)
+    return _Copied(FileEntry(path=rel, sha256=sha, bytes=size, rows=meta.num_rows), tokens)
+
+
 @dataclass
 class SnapshotParts:
     """Everything a snapshot is made of, as streams the builder consumes once."""
@@ -125,7 +173,7 @@ class SnapshotParts:
     vocab_size: int
     tokenizer_json: bytes
     tokenizer_info: dict[str, Any]
-    rows: dict[str, list[Path]]  # split -> packed-row parquet files, in order
+    rows: dict[str, list[ShardSource | Path]]  # split -> packed-row shards, in order
     documents: pa.Table  # schemas.DOCUMENTS rows, all of them (metadata only: small)
     pieces: Iterable[pa.Table]
     ledger: Iterable[pa.Table]  # ledger rows of every stage, in `ledger_stages` order
@@ -231,6 +279,7 @@ def build_snapshot(
     keep: int = 3,
     gate: Callable[[Path], list[str]] | None = None,
     card: Callable[[Path, SnapshotManifest], str] | None = None,
+    mapper: Mapper = inline,
 ) -> Path:
     """Write the snapshot under `root/snapshots/`, atomically; returns its directory.
 
@@ -238,7 +287,9 @@ def build_snapshot(
     card from those alone when None). `gate` runs the promotion checks on the finished
     build directory (it already has its
     `_COMPLETE`, so real consumers can open it there) and returns failures; any failure
-    removes the build and raises, so a snapshot that fails a check is never promoted."""
+    removes the build and raises, so a snapshot that fails a check is never promoted. The
+    rows shards are copied, hashed and counted by tasks of `mapper` (an executor's map on
+    this host)."""
     snapshots = root / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     _clean_stale(snapshots)
@@ -294,24 +345,25 @@ def build_snapshot(
         add("ledger.parquet", ledger.num_rows)
 
         splits: dict[str, SplitEntry] = {}
+        copies = [
+            (src, f"{split}/part-{i:05d}.parquet")
+            for split in SPLITS
+            for i, src in enumerate(parts.rows.get(split, []))
+        ]
         for split in SPLITS:
             (work / split).mkdir()
-            shards: list[str] = []
-            rows = tokens = 0
-            for i, src in enumerate(parts.rows.get(split, [])):
-                rel = f"{split}/part-{i:05d}.parquet"
-                shutil.copyfile(src, work / rel)
-                meta = pq.read_metadata(work / rel)
-                col = pq.read_table(work / rel, columns=["valid_token_count"])
-                tokens += int(pa.compute.sum(col["valid_token_count"]).as_py() or 0)
-                rows += meta.num_rows
-                shards.append(rel)
-                add(rel, meta.num_rows)
+        copied = {c.entry.path: c for c in mapper(_copy_shard, work, copies)}
+        for split in SPLITS:
+            shards = [rel for _, rel in copies if rel.startswith(f"{split}/")]
+            files.extend(copied[rel].entry for rel in shards)
             split_docs = int(
                 pa.compute.sum(pa.compute.equal(documents["split"], split)).as_py() or 0
             )
             splits[split] = SplitEntry(
-                rows=rows, documents=split_docs, tokens=tokens, shards=shards
+                rows=sum(copied[rel].entry.rows or 0 for rel in shards),
+                documents=split_docs,
+                tokens=sum(copied[rel].tokens for rel in shards),
+                shards=shards,
             )
 
         content = hashlib.sha256()

@@ -29,11 +29,8 @@ from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET, rea
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
-    IGNORE_INDEX,
     OPTIONAL_TOKEN_COLUMNS,
-    PAD_DOC_ID,
     REQUIRED_COLUMNS,
-    fixed_list_to_numpy,
     packed_rows_schema,
 )
 from megacpp_pipeline.snapshot.promote import (
@@ -44,6 +41,14 @@ from megacpp_pipeline.snapshot.promote import (
     manifest_sha256_recorded,
     manifest_summary,
     read_manifest,
+)
+from megacpp_pipeline.snapshot.shard_checks import (
+    Mapper,
+    PlacedPieces,
+    file_facts,
+    inline,
+    row_problems,
+    token_problems,
 )
 from megacpp_pipeline.snapshot.texts import document_texts, file_texts
 from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
@@ -66,20 +71,22 @@ def _shards(snap: Path, manifest: SnapshotManifest) -> list[tuple[str, Path]]:
     return [(split, snap / rel) for split, s in manifest.splits.items() for rel in s.shards]
 
 
-def check_files(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
-    """Every listed file exists with its bytes and sha256; nothing unlisted lies around."""
+def check_files(snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline) -> CheckOutcome:
+    """Every listed file exists with its bytes and sha256; nothing unlisted lies around.
+    Each file is read and hashed in a task of `mapper`."""
     out = CheckOutcome("file_checksums", True)
     listed = {f.path for f in manifest.files}
     recorded = manifest_sha256_recorded(snap)
     if recorded is not None and sha256_file(snap / MANIFEST) != recorded:
         out.fail(f"{snap / MANIFEST}: sha256 differs from the one {COMPLETE} recorded")
-    for f in manifest.files:
-        p = snap / f.path
-        if not p.is_file():
+    entries = {f.path: f for f in manifest.files}
+    for facts in mapper(file_facts, snap, [f.path for f in manifest.files]):
+        f, p = entries[facts.rel], snap / facts.rel
+        if not facts.exists:
             out.fail(f"{p}: missing")
-        elif p.stat().st_size != f.bytes:
-            out.fail(f"{p}: {p.stat().st_size} bytes, manifest says {f.bytes}")
-        elif sha256_file(p) != f.sha256:
+        elif facts.bytes != f.bytes:
+            out.fail(f"{p}: {facts.bytes} bytes, manifest says {f.bytes}")
+        elif facts.sha256 != f.sha256:
             out.fail(f"{p}: sha256 mismatch")
     for p in snap.rglob("*"):
         rel = p.relative_to(snap).as_posix()
@@ -121,38 +128,19 @@ def check_schema(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     return out
 
 
-def check_token_ranges(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+def check_token_ranges(
+    snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline
+) -> CheckOutcome:
     """Every id in [0, vocab_size); targets in range or ignored; pads only after
-    valid_token_count (there: loss masked, doc_ids -1)."""
+    valid_token_count (there: loss masked, doc_ids -1). A task of `mapper` per shard."""
     out = CheckOutcome("token_range_and_pads", True)
     vocab, seq = manifest.vocab_size, manifest.seq_len
     rows = 0
-    for _split, path in _shards(snap, manifest):
-        t = pq.read_table(
-            path, columns=["input_ids", "target_ids", "loss_mask", "doc_ids", "valid_token_count"]
-        )
-        rows += t.num_rows
-        ids = fixed_list_to_numpy(t["input_ids"], seq)
-        tgt = fixed_list_to_numpy(t["target_ids"], seq)
-        mask = fixed_list_to_numpy(t["loss_mask"], seq)
-        docs = fixed_list_to_numpy(t["doc_ids"], seq)
-        valid = t["valid_token_count"].to_numpy()
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-            out.fail(f"{path}: input_ids outside [0, {vocab}): min {ids.min()} max {ids.max()}")
-        bad_tgt = (tgt != IGNORE_INDEX) & ((tgt < 0) | (tgt >= vocab))
-        if bad_tgt.any():
-            out.fail(f"{path}: {int(bad_tgt.sum())} target_ids outside the vocabulary")
-        if ((valid < 1) | (valid > seq)).any():
-            out.fail(f"{path}: valid_token_count outside [1, {seq}]")
-        pad = np.arange(seq)[None, :] >= valid[:, None]
-        if (docs[pad] != PAD_DOC_ID).any():
-            out.fail(f"{path}: doc_ids on pad positions are not {PAD_DOC_ID}")
-        if (docs[~pad] < 0).any():
-            out.fail(f"{path}: a pad doc id inside the valid prefix")
-        if mask[pad].any():
-            out.fail(f"{path}: loss counted on pad positions")
-        if ((mask == 1) & (tgt == IGNORE_INDEX)).any():
-            out.fail(f"{path}: loss counted where the target is ignored")
+    paths = [path for _split, path in _shards(snap, manifest)]
+    for n, problems in mapper(token_problems, (vocab, seq), paths):
+        rows += n
+        for problem in problems:
+            out.fail(problem)
     out.metrics.update(rows=rows, vocab_size=vocab)
     return out
 
@@ -161,7 +149,9 @@ def _pieces(snap: Path) -> pa.Table:
     return pq.read_table(snap / "pieces.parquet")
 
 
-def check_documents(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
+def check_documents(
+    snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline
+) -> CheckOutcome:
     """doc_ids in the rows agree with pieces.parquet and documents.parquet; every document's
     pieces are all present, in order; no target crosses a document boundary; every kept
     file is in one document, its members' token spans tiling it (document_files.parquet)."""
@@ -217,76 +207,21 @@ def check_documents(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     placed = pieces.sort(["pack_id", "row_offset"]).select(
         "pack_id", "doc_id", "row_offset", "length"
     )
-    piece_pack = placed["pack_id"].to_numpy()
-    piece_doc = placed["doc_id"].to_numpy().astype(np.int32)
-    piece_off = placed["row_offset"].to_numpy().astype(np.int64)
-    piece_len = placed["length"].to_numpy().astype(np.int64)
+    job = PlacedPieces(
+        seq_len=seq,
+        pack=placed["pack_id"].to_numpy(),
+        doc=placed["doc_id"].to_numpy().astype(np.int32),
+        offset=placed["row_offset"].to_numpy().astype(np.int64),
+        length=placed["length"].to_numpy().astype(np.int64),
+    )
     rows = 0
-    for _split, path in _shards(snap, manifest):
-        t = pq.read_table(
-            path, columns=["pack_id", "doc_ids", "target_ids", "num_docs", "valid_token_count"]
-        )
-        for problem in _row_problems(t, seq, piece_pack, piece_doc, piece_off, piece_len):
-            out.fail(f"{path}: {problem}")
-        rows += t.num_rows
+    paths = [path for _split, path in _shards(snap, manifest)]
+    for n, problems in mapper(row_problems, job, paths):
+        rows += n
+        for problem in problems:
+            out.fail(problem)
     out.metrics.update(documents=docs.height, files=files.num_rows, pieces=pieces.height, rows=rows)
     return out
-
-
-def _row_problems(
-    t: pa.Table,
-    seq: int,
-    piece_pack: np.ndarray,
-    piece_doc: np.ndarray,
-    piece_off: np.ndarray,
-    piece_len: np.ndarray,
-) -> list[str]:
-    """What is wrong with one shard's rows against the pieces (sorted by pack_id, then
-    row_offset): each row's doc_ids must be its pieces' doc ids over their spans and pads
-    elsewhere, num_docs and valid_token_count must agree, and no target may cross a
-    document's last token."""
-    n = t.num_rows
-    pack_ids = t["pack_id"].to_numpy()
-    doc_ids = fixed_list_to_numpy(t["doc_ids"], seq)
-    tgt = fixed_list_to_numpy(t["target_ids"], seq)
-    valid = t["valid_token_count"].to_numpy()
-    num_docs = t["num_docs"].to_numpy()
-    lo = np.searchsorted(piece_pack, pack_ids, side="left")
-    count = np.searchsorted(piece_pack, pack_ids, side="right") - lo
-    chosen = _ranges_of(lo, count)
-    row = np.repeat(np.arange(n, dtype=np.int64), count)
-    start = row * seq + piece_off[chosen]
-    expected = np.full(n * seq, PAD_DOC_ID, dtype=np.int32)
-    expected[_ranges_of(start, piece_len[chosen])] = np.repeat(piece_doc[chosen], piece_len[chosen])
-    expected = expected.reshape(n, seq)
-    crossing = np.zeros(n, dtype=bool)
-    ends = start + piece_len[chosen] - 1
-    crossing[row[tgt.reshape(-1)[ends] != IGNORE_INDEX]] = True
-    problems: list[str] = []
-    for r in np.flatnonzero(count == 0)[:5].tolist():
-        problems.append(f"row pack_id {pack_ids[r]} has no pieces")
-    have = count > 0
-    what = (
-        (~np.all(expected == doc_ids, axis=1), "doc_ids disagree with pieces.parquet"),
-        (
-            (count != num_docs) | ((expected != PAD_DOC_ID).sum(axis=1) != valid),
-            "num_docs/valid_token_count disagree",
-        ),
-        (crossing, "a target crosses a document boundary"),
-    )
-    for bad, message in what:
-        for r in np.flatnonzero(bad & have)[:5].tolist():
-            problems.append(f"pack_id {pack_ids[r]} {message}")
-    return problems
-
-
-def _ranges_of(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The indices start..start+length-1 of every (start, length), one after another."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.empty(0, dtype=np.int64)
-    first = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return first + np.arange(total, dtype=np.int64)
 
 
 def check_round_trip(
@@ -407,7 +342,7 @@ def check_consumer_smoke(snap: Path, config: SnapshotConfig) -> CheckOutcome:
     return out
 
 
-def check_megatron(snap: Path) -> CheckOutcome:
+def check_megatron(snap: Path, mapper: Mapper = inline) -> CheckOutcome:
     """The .bin/.idx export read back by an independent reader: same documents and tokens
     (splits without rows have no export: see megatron.export_snapshot)."""
     from megacpp_pipeline.snapshot import megatron
@@ -419,7 +354,7 @@ def check_megatron(snap: Path) -> CheckOutcome:
             if entry.rows == 0:
                 continue
             prefix = Path(tmp) / split
-            megatron.export_snapshot(snap, prefix, split=split)
+            megatron.export_snapshot(snap, prefix, split=split, mapper=mapper)
             reader = megatron.IndexedDatasetReader(prefix)
             docs = len(reader)
             tokens = int(sum(len(reader[i]) for i in range(docs)))
@@ -440,40 +375,45 @@ def check_card(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     return out
 
 
-FROM_DISK: dict[str, Callable[[Path, SnapshotManifest, SnapshotConfig, bool], CheckOutcome]] = {
-    "file_checksums": lambda s, m, c, full: check_files(s, m),
-    "schema_contract": lambda s, m, c, full: check_schema(s, m),
-    "token_range_and_pads": lambda s, m, c, full: check_token_ranges(s, m),
-    "document_consistency": lambda s, m, c, full: check_documents(s, m),
-    "round_trip_decode": lambda s, m, c, full: check_round_trip(
+FROM_DISK: dict[
+    str, Callable[[Path, SnapshotManifest, SnapshotConfig, bool, Mapper], CheckOutcome]
+] = {
+    "file_checksums": lambda s, m, c, full, mapper: check_files(s, m, mapper),
+    "schema_contract": lambda s, m, c, full, mapper: check_schema(s, m),
+    "token_range_and_pads": lambda s, m, c, full, mapper: check_token_ranges(s, m, mapper),
+    "document_consistency": lambda s, m, c, full, mapper: check_documents(s, m, mapper),
+    "round_trip_decode": lambda s, m, c, full, mapper: check_round_trip(
         s, m, m.documents if full else c.round_trip_sample, c.seed
     ),
-    "ledger_completeness": lambda s, m, c, full: check_ledger(s, m),
-    "dataset_card": lambda s, m, c, full: check_card(s, m),
+    "ledger_completeness": lambda s, m, c, full, mapper: check_ledger(s, m),
+    "dataset_card": lambda s, m, c, full, mapper: check_card(s, m),
 }
 
 
 ALL_CHECKS = [*FROM_DISK, "consumer_smoke_read", "megatron_read_back"]
 
 
-def run_check(name: str, snap: Path, config: SnapshotConfig, full: bool = False) -> CheckOutcome:
-    """One promotion check; an exception becomes a failed outcome naming the snapshot."""
+def run_check(
+    name: str, snap: Path, config: SnapshotConfig, full: bool = False, mapper: Mapper = inline
+) -> CheckOutcome:
+    """One promotion check; an exception becomes a failed outcome naming the snapshot. The
+    per-shard work runs as tasks of `mapper` (an executor's map; default: this process)."""
     try:
         if name == "consumer_smoke_read":
             return check_consumer_smoke(snap, config)
         if name == "megatron_read_back":
-            return check_megatron(snap)
+            return check_megatron(snap, mapper)
         manifest = read_manifest(snap)
-        return FROM_DISK[name](snap, manifest, config, full)
+        return FROM_DISK[name](snap, manifest, config, full, mapper)
     except Exception as e:  # a check that crashes is a failed check, reported as such
         return CheckOutcome(name, False, problems=[f"{snap}: {type(e).__name__}: {e}"])
 
 
 def verify_snapshot(
-    snap: Path, config: SnapshotConfig | None = None, full: bool = False
+    snap: Path, config: SnapshotConfig | None = None, full: bool = False, mapper: Mapper = inline
 ) -> list[CheckOutcome]:
     config = config or SnapshotConfig()
-    return [run_check(name, snap, config, full) for name in FROM_DISK]
+    return [run_check(name, snap, config, full, mapper) for name in FROM_DISK]
 
 
 def _table(outcomes: list[CheckOutcome]) -> str:

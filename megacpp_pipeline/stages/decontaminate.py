@@ -13,11 +13,14 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+import pyarrow as pa
+
 from megacpp_pipeline.core.catalog import Catalog
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import decontaminate
+from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -104,26 +107,30 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
     }
 
 
+def _contaminated(index: decontaminate.BenchmarkIndex, rows: pa.Table) -> list[str]:
+    return [str(f) for f in decontaminate.rescan(rows, index)]
+
+
+_RESCAN = RowCheck(("source_id", "path", "text"), _contaminated)
+
+
 def _kept_files_rescan_clean(
     ctx: StageContext, stage: Stage, partition: str | None
 ) -> CheckOutcome:
     manifest = ctx.store.latest(stage.name, None)
     index = benchmark_index(ctx.catalog, ctx.config(stage))
-    findings: list[Any] = []
-    for name in manifest.data_tables():
-        for t in ctx.store.iter_tables(manifest, name, ["source_id", "path", "text"]):
-            findings += decontaminate.rescan(t, index)
+    rescanned, findings = inspect_rows(ctx, manifest, _RESCAN, index)
     files_in = int(manifest.stats["input_files"])
     dropped = manifest.tables["ledger"].rows if "ledger" in manifest.tables else 0
     accounted = files_in == manifest.rows + dropped
     return CheckOutcome(
         passed=not findings and accounted,
         metadata={
-            "files_rescanned": manifest.rows,
+            "files_rescanned": rescanned,
             "still_contaminated": len(findings),
             "accounted": accounted,
         },
-        description=str(findings[0])
+        description=findings[0]
         if findings
         else None
         if accounted

@@ -17,6 +17,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import ENRICHED_FILES
 from megacpp_pipeline.gates import build_context, enrich
+from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -125,14 +126,19 @@ def span_problems(table: pa.Table) -> list[str]:
     return problems
 
 
+def _span_problems(state: None, rows: pa.Table) -> list[str]:
+    return span_problems(rows)
+
+
+_SPANS = RowCheck(None, _span_problems)
+
+
 def _spans_inside_text(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
     manifest = ctx.store.latest(stage.name, source)
-    problems: list[str] = []
-    for t in ctx.store.iter_tables(manifest):
-        problems.extend(span_problems(t))
+    files, problems = inspect_rows(ctx, manifest, _SPANS, None)
     return CheckOutcome(
         passed=not problems,
-        metadata={"files": manifest.rows, "problems": "; ".join(problems[:5]) or "none"},
+        metadata={"files": files, "problems": "; ".join(problems[:5]) or "none"},
         description=f"{source}: {problems[0]}" if problems else None,
     )
 

@@ -31,9 +31,10 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     out = export_dir(ctx, manifest.snapshot_id)
     out.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"snapshot_id": manifest.snapshot_id}
+    host = ctx.host_executor()  # the export is a folder of this host
     for split, entry in manifest.splits.items():
         if entry.rows:
-            megatron.export_snapshot(snap, out / split, split=split)
+            megatron.export_snapshot(snap, out / split, split=split, mapper=host.map)
             meta[f"{split}_prefix"] = PathValue(str(out / split))
     # on an object store, the export goes beside the snapshot: <data dir>/megatron/<id>/
     if uri := upload_beside_snapshot(ctx, out, "megatron", manifest.snapshot_id):

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from megacpp_pipeline.corpus import packing, repository, tokenizer
-from megacpp_pipeline.pipeline.checks import nothing_left
+from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows, nothing_left
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.executor import Executor
 from megacpp_pipeline.pipeline.metadata import summary_metadata
@@ -201,16 +201,19 @@ def utilization_png(telemetry: packing.PackingTelemetry) -> bytes:
     return buf.getvalue()
 
 
+def _row_problems(state: tuple[int, int], rows: pa.Table) -> list[str]:
+    seq_len, vocab = state
+    return rows_contract.validate_rows(rows, seq_len, vocab)
+
+
+_ROWS = RowCheck(None, _row_problems)
+
+
 def _every_row_is_seq_len(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
     manifest = ctx.store.latest(stage.name, None)
     vocab = int(ctx.store.latest("tokenizer", None).extra["tokenizer"]["vocab_size"])
     seq_len = int(manifest.extra["seq_len"])
-    problems: list[str] = []
-    rows = 0
-    for name in manifest.data_tables():
-        for t in ctx.store.iter_tables(manifest, name):
-            rows += t.num_rows
-            problems.extend(f"{name}: {p}" for p in rows_contract.validate_rows(t, seq_len, vocab))
+    rows, problems = inspect_rows(ctx, manifest, _ROWS, (seq_len, vocab))
     return CheckOutcome(
         passed=not problems and rows > 0,
         metadata={"rows": rows, "seq_len": seq_len, "problems": "; ".join(problems[:5]) or "none"},

@@ -8,9 +8,12 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import pyarrow as pa
+
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import SCRUBBED_FILES
 from megacpp_pipeline.gates import scrub
+from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -39,23 +42,25 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
     return {**kinds, "redacted_sample": Markdown("\n".join(samples) or "none")}
 
 
-def _no_detector_fires(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
-    config = ctx.config(stage)
-    manifest = ctx.store.latest(stage.name, source)
-    residual: list[str] = []
-    files = 0
-    for t in ctx.store.iter_tables(manifest, columns=["source_id", "path", "text"]):
-        files += t.num_rows
-        hits = scrub.residual_table(t, config)
-        residual.extend(
-            f"{p}: {k} at byte {b}"
-            for p, k, b in zip(
-                hits["path"].to_pylist(),
-                hits["kind"].to_pylist(),
-                hits["start_byte"].to_pylist(),
-                strict=True,
-            )
+def _residual(config: Any, rows: pa.Table) -> list[str]:
+    hits = scrub.residual_table(rows, config)
+    return [
+        f"{p}: {k} at byte {b}"
+        for p, k, b in zip(
+            hits["path"].to_pylist(),
+            hits["kind"].to_pylist(),
+            hits["start_byte"].to_pylist(),
+            strict=True,
         )
+    ]
+
+
+_RESCAN = RowCheck(("source_id", "path", "text"), _residual)
+
+
+def _no_detector_fires(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
+    manifest = ctx.store.latest(stage.name, source)
+    files, residual = inspect_rows(ctx, manifest, _RESCAN, ctx.config(stage))
     return CheckOutcome(
         passed=not residual,
         metadata={

@@ -27,6 +27,7 @@ from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
 from megacpp_pipeline.snapshot.promote import (
     REPORT_DIR,
+    ShardSource,
     SnapshotConfig,
     SnapshotManifest,
     SnapshotParts,
@@ -180,7 +181,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         tokenizer_info=info,
         rows={
             split: [
-                Path(store.local_copy(f"{vdir}/{s.path}", s.sha256, ctx.cache_dir))
+                ShardSource(store.fs, f"{vdir}/{s.path}", s.sha256, s.bytes)
                 for s in packed.tables[name].shards
             ]
             for split in ("train", "validation")
@@ -211,10 +212,12 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         inputs.changes = changes[0] if changes else None
         return render_card(build_dir, manifest, inputs)
 
+    host = ctx.host_executor()  # the build is a folder of this host
+
     def gate(build_dir: Path) -> list[str]:
         failures = []
         for name in verify.ALL_CHECKS:
-            outcome = verify.run_check(name, build_dir, config)
+            outcome = verify.run_check(name, build_dir, config, mapper=host.map)
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
@@ -224,7 +227,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         return failures
 
     root = store.local_root(ctx.cache_dir)
-    snap = build_snapshot(root, parts, keep=config.keep_snapshots, gate=gate, card=card)
+    snap = build_snapshot(
+        root, parts, keep=config.keep_snapshots, gate=gate, card=card, mapper=host.map
+    )
     manifest = read_manifest(snap)
     uploaded: dict[str, str] = {}
     if not store.is_local:  # the promoted snapshot goes to the store too, _COMPLETE last
@@ -286,7 +291,8 @@ _DESCRIPTIONS = {
 
 def _promotion_check(name: str) -> Check:
     def evaluate(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
-        outcome = verify.run_check(name, snapshot_dir_of(ctx), ctx.config(stage))
+        mapper = ctx.host_executor().map
+        outcome = verify.run_check(name, snapshot_dir_of(ctx), ctx.config(stage), mapper=mapper)
         return CheckOutcome(
             passed=outcome.passed,
             metadata={

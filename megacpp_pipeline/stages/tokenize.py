@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
@@ -15,6 +16,7 @@ from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import TOKENIZED_DOCS, text_sha256
 from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
+from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
 from megacpp_pipeline.stages.tokenizer import ARTIFACT
@@ -47,25 +49,32 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
     return {"tokens": int(stats.get("tokens_kept", 0))}
 
 
+def _undecodable(tok: Tokenizer, rows: pa.Table) -> list[str]:
+    """The paths whose token ids do not decode to the text their sha256 names, a bounded
+    batch of decoded documents at a time."""
+    failures: list[str] = []
+    for lo in range(0, rows.num_rows, 256):
+        part = rows.slice(lo, 256)
+        decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
+        for path, text, sha in zip(
+            part["path"].to_pylist(), decoded, part["content_sha256"].to_pylist(), strict=True
+        ):
+            if text_sha256(text) != sha:
+                failures.append(path)
+    return failures
+
+
+_ROUND_TRIP = RowCheck(("path", "token_ids", "content_sha256"), _undecodable)
+
+
 def _every_document_round_trips(
     ctx: StageContext, stage: Stage, source: str | None
 ) -> CheckOutcome:
-    """decode(token_ids) against the sha256 of the enriched text each row carries, one
-    bounded batch of decoded documents at a time (never the whole partition)."""
+    """decode(token_ids) against the sha256 of the enriched text each row carries, every
+    slice of the partition in a task of its own."""
     tok, _ = load_artifact(ctx)
     manifest = ctx.store.latest(stage.name, source)
-    failures: list[str] = []
-    checked = 0
-    for t in ctx.store.iter_tables(manifest, columns=["path", "token_ids", "content_sha256"]):
-        for lo in range(0, t.num_rows, 256):
-            part = t.slice(lo, 256)
-            decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
-            for path, text, sha in zip(
-                part["path"].to_pylist(), decoded, part["content_sha256"].to_pylist(), strict=True
-            ):
-                checked += 1
-                if text_sha256(text) != sha:
-                    failures.append(path)
+    checked, failures = inspect_rows(ctx, manifest, _ROUND_TRIP, tok)
     return CheckOutcome(
         passed=not failures,
         metadata={"documents_checked": checked, "failures": "; ".join(failures[:10]) or "none"},

@@ -520,31 +520,59 @@ class ShardStore:
             raise StoreError(f"{self.version_dir(manifest)}: no table {table!r}")
         return pa.concat_tables(parts)
 
-    def verify(self, manifest: Manifest, *, check_sha256: bool = True) -> list[str]:
-        """Every problem with a version on disk, each naming the file; [] when it is sound."""
+    def verify(
+        self,
+        manifest: Manifest,
+        *,
+        check_sha256: bool = True,
+        mapper: Callable[..., Iterator[Any]] | None = None,
+    ) -> list[str]:
+        """Every problem with a version on disk, each naming the file; [] when it is sound.
+        With `mapper` (an executor's map), the shards are read and hashed in its tasks, a
+        batch of shards each."""
         vdir = self.version_dir(manifest)
         problems: list[str] = self._verify_manifest_bytes(vdir)
+        checks = [
+            (name, info.schema_fingerprint, shard)
+            for name, info in manifest.tables.items()
+            for shard in info.shards
+        ]
+        batches = [checks[i : i + _VERIFY_BATCH] for i in range(0, len(checks), _VERIFY_BATCH)]
+        job = (self, vdir, check_sha256)
+        verified = (
+            mapper(_verify_shards, job, batches)
+            if mapper is not None
+            else (_verify_shards(job, b) for b in batches)
+        )
+        rows: dict[str, int] = {}
+        for batch in verified:
+            for name, n, found in batch:
+                rows[name] = rows.get(name, 0) + n
+                problems.extend(found)
         for name, info in manifest.tables.items():
-            total = 0
-            for shard in info.shards:
-                path = f"{vdir}/{shard.path}"
-                problems.extend(self._verify_file(path, shard, check_sha256))
-                try:
-                    meta = pq.read_metadata(path, filesystem=self.fs)
-                    schema = meta.schema.to_arrow_schema()
-                except (OSError, pa.ArrowInvalid) as e:
-                    problems.append(f"{path}: not readable parquet ({e})")
-                    continue
-                if meta.num_rows != shard.rows:
-                    problems.append(f"{path}: {meta.num_rows} rows, manifest says {shard.rows}")
-                if schema_fingerprint(schema) != info.schema_fingerprint:
-                    problems.append(f"{path}: schema differs from the manifest's table {name!r}")
-                total += meta.num_rows
+            total = rows.get(name, 0)
             if total != info.rows and not any(p.startswith(vdir) for p in problems):
                 problems.append(f"{vdir}: table {name!r} has {total} rows, manifest {info.rows}")
         for f in manifest.files:
             problems.extend(self._verify_file(f"{vdir}/{f.path}", f, check_sha256))
         return problems
+
+    def _verify_shard(
+        self, vdir: str, name: str, fingerprint: str, shard: ShardInfo, check_sha256: bool
+    ) -> tuple[int, list[str]]:
+        """(rows parquet holds, problems) of one listed shard."""
+        path = f"{vdir}/{shard.path}"
+        problems = self._verify_file(path, shard, check_sha256)
+        try:
+            meta = pq.read_metadata(path, filesystem=self.fs)
+            schema = meta.schema.to_arrow_schema()
+        except (OSError, pa.ArrowInvalid) as e:
+            return 0, [*problems, f"{path}: not readable parquet ({e})"]
+        if meta.num_rows != shard.rows:
+            problems.append(f"{path}: {meta.num_rows} rows, manifest says {shard.rows}")
+        if schema_fingerprint(schema) != fingerprint:
+            problems.append(f"{path}: schema differs from the manifest's table {name!r}")
+        return meta.num_rows, problems
 
     def _verify_manifest_bytes(self, vdir: str) -> list[str]:
         """The manifest's sha256 against the one `_COMPLETE` recorded (older versions have
@@ -581,6 +609,21 @@ class WrittenSchema:
     @classmethod
     def of(cls, schema: pa.Schema) -> WrittenSchema:
         return cls(tuple(schema.names), schema_fingerprint(schema))
+
+
+# shards a verifying task reads and hashes
+_VERIFY_BATCH = 8
+
+
+def _verify_shards(
+    job: tuple[ShardStore, str, bool], batch: list[tuple[str, str, ShardInfo]]
+) -> list[tuple[str, int, list[str]]]:
+    store, vdir, check_sha256 = job
+    out = []
+    for name, fingerprint, shard in batch:
+        n, problems = store._verify_shard(vdir, name, fingerprint, shard, check_sha256)
+        out.append((name, n, problems))
+    return out
 
 
 class ShardUploader:
