@@ -4,6 +4,7 @@ decodes every document back to its text."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -13,9 +14,10 @@ from tokenizers import Tokenizer
 
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import TOKENIZED_DOCS, text_sha256
-from megacpp_pipeline.corpus import tokenizer
+from megacpp_pipeline.corpus import encoders, tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
+from megacpp_pipeline.pipeline.parallel import default_workers
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
 from megacpp_pipeline.stages.tokenizer import ARTIFACT
 from megacpp_pipeline.storage.store import Manifest
@@ -36,10 +38,19 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
     config = inputs.config
     path, sha256 = inputs.artifact("tokenizer", ARTIFACT)
     tok = tokenizer.load_tokenizer(path, sha256)
+    # the fast encoder's threads: as many as the run's workers (1 in a forked source worker)
+    threads = inputs.ctx.workers or default_workers()
+    encoder = encoders.select_encoder(tok, config.encoder, threads=threads, artifact=path)
+    if config.encoder is encoders.EncoderMode.AUTO and isinstance(
+        encoder, encoders.ReferenceEncoder
+    ):
+        inputs.ctx.log(f"{inputs.stage.name} [{inputs.source.id}]: warning: {encoder.why}")
     return PreparedGate(
-        lambda table: tokenization.run(table, tok, config),
-        # chunk kinds come from the enrich spans; ids from this exact tokenizer
+        lambda table: tokenization.run(table, encoder, config),
+        # chunk kinds come from the enrich spans; ids from this exact tokenizer (the same
+        # whichever encoder runs)
         salt=inputs.code_version(inputs.stage.input or "") + sha256,
+        extra=encoder.describe(),
     )
 
 
@@ -50,22 +61,36 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
 def _every_document_round_trips(
     ctx: StageContext, stage: Stage, source: str | None
 ) -> CheckOutcome:
-    """decode(token_ids) against the sha256 of the enriched text each row carries, one
-    bounded batch of decoded documents at a time (never the whole partition)."""
+    """decode(token_ids) against the sha256 of the enriched text each row carries, a bounded
+    batch of documents at a time (never the whole partition). A byte-level artifact decodes
+    through its token byte table (the bytes tokenizers' ByteLevel decoder joins, gathered
+    without a Python loop per token); any other through tokenizers' decode_batch."""
     tok, _ = load_artifact(ctx)
+    table = encoders.TokenBytes.of(tok)
     manifest = ctx.store.latest(stage.name, source)
     failures: list[str] = []
     checked = 0
     for t in ctx.store.iter_tables(manifest, columns=["path", "token_ids", "content_sha256"]):
         for lo in range(0, t.num_rows, 256):
             part = t.slice(lo, 256)
-            decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
-            for path, text, sha in zip(
-                part["path"].to_pylist(), decoded, part["content_sha256"].to_pylist(), strict=True
-            ):
-                checked += 1
-                if text_sha256(text) != sha:
-                    failures.append(path)
+            paths = part["path"].to_pylist()
+            shas = part["content_sha256"].to_pylist()
+            checked += len(paths)
+            if table is None:
+                decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
+                failures += [
+                    p for p, text, sha in zip(paths, decoded, shas, strict=True)
+                    if text_sha256(text) != sha
+                ]  # fmt: skip
+                continue
+            ids = part["token_ids"].combine_chunks()
+            flat = ids.flatten().to_numpy()
+            data = table.decode(flat)
+            bounds = table.byte_bounds(flat, ids.offsets.to_numpy() - ids.offsets[0].as_py())
+            failures += [
+                p for i, (p, sha) in enumerate(zip(paths, shas, strict=True))
+                if hashlib.sha256(data[bounds[i] : bounds[i + 1]].data).hexdigest() != sha
+            ]  # fmt: skip
     return CheckOutcome(
         passed=not failures,
         metadata={"documents_checked": checked, "failures": "; ".join(failures[:10]) or "none"},
@@ -83,15 +108,16 @@ STAGE = Stage(
     reads=("tokenizer",),
     config_key="tokenize",
     config=tokenization.TokenizeConfig,
-    code=(tokenization.__name__, __name__),
+    code=(tokenization.__name__, encoders.__name__, __name__),
     schema=TOKENIZED_DOCS,
     content_column="content_sha256",
     drop_reasons=(DropReason.ROUND_TRIP_FAILED, DropReason.EMPTY_AFTER_TOKENIZE),
     writes_ledger=True,
     gate=_gate,
     summarize=lambda r: Counter({"tokens_kept": int(pc.sum(r.kept["num_tokens"]).as_py() or 0)}),
-    # encode_batch already runs on every core (Rust threads); forked workers would only lose
-    # that (tokenizers turns its threads off after a fork) and measured slower
+    # both encoders already run on every core (tokenizers' Rust threads, the fast one's
+    # GIL-free threads); forked workers would only lose that (tokenizers turns its threads
+    # off after a fork) and measured slower
     workers=1,
     report=_report,
     checks=(
