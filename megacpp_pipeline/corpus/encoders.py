@@ -438,6 +438,7 @@ def _build_fast(
 
 _CHOSEN: dict[tuple[str, EncoderMode, int], TokenEncoder] = {}
 _LOCK = threading.Lock()
+_KEEP = 8
 
 
 def select_encoder(
@@ -454,24 +455,29 @@ def select_encoder(
     raw = tokenizer.to_str()
     key = (hashlib.sha256(raw.encode("utf-8")).hexdigest(), mode, threads)
     with _LOCK:
-        if key in _CHOSEN:
-            return _CHOSEN[key]
+        chosen = _CHOSEN.get(key)
+    if chosen is None:
+        chosen = _choose(raw, mode, threads, artifact, f"megacpp-{key[0][:12]}")
+        with _LOCK:
+            while len(_CHOSEN) >= _KEEP:  # a long-lived process meets few artifacts
+                del _CHOSEN[next(iter(_CHOSEN))]
+            _CHOSEN[key] = chosen
+    if mode is EncoderMode.AUTO and isinstance(chosen, ReferenceEncoder):
+        warnings.warn(f"{artifact}: {chosen.why}", FastEncoderFallbackWarning, stacklevel=2)
+    return chosen
+
+
+def _choose(raw: str, mode: EncoderMode, threads: int, artifact: str, name: str) -> TokenEncoder:
     reference = Tokenizer.from_str(raw)
     reference.encode_special_tokens = True
-    chosen: TokenEncoder | None = None
-    why = "configured: encoder tokenizers"
-    if mode is not EncoderMode.TOKENIZERS:
-        chosen, why = _build_fast(json.loads(raw), reference, threads, f"megacpp-{key[0][:12]}")
-        if chosen is None and mode is EncoderMode.FAST:
-            raise FastEncoderRefusedError(artifact, why)
-        if chosen is None:
-            why = f"fast encoder not used: {why}"
-            warnings.warn(f"{artifact}: {why}", FastEncoderFallbackWarning, stacklevel=2)
-    if chosen is None:
-        chosen = ReferenceEncoder(reference, why)
-    with _LOCK:
-        _CHOSEN[key] = chosen
-    return chosen
+    if mode is EncoderMode.TOKENIZERS:
+        return ReferenceEncoder(reference, "configured: encoder tokenizers")
+    fast, why = _build_fast(json.loads(raw), reference, threads, name)
+    if fast is not None:
+        return fast
+    if mode is EncoderMode.FAST:
+        raise FastEncoderRefusedError(artifact, why)
+    return ReferenceEncoder(reference, f"fast encoder not used: {why}")
 
 
 def forget_chosen() -> None:
