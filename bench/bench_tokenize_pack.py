@@ -1,7 +1,10 @@
-"""Tokenization gate vs bare `encode_batch`, and packing throughput / utilization per policy,
-on the demo corpus (the C++ headers of the pythran, pybind11 and nanobind wheels).
+"""Tokenization: the tokenized_docs gate with each encoder (tokenizers, as before; the fast
+tiktoken one) beside bare `tokenizers` encode_batch and bare tiktoken, in MB per CPU-second,
+and the tokenized_docs stage itself (store I/O, result cache and its round-trip check) with
+each encoder; then packing throughput / utilization per policy. On the demo corpus (the C++
+headers of the pythran, pybind11 and nanobind wheels).
 
-    .venv/bin/python -m bench.bench_tokenize_pack [--corpus DIR] [--json PATH]
+    .venv/bin/python -m bench.bench_tokenize_pack [--corpus DIR] [--json PATH] [--no-stage]
 
 Prints a markdown table; the last stdout line is the JSON dict of figures.
 """
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,9 +29,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.corpus import encoders
+from megacpp_pipeline.corpus.encoders import FastEncoder, select_encoder
 from megacpp_pipeline.corpus.packing import PackingConfig, merge_telemetry, pack
 from megacpp_pipeline.corpus.tokenizer import SpecialIds, TokenizerConfig, train_tokenizer
 from megacpp_pipeline.gates.tokenization import TokenizeConfig, run
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.runner import checks_of, run_stage
+from megacpp_pipeline.stages import default_registry
+from megacpp_pipeline.storage.store import ShardStore
 
 WHEELS = ("pythran==0.19.0", "pybind11==3.1.0", "nanobind==3.1.0")
 CPP_SUFFIXES = {
@@ -135,6 +148,17 @@ def best_seconds(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str,
     return {name: min(ts) for name, ts in times.items()}
 
 
+def best_cpu_seconds(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Process CPU time (every thread of this process), interleaved, best of `repeat`."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.process_time()
+            fn()
+            times[name].append(time.process_time() - t0)
+    return {name: min(ts) for name, ts in times.items()}
+
+
 def cpu_seconds(fn: Callable[[], object], repeat: int = 3) -> float:
     """Process CPU time (one thread), so a loaded machine does not count against it."""
     times = []
@@ -166,6 +190,88 @@ def rss_child(path: str, copies: int) -> None:
     print(hwm_kb // 1024)
 
 
+def _one_thread(fn: Callable[[], object]) -> object:
+    """`fn` with tokenizers' thread pool off (it reads the variable on every call)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def _catalog(root: Path, corpus: Path, encoder: str) -> Path:
+    path = root / f"sources-{encoder}.yaml"
+    path.write_text(
+        "snapshot: bench\nseq_len: 2048\nsources:\n"
+        f"  - {{id: demo, kind: dir, uri: {corpus.resolve()}, declared_license: BSD-3-Clause}}\n"
+        f"stages:\n  tokenize:\n    encoder: {encoder}\n"
+    )
+    return path
+
+
+def stage_figures(corpus: Path, repeat: int) -> dict[str, float | int | str | bool]:
+    """The tokenized_docs stage as the runner runs it (read enriched_files from the store,
+    the gate, the result cache, write the version) and its checks, on the whole demo as one
+    source, once per encoder; in this process (workers=1), so CPU time is all of it."""
+    registry = default_registry()
+    stage = registry.get("tokenized_docs")
+    out: dict[str, float | int | str | bool] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        store = ShardStore(str(root / "data"))
+
+        def context(encoder: str, cache: str) -> StageContext:
+            catalog = load_catalog(_catalog(root, corpus, encoder), registry)
+            return StageContext(catalog, store, registry, root / cache, run_id="bench", workers=1)
+
+        ctx = context("auto", "cache")
+        for upstream in registry:  # the pipeline up to the stage, untimed
+            if upstream.name == stage.name:
+                break
+            for _ in run_stage(ctx, upstream, ctx.partitions(upstream)):
+                pass
+        cpu: dict[str, list[float]] = {"tokenizers": [], "auto": []}
+        checks: dict[str, list[float]] = {"tokenizers": [], "auto": []}
+        shards: dict[str, list[str]] = {}
+        for attempt in range(repeat):
+            for encoder in cpu:
+                ctx = context(encoder, f"cache-{encoder}-{attempt}")  # no cached result
+                encoders.forget_chosen()  # each run builds its encoder, as a fresh process does
+                t0 = time.process_time()
+                list(run_stage(ctx, stage, ["demo"]))
+                t1 = time.process_time()
+                for check in checks_of(stage):
+                    outcome = check.evaluate(ctx, stage, "demo")
+                    assert outcome.passed, outcome.description
+                t2 = time.process_time()
+                cpu[encoder].append(t1 - t0)
+                checks[encoder].append(t2 - t1)
+                m = store.latest(stage.name, "demo")
+                out[f"stage_encoder_{encoder}"] = str(m.extra.get("encoder"))
+                shards[encoder] = [f.sha256 for f in m.files if f.path.endswith(".parquet")]
+                mb = float(m.stats["input_bytes"]) / 1e6
+        shutil.rmtree(root / "data", ignore_errors=True)
+    for encoder, label in (("tokenizers", "tokenizers"), ("auto", "fast")):
+        run_s, check_s = min(cpu[encoder]), min(checks[encoder])
+        out[f"stage_cpu_s_{label}"] = round(run_s, 2)
+        out[f"stage_check_cpu_s_{label}"] = round(check_s, 2)
+        out[f"stage_mb_per_cpu_s_{label}"] = round(mb / run_s, 2)
+        out[f"stage_and_checks_mb_per_cpu_s_{label}"] = round(mb / (run_s + check_s), 2)
+    out["stage_mb"] = round(mb, 2)
+    out["stage_fast_vs_tokenizers"] = round(min(cpu["tokenizers"]) / min(cpu["auto"]), 2)
+    out["stage_and_checks_fast_vs_tokenizers"] = round(
+        (min(cpu["tokenizers"]) + min(checks["tokenizers"]))
+        / (min(cpu["auto"]) + min(checks["auto"])),
+        2,
+    )
+    out["stage_files_identical"] = shards["tokenizers"] == shards["auto"]
+    return out
+
+
 _STARTED = time.perf_counter()
 
 
@@ -180,6 +286,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="tokenization runs per call")
     parser.add_argument("--every", type=int, default=3, help="time every k-th file")
     parser.add_argument("--rss-child", nargs=2, metavar=("PARQUET", "COPIES"))
+    parser.add_argument(
+        "--no-stage",
+        dest="stage",
+        action="store_false",
+        help="skip the tokenized_docs stage timing (it first runs the pipeline up to it)",
+    )
     args = parser.parse_args()
     if args.rss_child:
         rss_child(args.rss_child[0], int(args.rss_child[1]))
@@ -205,18 +317,47 @@ def main() -> None:
     figures["train_seconds_vocab_32768"] = round(time.perf_counter() - t0, 2)
     table = enriched_table(docs)
 
-    run(table, tok, TokenizeConfig())  # warm-up
+    reference = select_encoder(tok, "tokenizers")
+    fast = select_encoder(tok, "fast", threads=1)
+    fast_threads = select_encoder(tok, "fast", threads=default_workers())
+    assert isinstance(fast, FastEncoder)
+    encoding, allowed = fast.encoding, fast.matched
+    config = TokenizeConfig()
+    run(table, reference, config)  # warm-up
+    run(table, fast, config)
+    # Wall clock, each as the stage runs it: tokenizers on its own threads, the fast encoder
+    # on as many threads as workers.
     timed = best_seconds(
         {
             "bare": lambda: tok.encode_batch(texts, add_special_tokens=False),
             "bare_fast": lambda: tok.encode_batch_fast(texts, add_special_tokens=False),
-            "gate": lambda: run(table, tok, TokenizeConfig()),
+            "gate_tokenizers": lambda: run(table, reference, config),
+            "gate": lambda: run(table, fast_threads, config),
         },
         repeat=args.repeat,
     )
     bare, bare_fast, gate = timed["bare"], timed["bare_fast"], timed["gate"]
-    _mark("tokenization timed")
-    result = run(table, tok, TokenizeConfig())
+    _mark("tokenization timed (wall)")
+    # CPU seconds: what the hour-per-terabyte budget is counted in. tokenizers as the stage
+    # ran it until now (its own thread pool) and on one thread; tiktoken on one thread.
+    cpu_fns: dict[str, Callable[[], object]] = {
+        "bare_tokenizers": lambda: tok.encode_batch(texts, add_special_tokens=False),
+        "bare_tokenizers_1t": lambda: _one_thread(
+            lambda: tok.encode_batch(texts, add_special_tokens=False)
+        ),
+        "bare_tiktoken": lambda: encoding.encode_ordinary_batch(texts, num_threads=1),
+        "bare_tiktoken_specials": lambda: [
+            encoding.encode_to_numpy(t, allowed_special=allowed, disallowed_special=())
+            for t in texts
+        ],
+        "gate_tokenizers": lambda: run(table, reference, config),
+        "gate_tokenizers_1t": lambda: _one_thread(lambda: run(table, reference, config)),
+        "gate_fast": lambda: run(table, fast, config),
+    }
+    cpu = best_cpu_seconds(cpu_fns, repeat=max(2, args.repeat))
+    _mark("tokenization timed (CPU)")
+    result = run(table, fast, config)
+    same = result.kept.equals(run(table, reference, config).kept)
     n_sample = int(result.stats["tokens_kept"])
     # Packing packs the sample's documents `every` times over (distinct doc ids): about the
     # demo's size and length mix without tokenizing the demo once more.
@@ -228,12 +369,27 @@ def main() -> None:
         bare_encode_batch_mb_s=round(mb / bare, 2),
         bare_encode_batch_fast_mb_s=round(mb / bare_fast, 2),
         gate_mb_s=round(mb / gate, 2),
+        gate_tokenizers_mb_s=round(mb / timed["gate_tokenizers"], 2),
+        gate_threads=default_workers(),
         gate_mtok_s=round(n_sample / gate / 1e6, 3),
         bare_mtok_s=round(n_sample / bare / 1e6, 3),
         gate_vs_bare=round(bare / gate, 3),
         gate_vs_bare_fast=round(bare_fast / gate, 3),
         gate_dropped=result.dropped.num_rows,
+        gate_encoder=fast.describe()["encoder"],
+        ids_identical=same,
+        **{f"cpu_{name}_mb_s": round(mb / seconds, 2) for name, seconds in cpu.items()},
+        cpu_gate_fast_vs_gate_tokenizers=round(cpu["gate_tokenizers"] / cpu["gate_fast"], 2),
+        cpu_gate_fast_vs_gate_tokenizers_1t=round(cpu["gate_tokenizers_1t"] / cpu["gate_fast"], 2),
+        cpu_gate_fast_vs_bare_tiktoken=round(cpu["bare_tiktoken"] / cpu["gate_fast"], 3),
+        cpu_gate_fast_vs_bare_tokenizers=round(cpu["bare_tokenizers"] / cpu["gate_fast"], 2),
+        cpu_bare_tiktoken_vs_bare_tokenizers=round(
+            cpu["bare_tokenizers"] / cpu["bare_tiktoken"], 2
+        ),
     )
+    if args.stage:
+        figures.update(stage_figures(args.corpus, repeat=max(1, args.repeat)))
+        _mark("tokenized_docs stage timed")
 
     kept = result.kept
     for seq_len in (2048, 8192):

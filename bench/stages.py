@@ -210,6 +210,51 @@ def _enrich(f: dict[str, Any], cmd: str) -> list[Line]:
 
 def _tokenize_pack(f: dict[str, Any], cmd: str) -> list[Line]:
     fpm = f["corpus_files"] / f["corpus_mb"]
+    encoders: list[Line] = []
+    if "cpu_gate_fast_mb_s" in f:
+        encoders = [
+            _ratio_line(
+                "tokenize",
+                "tokenization.run: fast encoder vs tokenizers (the gate until now), CPU s",
+                f["cpu_gate_fast_mb_s"],
+                f["cpu_gate_tokenizers_mb_s"],
+                4.0,
+                cmd,
+                unit="MB per CPU s",
+                files_per_mb=fpm,
+                note=f"ids identical: {f['ids_identical']}; tokenizers on one thread "
+                f"{f['cpu_gate_tokenizers_1t_mb_s']} MB per CPU s "
+                f"({f['cpu_gate_fast_vs_gate_tokenizers_1t']}x); bare tokenizers "
+                f"{f['cpu_bare_tokenizers_mb_s']}",
+            ),
+            _ratio_line(
+                "tokenize",
+                "tokenization.run (fast encoder) vs bare tiktoken encode_ordinary_batch, CPU s",
+                f["cpu_gate_fast_mb_s"],
+                f["cpu_bare_tiktoken_mb_s"],
+                0.8,
+                cmd,
+                unit="MB per CPU s",
+                files_per_mb=fpm,
+                note=f"bare tiktoken with the placeholders as specials, to numpy: "
+                f"{f['cpu_bare_tiktoken_specials_mb_s']} MB per CPU s",
+            ),
+        ]
+    if "stage_and_checks_mb_per_cpu_s_fast" in f:
+        encoders.append(
+            _ratio_line(
+                "tokenize",
+                "tokenized_docs stage + its checks: fast encoder vs tokenizers, CPU s",
+                f["stage_and_checks_mb_per_cpu_s_fast"],
+                f["stage_and_checks_mb_per_cpu_s_tokenizers"],
+                4.0,
+                cmd,
+                unit="MB per CPU s",
+                note=f"the whole demo as one source, {f['stage_mb']} MB of enriched text; "
+                f"stage alone {f['stage_fast_vs_tokenizers']}x; tokenized_docs files of the "
+                f"two runs identical: {f['stage_files_identical']}",
+            )
+        )
     return [
         _ratio_line(
             "tokenize",
@@ -221,8 +266,10 @@ def _tokenize_pack(f: dict[str, Any], cmd: str) -> list[Line]:
             files_per_mb=fpm,
             note=f"{f['corpus_files']} files, {f['corpus_mb']} MB, {f['tokens']} tokens "
             f"(one demo file in {f.get('every', 1)}); "
-            f"gate {f['gate_mtok_s']} M tokens/s",
+            f"gate {f['gate_mtok_s']} M tokens/s ({f.get('gate_encoder', 'tokenizers')}, "
+            f"{f.get('gate_threads', '')} threads)",
         ),
+        *encoders,
         Line(
             "packing",
             "pack(best_fit, seq_len 2048), M tokens per CPU s",

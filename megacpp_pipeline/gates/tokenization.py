@@ -3,18 +3,18 @@ alignment of the enrichment spans, and a deterministic train/validation split. S
 decode(encode(text)) == text for every kept document (failures are dropped and named), and
 structure reaches the tokens through offsets, never through a per-token Python loop.
 
-Alignment: enrichment spans are UTF-8 byte offsets. Instead of converting the encodings'
-character offsets, the gate uses the fact that a byte-level BPE token always stands for the
-same bytes: a vocab-sized table of token byte lengths, cumulated per document, gives every
-token's byte offset directly (exact even where a token splits a multibyte character, where
-character offsets are ambiguous). A per-document check that the token bytes add up to the
-text's bytes guards the table.
+Alignment: enrichment spans are UTF-8 byte offsets. Instead of the encodings' character
+offsets (which the fast encoder does not give), the gate uses the fact that a byte-level BPE
+token always stands for the same bytes: a vocab-sized table of token byte lengths, cumulated
+per document, gives every token's byte offset directly (exact even where a token splits a
+multibyte character, where character offsets are ambiguous). A per-document check that the
+token bytes add up to the text's bytes guards the table. Which encoder produces the ids
+(tokenizers or the fast one, same ids) is corpus/encoders.py's decision.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 
 import numpy as np
@@ -26,12 +26,16 @@ from tokenizers import Tokenizer
 from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops, empty_ledger
+from megacpp_pipeline.corpus.encoders import (
+    EncoderMode,
+    TokenEncoder,
+    TokenizerNotByteLevelError,
+    select_encoder,
+)
+
+__all__ = ["TokenizeConfig", "TokenizerNotByteLevelError", "assign_split", "run"]
 
 SPLITS = ("train", "validation")
-
-
-class TokenizerNotByteLevelError(ValueError):
-    """The alignment needs a byte-level decoder: each token must stand for fixed bytes."""
 
 
 class TokenizeConfig(BaseModel):
@@ -41,8 +45,13 @@ class TokenizeConfig(BaseModel):
     # Changing the salt reshuffles the split; keep it fixed across snapshots so a document
     # never moves from validation into train.
     split_salt: str = "megacpp-split-v1"
-    # Bytes of text encoded at once: the Encoding objects of one batch are what costs memory.
+    # Bytes of text encoded at once: the ids of one batch are what costs memory.
     batch_bytes: int = Field(default=1024 * 1024, ge=1)
+    # auto: the fast encoder (tiktoken over the same artifact) when it reproduces the
+    # artifact and agrees with tokenizers on the load sample, else tokenizers with a
+    # warning; tokenizers: always the reference; fast: the fast one or an error saying why.
+    # The ids are the same either way.
+    encoder: EncoderMode = EncoderMode.AUTO
 
 
 def assign_split(
@@ -64,21 +73,6 @@ def assign_split(
     return out
 
 
-def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
-    """Bytes each token id decodes to, for a byte-level tokenizer (one char = one byte)."""
-    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
-    if decoder.get("type") != "ByteLevel":
-        raise TokenizerNotByteLevelError(
-            f"tokenizer decoder is {decoder.get('type')!r}; the alignment needs 'ByteLevel'"
-        )
-    lengths = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), dtype=np.int64)
-    for token, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
-        lengths[token_id] = len(token)
-    for token_id, added in tokenizer.get_added_tokens_decoder().items():
-        lengths[token_id] = len(added.content.encode("utf-8"))
-    return lengths
-
-
 def align_chunk_kinds(
     token_doc: np.ndarray,
     token_start: np.ndarray,
@@ -90,7 +84,9 @@ def align_chunk_kinds(
 
     `token_start` is each token's byte offset in its document; `chunks` holds the
     documents' chunk_starts/chunk_ends/chunk_kinds list columns. Everything is lifted into one
-    global byte space (doc_base + offset) so a single searchsorted serves the whole batch.
+    global byte space (doc_base + offset) so one pass serves the whole batch: a token belongs
+    to the last span starting at or before its first byte, and has that span's kind when
+    it starts before the span's end.
     """
     starts_col = chunks.column("chunk_starts").combine_chunks()
     span_doc = pc.list_parent_indices(starts_col).to_numpy()
@@ -104,37 +100,59 @@ def align_chunk_kinds(
     g_span_start = span_start + doc_base[span_doc]
     g_span_end = span_end + doc_base[span_doc]
     g_token = token_start + doc_base[token_doc]
+    if _ascending(g_token) and _ascending(g_span_start):
+        # Spans are far fewer than tokens: place each span among the tokens (S log T), then
+        # lay out the runs (span j owns the tokens up to the next span's first one, and
+        # gives its kind to those before its end).
+        first = np.searchsorted(g_token, g_span_start, side="left")
+        stop = np.searchsorted(g_token, g_span_end, side="left")
+        owned_to = np.append(first[1:], g_token.size)
+        kind_to = np.clip(stop, first, owned_to)
+        values = np.zeros(2 * span_kind.size + 1, dtype=np.uint8)
+        values[1::2] = span_kind
+        lengths = np.empty(values.size, dtype=np.int64)
+        lengths[0] = first[0]
+        lengths[1::2] = kind_to - first
+        lengths[2::2] = owned_to - kind_to
+        return np.repeat(values, lengths)
+    # Out of order (a document whose tokens overrun its text, dropped anyway): per token.
     j = np.searchsorted(g_span_start, g_token, side="right") - 1
     jc = np.maximum(j, 0)
     inside = (j >= 0) & (g_token < g_span_end[jc])
     return np.where(inside, span_kind[jc], 0).astype(np.uint8)
 
 
-def _first_difference(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def _ascending(values: np.ndarray) -> bool:
+    return bool(values.size < 2 or (values[1:] >= values[:-1]).all())
 
 
-def _tokenize_batch(
-    table: pa.Table, tokenizer: Tokenizer, byte_len: np.ndarray, config: TokenizeConfig
-) -> GateResult:
+def _utf8_buffer(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string column's UTF-8 bytes as one buffer, and each row's start (n + 1 offsets)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.type != pa.large_string():
+        arr = arr.cast(pa.large_string())
+    buffers = arr.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = (
+        np.frombuffer(buffers[2], dtype=np.uint8)
+        if buffers[2] is not None
+        else np.zeros(0, dtype=np.uint8)
+    )
+    return data[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, config: TokenizeConfig) -> GateResult:
     stats: Counter[str] = Counter()
     texts: list[str] = table.column("text").to_pylist()
-    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    ids = [e.ids for e in encodings]
-    decoded = tokenizer.decode_batch(ids, skip_special_tokens=False)
-
-    ids_arr = pa.array(ids, type=pa.list_(pa.int32()))
+    text_bytes, text_offsets = _utf8_buffer(table.column("text"))
+    ids_arr = encoder.encode(texts)
     flat = ids_arr.values.to_numpy()
     offsets = ids_arr.offsets.to_numpy()
     n_tokens = np.diff(offsets)
-    doc_bytes = pc.binary_length(table.column("text")).to_numpy().astype(np.int64)
+    doc_bytes = np.diff(text_offsets)
 
     token_doc = np.repeat(np.arange(len(texts)), n_tokens)
-    token_len = byte_len[flat]
+    token_len = encoder.byte_len[flat]
     # Exclusive cumulative bytes over the batch's tokens: a token's byte offset inside its
     # document, and the bytes each document's tokens add up to (must equal the text's own
     # byte length for the alignment to be trusted).
@@ -143,23 +161,25 @@ def _tokenize_batch(
     token_start = cum[:-1] - cum[offsets[:-1]][token_doc]
     covered = cum[offsets[1:]] - cum[offsets[:-1]]
 
-    doc_base = np.cumsum(doc_bytes) - doc_bytes
+    doc_base = text_offsets[:-1]
     kinds = align_chunk_kinds(token_doc, token_start, doc_base, doc_bytes, table)
 
+    differs_at = encoder.round_trip_failures(texts, text_bytes, text_offsets, ids_arr)
+    suspect = (n_tokens == 0) | (covered != doc_bytes)
+    suspect[list(differs_at)] = True
     reasons: list[DropReason] = []
     details: list[str] = []
     dropped_rows: list[int] = []
     keep = np.ones(len(texts), dtype=bool)
-    source_ids = table.column("source_id").to_pylist()
-    paths = table.column("path").to_pylist()
-    for i, (text, back) in enumerate(zip(texts, decoded, strict=True)):
+    source_ids = table.column("source_id")
+    paths = table.column("path")
+    for i in np.flatnonzero(suspect).tolist():
         reason: DropReason | None = None
         if n_tokens[i] == 0:
             reason, detail = DropReason.EMPTY_AFTER_TOKENIZE, "no tokens"
-        elif back != text:
-            at = _first_difference(text, back)
+        elif i in differs_at:
             reason = DropReason.ROUND_TRIP_FAILED
-            detail = f"decode(encode(text)) != text from character {at}"
+            detail = f"decode(encode(text)) != text from character {differs_at[i]}"
         elif covered[i] != doc_bytes[i]:
             reason = DropReason.ROUND_TRIP_FAILED
             detail = f"token bytes cover {covered[i]} of {doc_bytes[i]} text bytes"
@@ -167,7 +187,7 @@ def _tokenize_batch(
             keep[i] = False
             dropped_rows.append(i)
             reasons.append(reason)
-            details.append(f"{source_ids[i]}:{paths[i]}: {detail}")
+            details.append(f"{source_ids[i].as_py()}:{paths[i].as_py()}: {detail}")
             stats[f"dropped_{reason}"] += 1
 
     kinds_arr = pa.ListArray.from_arrays(ids_arr.offsets, pa.array(kinds, pa.uint8()))
@@ -210,8 +230,8 @@ def _tokenize_batch(
     )
     dropped = (
         drops(
-            [source_ids[i] for i in dropped_rows],
-            [paths[i] for i in dropped_rows],
+            [source_ids[i].as_py() for i in dropped_rows],
+            [paths[i].as_py() for i in dropped_rows],
             reasons,
             details,
         )
@@ -241,13 +261,17 @@ def _byte_batches(table: pa.Table, batch_bytes: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def run(table: pa.Table, tokenizer: Tokenizer, config: TokenizeConfig) -> GateResult:
-    """schemas.ENRICHED_FILES rows in, schemas.TOKENIZED_DOCS rows out (no BOS/EOS here)."""
-    # Literal "<|eos|>" in a source file is text, not a control token (not serialized).
-    tokenizer.encode_special_tokens = True
-    byte_len = token_byte_lengths(tokenizer)
+def run(table: pa.Table, tokenizer: Tokenizer | TokenEncoder, config: TokenizeConfig) -> GateResult:
+    """schemas.ENRICHED_FILES rows in, schemas.TOKENIZED_DOCS rows out (no BOS/EOS here).
+    `tokenizer` is the artifact (the encoder is then chosen per `config.encoder`, once per
+    artifact) or an encoder already chosen (the stage's, built once per source)."""
+    encoder = (
+        tokenizer
+        if isinstance(tokenizer, TokenEncoder)
+        else select_encoder(tokenizer, config.encoder)
+    )
     parts = [
-        _tokenize_batch(table.slice(lo, hi - lo), tokenizer, byte_len, config)
+        _tokenize_batch(table.slice(lo, hi - lo), encoder, config)
         for lo, hi in _byte_batches(table, config.batch_bytes)
     ]
     if not parts:

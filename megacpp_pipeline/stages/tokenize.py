@@ -4,6 +4,7 @@ decodes every document back to its text."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +15,7 @@ from tokenizers import Tokenizer
 
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import TOKENIZED_DOCS, text_sha256
-from megacpp_pipeline.corpus import tokenizer
+from megacpp_pipeline.corpus import encoders, tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
@@ -38,10 +39,18 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
     config = inputs.config
     path, sha256 = inputs.artifact("tokenizer", ARTIFACT)
     tok = tokenizer.load_tokenizer(path, sha256)
+    # one thread: the executor's workers are the parallelism (a task per slice per core)
+    encoder = encoders.select_encoder(tok, config.encoder, threads=1, artifact=path)
+    if config.encoder is encoders.EncoderMode.AUTO and isinstance(
+        encoder, encoders.ReferenceEncoder
+    ):
+        inputs.ctx.log(f"{inputs.stage.name} [{inputs.source.id}]: warning: {encoder.why}")
     return PreparedGate(
-        lambda table: tokenization.run(table, tok, config),
-        # chunk kinds come from the enrich spans; ids from this exact tokenizer
+        lambda table: tokenization.run(table, encoder, config),
+        # chunk kinds come from the enrich spans; ids from this exact tokenizer (the same
+        # whichever encoder runs)
         salt=inputs.code_version(inputs.stage.input or "") + sha256,
+        extra=encoder.describe(),
     )
 
 
@@ -49,18 +58,32 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
     return {"tokens": int(stats.get("tokens_kept", 0))}
 
 
-def _undecodable(tok: Tokenizer, rows: pa.Table) -> list[str]:
+def _undecodable(state: tuple[Tokenizer, encoders.TokenBytes | None], rows: pa.Table) -> list[str]:
     """The paths whose token ids do not decode to the text their sha256 names, a bounded
-    batch of decoded documents at a time."""
+    batch of documents at a time. A byte-level artifact decodes through its token byte
+    table (the bytes tokenizers' ByteLevel decoder joins, gathered without a Python loop
+    per token); any other through tokenizers' decode_batch."""
+    tok, table = state
     failures: list[str] = []
     for lo in range(0, rows.num_rows, 256):
         part = rows.slice(lo, 256)
-        decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
-        for path, text, sha in zip(
-            part["path"].to_pylist(), decoded, part["content_sha256"].to_pylist(), strict=True
-        ):
-            if text_sha256(text) != sha:
-                failures.append(path)
+        paths = part["path"].to_pylist()
+        shas = part["content_sha256"].to_pylist()
+        if table is None:
+            decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
+            failures += [
+                p for p, text, sha in zip(paths, decoded, shas, strict=True)
+                if text_sha256(text) != sha
+            ]  # fmt: skip
+            continue
+        ids = part["token_ids"].combine_chunks()
+        flat = ids.flatten().to_numpy()
+        data = table.decode(flat)
+        bounds = table.byte_bounds(flat, ids.offsets.to_numpy() - ids.offsets[0].as_py())
+        failures += [
+            p for i, (p, sha) in enumerate(zip(paths, shas, strict=True))
+            if hashlib.sha256(data[bounds[i] : bounds[i + 1]].data).hexdigest() != sha
+        ]  # fmt: skip
     return failures
 
 
@@ -74,7 +97,8 @@ def _every_document_round_trips(
     slice of the partition in a task of its own."""
     tok, _ = load_artifact(ctx)
     manifest = ctx.store.latest(stage.name, source)
-    checked, failures = inspect_rows(ctx, manifest, _ROUND_TRIP, tok)
+    state = (tok, encoders.TokenBytes.of(tok))
+    checked, failures = inspect_rows(ctx, manifest, _ROUND_TRIP, state)
     return CheckOutcome(
         passed=not failures,
         metadata={"documents_checked": checked, "failures": "; ".join(failures[:10]) or "none"},
@@ -92,7 +116,7 @@ STAGE = Stage(
     reads=("tokenizer",),
     config_key="tokenize",
     config=tokenization.TokenizeConfig,
-    code=(tokenization.__name__, __name__),
+    code=(tokenization.__name__, encoders.__name__, __name__),
     schema=TOKENIZED_DOCS,
     content_column="content_sha256",
     drop_reasons=(DropReason.ROUND_TRIP_FAILED, DropReason.EMPTY_AFTER_TOKENIZE),

@@ -4,17 +4,22 @@ multibyte UTF-8), and the split is a deterministic function of source id and pat
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers
 
 from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.corpus.encoders import FastEncoder, ReferenceEncoder, select_encoder
 from megacpp_pipeline.corpus.tokenizer import SPECIAL_TOKENS, TokenizerConfig, train_tokenizer
 from megacpp_pipeline.gates.enrich import CHUNK_KINDS
 from megacpp_pipeline.gates.tokenization import (
     TokenizeConfig,
     TokenizerNotByteLevelError,
+    align_chunk_kinds,
     assign_split,
     run,
 )
@@ -236,3 +241,83 @@ def test_split_is_recorded_per_document(tokenizer: Tokenizer) -> None:
     expected = assign_split(["demo"] * 40, [p for p, _ in docs], config)
     assert result.kept.column("split").to_pylist() == expected
     assert result.stats["docs_train"] + result.stats["docs_validation"] == 40
+
+
+@st.composite
+def documents_with_spans(draw: st.DrawFn) -> tuple[list[int], list[list[int]], pa.Table]:
+    """Documents (byte lengths), each token's start in its document (ascending, sometimes
+    past the text's end, as a document whose ids overrun it has) and sorted spans that may
+    nest, overlap, be empty, start together or reach past the text."""
+    sizes, starts, spans = [], [], []
+    for _ in range(draw(st.integers(1, 4))):
+        size = draw(st.integers(0, 30))
+        sizes.append(size)
+        overrun = draw(st.integers(0, 3)) if draw(st.booleans()) else 0
+        starts.append(sorted(draw(st.sets(st.integers(0, max(size + overrun - 1, 0))))))
+        lo = sorted(draw(st.lists(st.integers(0, size), max_size=6)))
+        spans.append([(s, s + draw(st.integers(0, 12)), draw(st.integers(1, 6))) for s in lo])
+    chunks = pa.table(
+        {
+            "chunk_starts": pa.array([[s for s, _, _ in d] for d in spans], pa.list_(pa.int32())),
+            "chunk_ends": pa.array([[e for _, e, _ in d] for d in spans], pa.list_(pa.int32())),
+            "chunk_kinds": pa.array([[k for _, _, k in d] for d in spans], pa.list_(pa.uint8())),
+        }
+    )
+    return sizes, starts, chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=documents_with_spans())
+def test_chunk_kind_alignment_equals_a_walk_over_each_token(
+    case: tuple[list[int], list[list[int]], pa.Table],
+) -> None:
+    sizes, starts, chunks = case
+    doc_bytes = np.array(sizes, dtype=np.int64)
+    doc_base = np.cumsum(doc_bytes) - doc_bytes
+    token_doc = np.repeat(np.arange(len(sizes)), [len(s) for s in starts])
+    token_start = np.array([t for s in starts for t in s], dtype=np.int64)
+    got = align_chunk_kinds(token_doc, token_start, doc_base, doc_bytes, chunks).tolist()
+    # Oracle: in one global byte space, the last span starting at or before the token's
+    # first byte gives its kind if the token starts before that span's (clipped) end.
+    spans = [
+        (base + s, base + min(e, size), k)
+        for base, size, ss, es, ks in zip(
+            doc_base.tolist(),
+            sizes,
+            chunks["chunk_starts"].to_pylist(),
+            chunks["chunk_ends"].to_pylist(),
+            chunks["chunk_kinds"].to_pylist(),
+            strict=True,
+        )
+        for s, e, k in zip(ss, es, ks, strict=True)
+    ]
+    expected = []
+    for doc, start in zip(token_doc.tolist(), token_start.tolist(), strict=True):
+        at = doc_base[doc] + start
+        holding = [(s, e, k) for s, e, k in spans if s <= at]
+        expected.append(holding[-1][2] if holding and at < holding[-1][1] else 0)
+    assert got == expected
+
+
+def test_the_gate_gives_the_same_rows_with_either_encoder(tokenizer: Tokenizer) -> None:
+    docs = [
+        ("a.hpp", MULTIBYTE),
+        ("b.cpp", 'int main() {\r\n\tputs("<|eos|>");\r\n}\r\n'),
+        ("c.h", "// mail <EMAIL> or <IP_ADDRESS>, key <API_KEY><PASSWORD>\n"),
+        ("empty.h", ""),
+        ("d.h", "x" * 5000 + " " * 300 + "\t\n"),
+    ]
+    starts, ends, kinds = spans_of(MULTIBYTE, MULTIBYTE_SPANS)
+    spans = [(starts, ends, kinds)] + [([], [], [])] * 4
+    table = enriched(docs, spans)
+    fast = select_encoder(tokenizer, "fast")
+    reference = select_encoder(tokenizer, "tokenizers")
+    assert isinstance(fast, FastEncoder) and isinstance(reference, ReferenceEncoder)
+    by_fast, by_reference = (
+        run(table, fast, TokenizeConfig()),
+        run(table, reference, TokenizeConfig()),
+    )
+    assert by_fast.kept.equals(by_reference.kept)
+    assert by_fast.dropped.equals(by_reference.dropped)
+    assert by_fast.stats == by_reference.stats
+    assert by_fast.kept.num_rows == 4  # the empty one is dropped both ways

@@ -1,0 +1,280 @@
+"""The fast encoder: built from the same tokenizer.json, it gives tokenizers' ids exactly on
+random unicode, CRLF, binary-ish text, very long lines, placeholders and control tokens
+spelled in text, and every demo file; an artifact it cannot reproduce is refused at load
+(by its shape, or by the load sample) with the reason, falling back or failing as configured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
+
+from megacpp_pipeline.corpus.encoders import (
+    SAMPLE,
+    EncoderMode,
+    FastEncoder,
+    FastEncoderFallbackWarning,
+    FastEncoderRefusedError,
+    ReferenceEncoder,
+    TokenBytes,
+    byte_level_alphabet,
+    select_encoder,
+)
+from megacpp_pipeline.corpus.tokenizer import (
+    CONTROL_TOKENS,
+    PLACEHOLDER_TOKENS,
+    TokenizerConfig,
+    train_tokenizer,
+)
+from tests.fixtures.real_cpp import DEMO_WHEELS, demo_wheel
+from tests.fixtures.tokenizer_artifacts import improper_merges
+
+CPP_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".h++", ".c", ".cc", ".cpp", ".cxx", ".ipp",
+                ".inl", ".tcc"}  # fmt: skip
+
+
+def demo_texts() -> list[str]:
+    """Every C++ file of the three demo wheels that is UTF-8 (4,138 files, 26 MB)."""
+    texts = []
+    for source_id in DEMO_WHEELS:
+        for path, content in demo_wheel(source_id).files:
+            if PurePosixPath(path).suffix in CPP_SUFFIXES:
+                try:
+                    texts.append(content.decode("utf-8"))
+                except UnicodeDecodeError:
+                    continue
+    return texts
+
+
+@pytest.fixture(scope="module")
+def demo() -> list[str]:
+    return demo_texts()
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer(demo: list[str]) -> Tokenizer:
+    """What the demo snapshot's tokenizer stage trains: vocab 32,768 on the demo's C++."""
+    return train_tokenizer(demo, TokenizerConfig())
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer() -> Tokenizer:
+    """A small vocabulary trained on a little C++: other merges, shorter tokens."""
+    texts = [
+        "int main() {\r\n  return 0;  // <EMAIL>\r\n}\n",
+        "// Größe: 世界 — naïve\ntemplate <typename T> struct Box { T value; };\n",
+        '#define MAX(a, b) ((a) > (b) ? (a) : (b))\n\tconst char* s = "<|eos|>";\n',
+    ] * 30
+    return train_tokenizer(texts, TokenizerConfig(vocab_size=420))
+
+
+_PAIRS: dict[int, tuple[ReferenceEncoder, FastEncoder]] = {}
+
+
+def pair(tok: Tokenizer) -> tuple[ReferenceEncoder, FastEncoder]:
+    """Both encoders over `tok` (looked up once per tokenizer object: select_encoder
+    serializes the tokenizer to find its memo, which a property test would pay per case)."""
+    if id(tok) not in _PAIRS:
+        reference = select_encoder(tok, EncoderMode.TOKENIZERS)
+        fast = select_encoder(tok, EncoderMode.FAST)
+        assert isinstance(reference, ReferenceEncoder) and isinstance(fast, FastEncoder)
+        _PAIRS[id(tok)] = (reference, fast)
+    return _PAIRS[id(tok)]
+
+
+def assert_same_ids(tok: Tokenizer, texts: list[str]) -> None:
+    reference, fast = pair(tok)
+    want, got = reference.encode(texts), fast.encode(texts)
+    if not got.equals(want):
+        i = next(i for i in range(len(texts)) if got[i] != want[i])
+        pytest.fail(f"ids differ on text {i}, {texts[i][:80]!r}: {got[i]} != {want[i]}")
+
+
+# --- the artifact's alphabet --------------------------------------------------------------
+def test_the_byte_level_alphabet_is_tokenizers_own_and_covers_every_byte_once() -> None:
+    alphabet = byte_level_alphabet()
+    assert set(alphabet) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(alphabet.values()) == list(range(256))
+    assert all(alphabet[chr(b)] == b for b in range(ord("!"), ord("~") + 1))
+    assert alphabet["Ġ"] == ord(" ") and alphabet["Ċ"] == ord("\n")
+
+
+def test_token_byte_table_decodes_every_demo_file_as_tokenizers_does(
+    demo_tokenizer: Tokenizer, demo: list[str]
+) -> None:
+    table = TokenBytes.of(demo_tokenizer)
+    assert table is not None
+    texts = demo[::7]
+    ids = [e.ids for e in demo_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    flat = np.array([i for doc in ids for i in doc], dtype=np.int64)
+    bounds = table.byte_bounds(flat, np.cumsum([0, *map(len, ids)]))
+    data = table.decode(flat)
+    decoded = demo_tokenizer.decode_batch(ids, skip_special_tokens=False)
+    for i, text in enumerate(decoded):
+        assert data[bounds[i] : bounds[i + 1]].tobytes() == text.encode("utf-8")
+
+
+# --- the choice at load -------------------------------------------------------------------
+def test_a_trained_artifact_gets_the_fast_encoder_and_the_manifest_says_why(
+    demo_tokenizer: Tokenizer,
+) -> None:
+    encoder = select_encoder(demo_tokenizer)
+    assert isinstance(encoder, FastEncoder)
+    described = encoder.describe()
+    assert described["encoder"].startswith("tiktoken ")
+    assert "same ids as tokenizers" in described["encoder_why"]
+    forced = select_encoder(demo_tokenizer, "tokenizers")
+    assert isinstance(forced, ReferenceEncoder)
+    assert forced.describe()["encoder"].startswith("tokenizers ")
+
+
+def test_a_lossy_normalizer_falls_back_with_a_warning_or_fails_when_fast_is_required(
+    small_tokenizer: Tokenizer,
+) -> None:
+    lossy = Tokenizer.from_str(small_tokenizer.to_str())
+    lossy.normalizer = normalizers.Lowercase()
+    with pytest.warns(FastEncoderFallbackWarning, match="normalizer 'Lowercase'"):
+        encoder = select_encoder(lossy, "auto", artifact="pinned/tokenizer.json")
+    assert isinstance(encoder, ReferenceEncoder)
+    assert "normalizer 'Lowercase'" in encoder.describe()["encoder_why"]
+    with pytest.raises(FastEncoderRefusedError, match=r"pinned/tokenizer\.json: .*Lowercase"):
+        select_encoder(lossy, "fast", artifact="pinned/tokenizer.json")
+
+
+def test_a_prefix_space_pre_tokenizer_is_not_reproduced(small_tokenizer: Tokenizer) -> None:
+    doc = json.loads(small_tokenizer.to_str())
+    doc["pre_tokenizer"]["add_prefix_space"] = True
+    other = Tokenizer.from_str(json.dumps(doc))
+    with pytest.raises(FastEncoderRefusedError, match="pre-tokenizer"):
+        select_encoder(other, "fast")
+
+
+def test_an_artifact_with_improper_merges_passes_the_shape_but_not_the_load_sample(
+    small_tokenizer: Tokenizer,
+) -> None:
+    assert "\x01\x02\x1b" in "".join(SAMPLE)
+    tok = improper_merges(small_tokenizer)
+    with pytest.warns(FastEncoderFallbackWarning, match="differs from tokenizers on the load"):
+        assert isinstance(select_encoder(tok, "auto"), ReferenceEncoder)
+    with pytest.raises(FastEncoderRefusedError, match="load sample"):
+        select_encoder(tok, "fast")
+
+
+def test_a_control_token_overlapping_a_placeholder_is_not_reproduced(
+    small_tokenizer: Tokenizer,
+) -> None:
+    doc = json.loads(small_tokenizer.to_str())
+    control = next(t for t in doc["added_tokens"] if t["content"] == CONTROL_TOKENS[0])
+    control["content"] = "<|x<EMAIL"  # would hide "<EMAIL>" from tokenizers' matcher
+    other = Tokenizer.from_str(json.dumps(doc))
+    with pytest.raises(FastEncoderRefusedError, match="overlaps control token"):
+        select_encoder(other, "fast")
+
+
+def test_a_failed_round_trip_is_found_and_named_by_character(small_tokenizer: Tokenizer) -> None:
+    _, fast = pair(small_tokenizer)
+    texts = ["int x;\n", "// 世界\n", "int y;\n"]
+    data = "".join(texts).encode()
+    offsets = np.cumsum([0, *(len(t.encode()) for t in texts)])
+    right = fast.encode(texts)
+    assert fast.round_trip_failures(texts, np.frombuffer(data, np.uint8), offsets, right) == {}
+    buffer = np.frombuffer(data, np.uint8)
+    wrong = fast.encode(["int x;\n", "// 世xyz\n", "int z;\n"])  # same byte lengths
+    assert fast.round_trip_failures(texts, buffer, offsets, wrong) == {1: 4, 2: 4}
+    shorter = fast.encode(["int x;\n", "//\n", "int y;\n"])
+    assert fast.round_trip_failures(texts, buffer, offsets, shorter) == {1: 2}
+
+
+# --- identical ids ------------------------------------------------------------------------
+TOKENIZERS = ("demo_tokenizer", "small_tokenizer")
+PIECES = [*PLACEHOLDER_TOKENS, *CONTROL_TOKENS, "<", ">", "|", "<|", "|>", "<EMAIL", "EMAIL>",
+          "<|eos|", "<<", ">>", "\r\n", "\r", "\n", " ", "  ", "\t", "'s", "'S", "x", "42",
+          "\u00a0", "é", "世界"]  # fmt: skip
+TEXT = st.characters(exclude_categories=("Cs",))  # any code point a UTF-8 string may hold
+SETTINGS = settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@SETTINGS
+@given(texts=st.lists(st.text(TEXT, max_size=200), min_size=1, max_size=8))
+def test_random_unicode_gets_the_same_ids(
+    request: pytest.FixtureRequest, name: str, texts: list[str]
+) -> None:
+    assert_same_ids(request.getfixturevalue(name), texts)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@SETTINGS
+@given(
+    texts=st.lists(
+        st.lists(st.one_of(st.sampled_from(PIECES), st.text(TEXT, max_size=6))).map("".join),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_placeholders_control_tokens_crlf_and_look_alikes_get_the_same_ids(
+    request: pytest.FixtureRequest, name: str, texts: list[str]
+) -> None:
+    assert_same_ids(request.getfixturevalue(name), texts)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@SETTINGS
+@given(raw=st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=6))
+def test_nul_free_binary_ish_text_gets_the_same_ids(
+    request: pytest.FixtureRequest, name: str, raw: list[bytes]
+) -> None:
+    blobs = [b.replace(b"\0", b"") for b in raw]
+    texts = [b.decode("latin-1") for b in blobs] + [b.decode("utf-8", "replace") for b in blobs]
+    assert_same_ids(request.getfixturevalue(name), texts)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(unit=st.text(TEXT, min_size=1, max_size=12), times=st.integers(500, 20_000))
+def test_very_long_lines_get_the_same_ids(
+    request: pytest.FixtureRequest, name: str, unit: str, times: int
+) -> None:
+    line = (unit.replace("\n", " ") * times)[:200_000]
+    assert_same_ids(request.getfixturevalue(name), [line, line + "\r\n" + line])
+
+
+def test_huge_runs_and_minified_lines_get_the_same_ids(demo_tokenizer: Tokenizer) -> None:
+    numbers = ",".join(str(i * 7919 % 65536) for i in range(60_000))
+    minified = "static const int kTable[]={" + numbers
+    assert_same_ids(
+        demo_tokenizer,
+        [" " * 300_000, "\t" * 50_000 + "x", "a" * 300_000, "/" * 100_000, "世" * 100_000,
+         minified + "};", "<EMAIL>" * 20_000, "\r\n" * 100_000],
+    )  # fmt: skip
+
+
+def test_every_fifth_demo_file_gets_the_same_ids(
+    demo_tokenizer: Tokenizer, demo: list[str]
+) -> None:
+    assert_same_ids(demo_tokenizer, demo[::5])
+
+
+@pytest.mark.slow
+def test_every_demo_file_gets_the_same_ids(demo_tokenizer: Tokenizer, demo: list[str]) -> None:
+    assert len(demo) > 4000  # about 20 s on two loaded cores: the fifth above is the default
+    assert_same_ids(demo_tokenizer, demo)
+
+
+@pytest.mark.slow
+def test_every_code_point_in_context_gets_the_same_ids(demo_tokenizer: Tokenizer) -> None:
+    # Each code point as a letter, a digit's neighbour, whitespace's neighbour and after an
+    # apostrophe: the two regex engines must class it alike (Unicode tables of each).
+    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    texts = [f"a{c}b {c}{c}1{c} {c}'s\n{c}" for c in points]
+    for lo in range(0, len(texts), 65_536):
+        assert_same_ids(demo_tokenizer, texts[lo : lo + 65_536])
