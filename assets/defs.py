@@ -9,6 +9,7 @@ import dagster as dg
 from assets.factory import build_assets
 from assets.schedules import build_refresh
 from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.parallel import default_workers
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.stages import default_registry
 from resources.pipeline import PipelineResource
@@ -30,7 +31,8 @@ def build_defs(
     ray_address: str | None = None,
 ) -> dg.Definitions:
     """Every stage's asset and checks, the pipeline resource, the nightly refresh, and an
-    executor sized for 2 cores. A bad sources.yaml fails here, naming the field."""
+    executor sized to this machine (or to `workers`). A bad sources.yaml fails here, naming
+    the field."""
     registry = registry or default_registry()
     catalog = load_catalog(config_path, registry)
     assets, checks, sources = build_assets(registry, catalog)
@@ -51,5 +53,9 @@ def build_defs(
         jobs=[job],
         schedules=[schedule],
         sensors=[cascade],
-        executor=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+        # as many concurrent steps as the run has workers: most steps fan their work out over
+        # the workers themselves, and the rest (checks, small global stages) are light
+        executor=dg.multiprocess_executor.configured(
+            {"max_concurrent": workers if workers is not None else default_workers()}
+        ),
     )

@@ -39,6 +39,9 @@ class StageGroup:
     name: str
     seconds: float = 0.0  # sum of the CLI's "ok in" over partitions
     cpu_s: float = 0.0  # CPU seconds (all threads, user + system) while it ran, sampled
+    # CPU seconds of the run's driver processes themselves (`megacpp run` and the Dagster run
+    # it forks per group), not of the workers or Ray processes those start: the serial part
+    driver_cpu_s: float = 0.0
     runs: int = 0
     peak_rss_mb: float = 0.0  # sampled PSS of the whole process tree while it ran
     process_peak_rss_mb: float = 0.0  # the group's own process' high-water mark (VmHWM)
@@ -56,6 +59,7 @@ class EndToEnd:
     wall_s: float
     cpu_s: float  # CPU seconds of the run's process tree, user + system
     peak_rss_mb: float
+    driver_cpu_s: float
     stages: list[StageGroup]
     snapshot: str | None
     tokens_out: int | None
@@ -157,6 +161,22 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / _TICK
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of `pid` itself (all its threads), not of its children."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return sum(int(x) for x in fields[11:13]) / _TICK
+
+
+def driver_pids(root: int) -> list[int]:
+    """The run's driver processes: `megacpp run` itself and the runs it forks (its direct
+    children); their children are workers, Ray's processes and Dagster's helpers."""
+    return [root, *_children(root)]
+
+
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds the tree has used so far: every live process' own time plus what its
     reaped children left in it. A child's time moves into its parent's count when it is
@@ -245,6 +265,7 @@ def run(
             t.start()
         peak_tree = hwm = samples = 0
         cpu = 0.0
+        driver_seen: dict[int, float] = {}  # own CPU seconds last seen per driver process
         returncode: int | None = None
         while True:
             returncode = proc.poll()
@@ -259,6 +280,11 @@ def run(
             hwm = max(hwm, high_water_bytes(proc.pid))
             peak_tree = max(peak_tree, rss)
             now_cpu = max(cpu, tree_cpu_seconds(proc.pid))
+            driver_delta = 0.0
+            for pid in driver_pids(proc.pid):
+                own = own_cpu_seconds(pid)
+                driver_delta += max(0.0, own - driver_seen.get(pid, 0.0))
+                driver_seen[pid] = max(own, driver_seen.get(pid, 0.0))
             samples += 1
             if current[0]:
                 group = stages[current[0]]
@@ -268,6 +294,7 @@ def run(
                     group.largest_process_mb = one / 1e6
                     group.largest_process = process_name(pid)
                 group.cpu_s += now_cpu - cpu
+                group.driver_cpu_s += driver_delta
             cpu = now_cpu
             time.sleep(interval_s)
         wall = time.monotonic() - started
@@ -287,6 +314,7 @@ def run(
         wall_s=wall,
         cpu_s=cpu,
         peak_rss_mb=max(peak_tree, hwm) / 1e6,
+        driver_cpu_s=sum(driver_seen.values()),
         stages=list(stages.values()),
         snapshot=None,
         tokens_out=None,

@@ -224,12 +224,14 @@ def _start_pool(
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:
-    """End a pool's workers now (a failed or broken map must not leave them running)."""
+    """End a pool's workers now (a failed or broken map must not leave them running). They
+    are killed, not asked: a worker stopped while it holds the task queue's lock would
+    leave the others waiting on it forever, and a task is safe to run again."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         if process.is_alive():
-            process.terminate()
+            process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.join(timeout=5)
 

@@ -71,17 +71,19 @@ def _run(job: tuple[Any, Any], item: Any) -> Timed:
 
 
 class RayExecutor:
-    """Maps as Ray tasks on the engine's cluster (joined on first use in this process)."""
+    """Maps as Ray tasks on the engine's cluster, joined on first use in this process (a
+    stage that maps nothing, or the process `megacpp run` forks its runs from, never
+    connects: a process forked with Ray's threads running cannot connect again)."""
 
     distributed = True
 
     def __init__(self, engine: Engine) -> None:
-        connect(engine)
         self.engine = engine
         self.stats = MapStats()
 
     @property
     def workers(self) -> int:
+        connect(self.engine)
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     def describe(self) -> dict[str, Any]:
@@ -91,6 +93,7 @@ class RayExecutor:
         items = list(items)
         if not items:
             return
+        connect(self.engine)
         job_ref = ray.put((task, job))
         refs = [_run.remote(job_ref, item) for item in items]
         try:

@@ -126,7 +126,8 @@ class _FakeScales:
         self.ran.append((label, timeout_s))
         n = int(label.removesuffix("x"))
         return endtoend.EndToEnd(
-            label, 0, FAKE_WALL_S[n], cpu_s=FAKE_WALL_S[n], peak_rss_mb=500.0 + n, stages=[],
+            label, 0, FAKE_WALL_S[n], cpu_s=FAKE_WALL_S[n], peak_rss_mb=500.0 + n,
+            driver_cpu_s=1.0, stages=[],
             snapshot=None, tokens_out=None, documents=None, ledger=None, samples=1, log="",
         )  # fmt: skip
 

@@ -1,0 +1,276 @@
+"""Scale-out: does more hardware make a run faster, and how much of a run is serial?
+
+Each figure comes from `megacpp run` on the scaled demo (bench/scaleup.py), a fresh data dir,
+DAGSTER_HOME and cache per run, sampled by bench/endtoend.py: wall and CPU seconds per stage
+group, the CPU the driver processes spent themselves (`megacpp run` and the Dagster run it
+forks per group) against everything (their workers, Ray's processes), and the driver's own
+memory high-water mark per group.
+
+    .venv/bin/python -m bench.bench_scaleout workers --scale 4 --workers 2,16
+    .venv/bin/python -m bench.bench_scaleout serial --scale 16 [--engines local,ray]
+    .venv/bin/python -m bench.bench_scaleout memory --scales 16,64
+    .venv/bin/python -m bench.bench_scaleout refresh --scale 16 [--changed 0.01]
+
+Targets (issue 25): at 16 workers on a 16-core host at least 5x faster wall than at 2, every
+per-file stage at least 4x (on fewer cores: no stage slower at 16 workers than at 2); the
+driver processes at most 5% of a run's CPU at 16x; the driver's peak at 64x within 1.1x of
+its peak at 16x; a refresh after 1% of the files changed (tokenizer pinned) at most 15% of a
+full run's CPU. A missed target is reported, not raised. Results go to
+bench/results/<date>-scaleout-<what>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import endtoend, scaleup
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+
+def _run(
+    catalog: Path, work: Path, label: str, *, workers: int | None = None, args: list[str] = ()
+) -> endtoend.EndToEnd:
+    shutil.rmtree(work, ignore_errors=True)
+    saved = os.environ.get("MEGACPP_WORKERS")
+    if workers is not None:
+        os.environ["MEGACPP_WORKERS"] = str(workers)
+    try:
+        print(f"[scaleout] {label} ...", file=sys.stderr, flush=True)
+        result = endtoend.run(catalog, work, label, timeout_s=4 * 3600, args=list(args))
+    finally:
+        if saved is None:
+            os.environ.pop("MEGACPP_WORKERS", None)
+        else:
+            os.environ["MEGACPP_WORKERS"] = saved
+    if result.returncode != 0:
+        raise SystemExit(f"{label} failed: {result.error}")
+    print(
+        f"[scaleout] {label}: {result.wall_s:.1f} s wall, {result.cpu_s:.1f} CPU s, "
+        f"driver {result.driver_cpu_s:.1f} CPU s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
+
+
+def _groups(result: endtoend.EndToEnd, mb_in: float) -> dict[str, dict[str, Any]]:
+    return {
+        g.name: {
+            "wall_s": round(g.seconds, 2),
+            "cpu_s": round(g.cpu_s, 2),
+            "driver_cpu_s": round(g.driver_cpu_s, 2),
+            "driver_share": round(g.driver_cpu_s / g.cpu_s, 4) if g.cpu_s else None,
+            "mb_per_cpu_s": round(mb_in / g.cpu_s, 3) if g.cpu_s else None,
+            "driver_peak_mb": round(g.process_peak_rss_mb, 1),
+            "largest_process_mb": round(g.largest_process_mb, 1),
+        }
+        for g in result.stages
+    }
+
+
+def _summary(result: endtoend.EndToEnd, corpus: scaleup.ScaledCorpus) -> dict[str, Any]:
+    mb_in = corpus.bytes / 1e6
+    return {
+        "files": corpus.files,
+        "mb_in": round(mb_in, 1),
+        "wall_s": round(result.wall_s, 1),
+        "cpu_s": round(result.cpu_s, 1),
+        "driver_cpu_s": round(result.driver_cpu_s, 1),
+        "driver_share": round(result.driver_cpu_s / result.cpu_s, 4) if result.cpu_s else None,
+        "mb_per_cpu_s": round(mb_in / result.cpu_s, 3) if result.cpu_s else None,
+        "snapshot": Path(result.snapshot or "").name,
+        "groups": _groups(result, mb_in),
+    }
+
+
+def workers(scale: int, counts: list[int], work: Path) -> dict[str, Any]:
+    """The same corpus at each worker count; the stage times against the first count's."""
+    corpus = scaleup.build(scale, REPO / ".cache" / "bench")
+    runs = {n: _summary(_run(corpus.catalog, work / f"w{n}", f"{scale}x w{n}", workers=n), corpus)
+            for n in counts}  # fmt: skip
+    base = runs[counts[0]]
+    compare = {}
+    for n in counts[1:]:
+        stages = {
+            name: round(base["groups"][name]["wall_s"] / g["wall_s"], 2)
+            for name, g in runs[n]["groups"].items()
+            if name in base["groups"] and g["wall_s"]
+        }
+        compare[f"{n}_vs_{counts[0]}"] = {
+            "wall_speedup": round(base["wall_s"] / runs[n]["wall_s"], 2),
+            "stage_group_speedup": stages,
+            "slowest_group": min(stages.items(), key=lambda kv: kv[1]) if stages else None,
+            "same_snapshot": runs[n]["snapshot"] == base["snapshot"],
+        }
+    return {"scale": scale, "cpus": len(os.sched_getaffinity(0)), "runs": runs, "compare": compare}
+
+
+def serial(scale: int, engines: list[str], work: Path) -> dict[str, Any]:
+    """The driver processes' share of the run's CPU, per stage group, per engine."""
+    corpus = scaleup.build(scale, REPO / ".cache" / "bench")
+    out = {}
+    for engine in engines:
+        result = _run(
+            corpus.catalog, work / engine, f"{scale}x {engine}", args=["--engine", engine]
+        )
+        out[engine] = _summary(result, corpus)
+    return {
+        "scale": scale,
+        "cpus": len(os.sched_getaffinity(0)),
+        "target": "driver CPU <= 5% of the run's CPU",
+        "runs": out,
+        "passed": all((r["driver_share"] or 1) <= 0.05 for r in out.values()),
+    }
+
+
+def memory(scales: list[int], work: Path) -> dict[str, Any]:
+    """The driver's own high-water mark per group at each scale, and the largest growth."""
+    runs = {}
+    for scale in scales:
+        corpus = scaleup.build(scale, REPO / ".cache" / "bench")
+        runs[scale] = _summary(_run(corpus.catalog, work / f"{scale}x", f"{scale}x"), corpus)
+    small, large = runs[scales[0]], runs[scales[-1]]
+    growth = {
+        name: round(g["driver_peak_mb"] / small["groups"][name]["driver_peak_mb"], 3)
+        for name, g in large["groups"].items()
+        if small["groups"].get(name, {}).get("driver_peak_mb")
+    }
+    worst = max(growth.items(), key=lambda kv: kv[1]) if growth else ("", 0.0)
+    return {
+        "scales": scales,
+        "runs": runs,
+        "driver_peak_growth": growth,
+        "worst": worst,
+        "target": "the driver's peak at the large scale within 1.1x of the small one's",
+        "passed": worst[1] <= 1.1,
+    }
+
+
+def _pinned_catalog(catalog: Path, tokenizer_json: Path, into: Path) -> Path:
+    import hashlib
+
+    data = yaml.safe_load(catalog.read_text())
+    sha = hashlib.sha256(tokenizer_json.read_bytes()).hexdigest()
+    data.setdefault("stages", {})["tokenizer"] = {"path": str(tokenizer_json), "sha256": sha}
+    out = into / "sources.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def _copy_corpus(catalog: Path, into: Path) -> Path:
+    """The catalog's dir sources copied (not linked: a refresh edits them) under `into`."""
+    data = yaml.safe_load(catalog.read_text())
+    for source in data["sources"]:
+        target = into / source["id"]
+        shutil.copytree(source["uri"], target, copy_function=shutil.copy2)
+        source["uri"] = str(target)
+    out = into / "sources.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def _change_files(catalog: Path, share: float, seed: int = 7) -> int:
+    """Append a line to a seeded `share` of the catalog's files; how many changed."""
+    data = yaml.safe_load(catalog.read_text())
+    files = sorted(p for s in data["sources"] for p in scaleup.cpp_files(Path(s["uri"])))
+    rng = random.Random(seed)
+    chosen = rng.sample(files, max(1, round(len(files) * share)))
+    for path in chosen:
+        with path.open("a") as f:
+            f.write(f"\n// refreshed {rng.getrandbits(32):08x}\n")
+    return len(chosen)
+
+
+def refresh(scale: int, share: float, work: Path) -> dict[str, Any]:
+    """A full run with the tokenizer pinned, then the same data dir and cache re-run after
+    `share` of the files changed: the re-run's CPU against the full run's."""
+    corpus = scaleup.build(scale, REPO / ".cache" / "bench")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "corpus").mkdir(parents=True)
+    catalog = _copy_corpus(corpus.catalog, work / "corpus")
+    first = _run(catalog, work / "train", f"{scale}x (tokenizer trained)")
+    tok = work / "tokenizer.json"
+    shutil.copyfile(Path(first.snapshot or "") / "tokenizer.json", tok)
+    pinned = _pinned_catalog(catalog, tok, work / "corpus")
+    full_dir = work / "runs"
+    full = _run(pinned, full_dir, f"{scale}x full, tokenizer pinned")
+    changed = _change_files(pinned, share)
+    again = endtoend.run(pinned, full_dir, f"{scale}x refresh", timeout_s=4 * 3600)
+    if again.returncode != 0:
+        raise SystemExit(f"refresh failed: {again.error}")
+    tokenized = _retokenized(full_dir / "data")
+    ratio = again.cpu_s / full.cpu_s if full.cpu_s else None
+    print(
+        f"[scaleout] refresh: {again.cpu_s:.1f} of {full.cpu_s:.1f} CPU s "
+        f"({(ratio or 0) * 100:.1f}%), {tokenized['retokenized']} files re-tokenized",
+        file=sys.stderr,
+    )
+    return {
+        "scale": scale,
+        "files": corpus.files,
+        "changed_files": changed,
+        "full": _summary(full, corpus),
+        "refresh": _summary(again, corpus),
+        "cpu_ratio": round(ratio, 4) if ratio else None,
+        "retokenized": tokenized,
+        "target": "refresh CPU <= 15% of a full run's",
+        "passed": ratio is not None and ratio <= 0.15,
+    }
+
+
+def _retokenized(data: Path) -> dict[str, int]:
+    from megacpp_pipeline.storage.store import ShardStore
+
+    store = ShardStore(str(data))
+    out = {"input_files": 0, "cached_files": 0}
+    root = data / "assets" / "tokenized_docs"
+    for partition in sorted(p.name for p in root.iterdir() if p.is_dir()):
+        stats = store.latest("tokenized_docs", partition).stats
+        out["input_files"] += int(stats.get("input_files", 0))
+        out["cached_files"] += int(stats.get("cached_files", 0))
+    out["retokenized"] = out["input_files"] - out["cached_files"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("what", choices=["workers", "serial", "memory", "refresh"])
+    parser.add_argument("--scale", type=int, default=4)
+    parser.add_argument("--scales", default="16,64")
+    parser.add_argument("--workers", default="2,16")
+    parser.add_argument("--engines", default="local")
+    parser.add_argument("--changed", type=float, default=0.01)
+    parser.add_argument("--work", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
+    if args.what == "workers":
+        result = workers(args.scale, [int(n) for n in args.workers.split(",")], work)
+    elif args.what == "serial":
+        result = serial(args.scale, args.engines.split(","), work)
+    elif args.what == "memory":
+        result = memory([int(n) for n in args.scales.split(",")], work)
+    else:
+        result = refresh(args.scale, args.changed, work)
+    result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-scaleout-{args.what}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"-> {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

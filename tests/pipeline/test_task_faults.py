@@ -1,0 +1,120 @@
+"""A map task killed in every stage that maps tasks (the per-file gates, collection, dedup's
+four steps, decontamination, the tokenizer's sample, documents, packing, the checks that
+rescan rows, the snapshot's copies and checks, the Megatron export) is run again, and the
+run promotes the same snapshot as a run where no task died."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.engine import Engine
+from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
+from megacpp_pipeline.pipeline.runner import run_all
+from megacpp_pipeline.snapshot.promote import latest_snapshot
+from megacpp_pipeline.stages import default_registry
+from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.pipeline_corpus import write_catalog
+
+
+def _dies_once(task: Any, marker: Path, driver: int, job: Any, item: Any) -> Any:
+    """`task`, except that the first task of its map to start in a worker kills that
+    worker (SIGKILL: no cleanup, no exception) before doing anything."""
+    if os.getpid() != driver:
+        try:
+            marker.touch(exist_ok=False)
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return task(job, item)
+
+
+_MAPS = itertools.count()
+
+
+class KillingExecutor(LocalExecutor):
+    """Forked workers, one of which dies at the start of every map that forks."""
+
+    def __init__(self, workers: int, markers: Path) -> None:
+        super().__init__(workers)
+        self.markers = markers
+
+    def map(self, task: Any, job: Any, items: Any) -> Any:
+        name = f"{getattr(task, '__qualname__', 'task')}-{next(_MAPS):04d}"
+        killing = partial(_dies_once, task, self.markers / name, os.getpid())
+        return super().map(killing, job, items)
+
+
+@dataclass
+class KillingContext(StageContext):
+    markers: Path | None = None
+
+    def executor(self) -> Executor:
+        assert self.markers is not None
+        return KillingExecutor(2, self.markers)
+
+    def host_executor(self) -> Executor:
+        return self.executor()
+
+
+def _run(root: Path, catalog: Path, markers: Path | None) -> Path:
+    registry = default_registry()
+    ctx = StageContext(
+        load_catalog(catalog, registry),
+        ShardStore(str(root / "data")),
+        registry,
+        root / "cache",
+        workers=2,
+        engine=Engine(task_bytes=4096),  # small slices: every map has several tasks
+    )
+    if markers is not None:
+        fields = {f: getattr(ctx, f) for f in ctx.__dataclass_fields__}
+        ctx = KillingContext(**fields, markers=markers)
+    run_all(ctx)
+    snap = latest_snapshot(root / "data")
+    assert snap is not None
+    return snap
+
+
+@pytest.mark.slow
+def test_a_task_killed_in_every_map_is_rerun_and_the_snapshot_is_the_same(tmp_path: Path) -> None:
+    catalog, _ = write_catalog(tmp_path)
+    data = yaml.safe_load(catalog.read_text())
+    # windows of a few documents: several packing blocks and rows shards to kill tasks in
+    data.setdefault("stages", {})["packing"] = {"window_docs": 3, "windows_per_task": 1}
+    catalog.write_text(yaml.safe_dump(data))
+    clean = _run(tmp_path / "clean", catalog, None)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    chaos = _run(tmp_path / "chaos", catalog, markers)
+    assert chaos.name == clean.name  # the id hashes every file of the snapshot
+    killed = {m.name.rsplit("-", 1)[0] for m in markers.iterdir()}
+    # every kind of map task died at least once and was run again
+    for task in (
+        "gate_slice",
+        "_run_body",
+        "sign_task",
+        "exact_task",
+        "band_task",
+        "apply_task",
+        "_sample_task",
+        "_file_task",
+        "_pack_task",
+        "_inspect_task",
+        "_verify_shards",
+        "file_facts",
+        "_copy_shard",
+        "_scatter_shard",
+    ):
+        assert task in killed, (task, sorted(killed))
