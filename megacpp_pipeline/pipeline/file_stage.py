@@ -22,7 +22,7 @@ import pyarrow as pa
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
-from megacpp_pipeline.pipeline.executor import Executor
+from megacpp_pipeline.pipeline.executor import Executor, MapStats
 from megacpp_pipeline.pipeline.metadata import file_stage_metadata
 from megacpp_pipeline.pipeline.parallel import row_sizes
 from megacpp_pipeline.pipeline.registry import Materialized, PreparedGate, Stage
@@ -139,6 +139,7 @@ class _Pending:
     extra: dict[str, Any]
     stats: Counter[str] = field(default_factory=Counter)
     tasks_left: int = 0
+    nodes: MapStats = field(default_factory=MapStats)  # where this version's tasks ran
 
 
 def run_gate_stage(
@@ -203,11 +204,12 @@ def run_gate_stage(
         for v, p in enumerate(pending):
             p.tasks_left = numbered[v]
         done = 0
-        results = executor.map(gate_slice, job, tasks)
+        results = executor.map_timed(gate_slice, job, tasks)
         closing.append(results)
-        for task, result in zip(tasks, results, strict=True):
+        for task, timed in zip(tasks, results, strict=True):
             p = pending[owner[task.output]]
-            _adopt(p, stage, result)
+            p.nodes.count(timed.node, timed.busy_s)
+            _adopt(p, stage, timed.value)
             p.tasks_left -= 1
             while done < len(pending) and pending[done].tasks_left == 0:
                 yield _commit(ctx, stage, pending[done], executor)
@@ -245,7 +247,7 @@ def _commit(ctx: StageContext, stage: Stage, p: _Pending, executor: Executor) ->
     manifest = p.version.commit(
         upstream=ctx.upstream_hashes(p.upstream),
         stats=stats,
-        extra={**p.extra, **executor.describe(), "engine_nodes": executor.stats.figures()},
+        extra={**p.extra, **executor.describe(), "engine_nodes": p.nodes.figures()},
     )
     partition = p.sources[0] if stage.per_source else None
     where = f" [{partition}]" if partition else ""

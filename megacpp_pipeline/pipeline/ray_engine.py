@@ -90,17 +90,29 @@ class RayExecutor:
         return self.engine.describe()
 
     def map(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[R]:
+        for timed in self.map_timed(task, job, items):
+            yield timed.value
+
+    def map_timed(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[Timed]:
         items = list(items)
-        if not items:
+        if len(items) < 2:  # one task is cheaper here than a round trip to the cluster
+            for item in items:
+                timed = run_timed(task, job, item, "driver")
+                self.stats.count(timed.node, timed.busy_s)
+                yield timed
             return
         connect(self.engine)
         job_ref = ray.put((task, job))
         refs = [_run.remote(job_ref, item) for item in items]
+        taken = 0
         try:
             for ref in refs:
-                timed: Timed = ray.get(ref)
+                timed = ray.get(ref)
+                taken += 1
                 self.stats.count(timed.node, timed.busy_s)
-                yield timed.value
+                yield timed
         finally:
-            for ref in refs:  # a failed or abandoned map leaves nothing running
+            # a failed or abandoned map leaves nothing running (only the tasks not taken:
+            # cancelling a finished one can trip Ray's own task bookkeeping)
+            for ref in refs[taken:]:
                 ray.cancel(ref)

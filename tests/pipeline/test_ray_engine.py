@@ -171,7 +171,9 @@ def test_every_corpus_wide_stage_maps_its_work_over_both_nodes(both_runs: dict):
         assert len(m.extra["engine_nodes"]) == 2, (name, m.extra["engine_nodes"])
         assert m.rows == local.rows, name
         for table in m.data_tables():
-            assert store.read_table(m, table).equals(local_store.read_table(local, table))
+            assert m.tables[table].rows == local.tables[table].rows, (name, table)
+            if m.tables[table].rows:
+                assert store.read_table(m, table).equals(local_store.read_table(local, table))
 
 
 def test_dedup_signs_and_bands_on_the_cluster_with_the_local_engines_decisions(both_runs: dict):
@@ -186,7 +188,8 @@ def test_dedup_signs_and_bands_on_the_cluster_with_the_local_engines_decisions(b
     assert not list(Path(store.version_dir(m)).glob("_work*"))
     for table in ("decisions", "clusters", "ledger"):
         assert store.read_table(m, table).equals(local_store.read_table(local, table)), table
-    assert m.stats == local.stats and m.rows == local.rows
+    assert m.stats == local.stats | {"cached_files": m.stats["cached_files"]}
+    assert m.rows == local.rows
     assert m.stats["dropped_near_duplicate"] + m.stats["dropped_exact_duplicate"] > 0
 
 
@@ -481,7 +484,9 @@ def test_dedup_on_ray_with_an_empty_source_or_no_file_at_all_matches_the_local_e
         release()
     m = store.latest("deduped_files")
     assert m.version != by_local.version and m.extra["engine"] == "ray"
-    assert m.stats == by_local.stats and store.verify(m) == []
+    # the ray run finds the local run's signatures in the shared cache: only that differs
+    assert m.stats == by_local.stats | {"cached_files": m.stats["cached_files"]}
+    assert store.verify(m) == []
     assert "data:empty" in m.tables and m.tables["data:empty"].rows == 0
     decisions = [list(store.iter_tables(v, "decisions")) for v in (m, by_local)]
     assert [t.to_pylist() for t in decisions[0]] == [t.to_pylist() for t in decisions[1]]
