@@ -21,6 +21,7 @@ from megacpp_pipeline.gates.scrub.hits import Finder, Hit, Kind
 from megacpp_pipeline.gates.scrub.keys import find_private_key, find_ssh_key
 from megacpp_pipeline.gates.scrub.personal import find_email, find_ip, find_local_path
 from megacpp_pipeline.gates.scrub.plausibility import folded
+from megacpp_pipeline.gates.scrub.vendor_rules import find_vendor_rule_secrets
 from megacpp_pipeline.gates.scrub.vendor_tokens import VENDOR_KEYS, vendor_finder
 
 if TYPE_CHECKING:
@@ -44,8 +45,11 @@ class Detector:
     ignore_case: bool = False
     trigger_regexes: tuple[re.Pattern[str], ...] = ()
     common: bool = False
+    prefilters_itself: bool = False  # the finder runs its own (cheaper) prefilter
 
     def triggered(self, text: str, folded: Callable[[], str]) -> bool:
+        if self.prefilters_itself:
+            return True
         if any(r.search(text) for r in self.trigger_regexes):
             return True
         haystack = folded() if self.ignore_case else text
@@ -72,18 +76,23 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "url_password", 3, find_url_password, trigger_regexes=(URL_USERINFO_TRIGGER,), common=True
     ),
+    # provider rules rank with the vendor tokens (2); the generic rule after the name-bound
+    # finders (GENERIC_RULE_PRIORITY), whose C++-aware value spans it must not cut short
+    Detector(
+        "vendor_rules", 2, find_vendor_rule_secrets, common=True, prefilters_itself=True
+    ),
     Detector("assigned_secret", 4, find_assigned_secret, TRIGGERS, ignore_case=True),
-    Detector("email", 5, find_email, triggers=("@",), common=True),
+    Detector("email", 6, find_email, triggers=("@",), common=True),
     Detector(
         "local_path",
-        6,
+        7,
         find_local_path,
         triggers=("/home/", "/tmp/", "users/", "users\\", "documents and settings"),
         ignore_case=True,
     ),
     Detector(
         "ip",
-        7,
+        8,
         find_ip,
         trigger_regexes=(
             re.compile(r"\.\d{1,3}\.\d{1,3}\.\d"),
@@ -132,7 +141,8 @@ def detect(
             continue
         for hit in det.find(text, config):
             if hit.end > hit.start:
-                ranked.append((det.priority, hit.start, -hit.end, hit))
+                priority = det.priority if hit.priority is None else hit.priority
+                ranked.append((priority, hit.start, -hit.end, hit))
     if not ranked:
         return []
     ranked.sort(key=lambda r: r[:3])

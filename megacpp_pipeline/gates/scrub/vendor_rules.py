@@ -1,0 +1,329 @@
+"""Provider token rules as data: gitleaks' MIT rule file (vendor/gitleaks.toml, pinned by
+sha256), compiled with RE2, woken by the rules' own keywords, each hit named by its rule id.
+gitleaks' semantics are kept where they decide what a hit is: the secret group, the entropy
+floor, the global and per-rule allowlists (regex targets, stopwords, AND conditions)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import re
+import tomllib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from re2 import _re2
+
+from megacpp_pipeline.gates.scrub.hits import Hit, Kind
+from megacpp_pipeline.gates.scrub.plausibility import (
+    is_hash_or_uuid,
+    on_include_line,
+    plausible_secret,
+)
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.gates.scrub.config import ScrubConfig
+
+VENDOR_DIR = Path(__file__).parent / "vendor"
+GITLEAKS_FILE = VENDOR_DIR / "gitleaks.toml"
+# the pin: a rule file that is not byte-for-byte this one is refused (see LICENSE.gitleaks
+# for its origin commit); updating the rules means updating this hash in the same commit
+GITLEAKS_SHA256 = "e163e53b9e7e8a8511e77271e2b323ed057759542a6d988258afe3a1fa329caf"
+DETECTOR_PREFIX = "gitleaks:"
+GENERIC_RULE_PRIORITY = 5  # see detectors.DETECTORS
+
+_UNANCHORED = _re2.RE2.Anchor.UNANCHORED
+
+
+class VendorRulesError(ValueError):
+    """The vendored rule file is not the pinned one or does not parse (names the file and,
+    where one is at fault, the rule)."""
+
+    def __init__(self, path: Path, message: str, rule: str | None = None) -> None:
+        where = f"{path}: rule {rule!r}" if rule else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.rule = rule
+
+
+# A leading lazy `[\w.-]{0,50}?` (gitleaks' identifier prefix) can match nothing, so it never
+# decides whether a text matches; dropping it from the probe makes RE2's scan about 1.5x faster
+_OPTIONAL_LEAD = re.compile(r"(?P<flags>\(\?[a-z]+\))?\[[^\]]+\]\{0,\d+\}\?")
+
+
+def _program(pattern: str, never_capture: bool = False) -> Any:
+    options = _re2.RE2.Options()
+    options.log_errors = False
+    options.never_capture = never_capture
+    program = _re2.RE2(pattern.encode(), options)
+    if not program.ok():
+        raise ValueError(program.error())
+    return program
+
+
+class _Regex:
+    """An RE2 program over UTF-8 bytes (the Python wrapper re-encodes the text on every
+    search; the gate encodes each file once and runs every rule on the same bytes), with a
+    capture-free probe that answers "any match at all?" before groups are asked for."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.program = _program(pattern)
+        lead = _OPTIONAL_LEAD.match(pattern)
+        probe = (lead.group("flags") or "") + pattern[lead.end() :] if lead else pattern
+        self.probe = _program(probe, never_capture=True)
+
+    def spans(self, data: bytes) -> Iterator[list[tuple[int, int]]]:
+        if not self.search(data):
+            return
+        pos, end = 0, len(data)
+        while pos <= end:
+            spans = self.program.Match(_UNANCHORED, data, pos, end)
+            if spans[0][0] < 0:
+                return
+            yield spans
+            pos = spans[0][1] + (spans[0][1] == spans[0][0])
+
+    def search(self, data: bytes) -> bool:
+        return bool(self.probe.Match(_UNANCHORED, data, 0, len(data))[0][0] >= 0)
+
+
+@dataclass(frozen=True)
+class Allowlist:
+    """A gitleaks allowlist as far as content can decide it: a path or commit condition
+    never holds on text alone, so under AND it makes the allowlist inapplicable."""
+
+    regexes: tuple[_Regex, ...]
+    target: str  # secret | match | line
+    stopwords: tuple[str, ...]
+    requires_path: bool  # AND condition with a path or commit list
+
+    def allows(self, secret: str, match: str, line: str) -> bool:
+        if self.requires_path:
+            return False
+        target = {"match": match, "line": line}.get(self.target, secret).encode()
+        by_regex = any(r.search(target) for r in self.regexes)
+        lowered = secret.lower()
+        by_stopword = any(w in lowered for w in self.stopwords)
+        return by_regex or by_stopword
+
+
+@dataclass(frozen=True)
+class VendorRule:
+    id: str
+    regex: _Regex
+    keywords: tuple[str, ...]
+    entropy: float
+    secret_group: int
+    allowlists: tuple[Allowlist, ...]
+    kind: Kind
+    generic: bool  # names a credential by what it is called, not by its issuer's format
+
+    @property
+    def detector(self) -> str:
+        return DETECTOR_PREFIX + self.id
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[VendorRule, ...]
+    skipped: tuple[tuple[str, str], ...]  # (rule id, why it cannot run on file content)
+    global_allowlist: Allowlist
+    keywords: tuple[str, ...]
+    rules_by_keyword: tuple[tuple[int, ...], ...]  # keyword index -> rule indices
+    unkeyed: tuple[int, ...]  # rules without keywords run on every text
+    keyword_set: Any  # re2 Set over the keywords, matched on the lowercased text
+    sha256: str
+
+
+def _kind(rule_id: str) -> Kind:
+    if rule_id == "private-key":
+        return Kind.PRIVATE_KEY
+    if rule_id.endswith("-password") or rule_id == "curl-auth-user":
+        return Kind.PASSWORD
+    return Kind.API_KEY
+
+
+def _allowlist(path: Path, rule: str | None, raw: dict[str, Any]) -> Allowlist:
+    target = raw.get("regexTarget", "secret")
+    if target not in ("secret", "match", "line"):
+        raise VendorRulesError(path, f"allowlist regexTarget {target!r} is unknown", rule)
+    regexes = []
+    for pattern in raw.get("regexes", []):
+        try:
+            regexes.append(_Regex(pattern))
+        except ValueError as exc:
+            raise VendorRulesError(path, f"allowlist regex does not compile: {exc}", rule) from exc
+    and_condition = str(raw.get("condition", "OR")).upper() == "AND"
+    return Allowlist(
+        tuple(regexes),
+        target,
+        tuple(w.lower() for w in raw.get("stopwords", [])),
+        and_condition and bool(raw.get("paths") or raw.get("commits")),
+    )
+
+
+def load_rules(path: Path = GITLEAKS_FILE, sha256: str = GITLEAKS_SHA256) -> RuleSet:
+    """The rule file at `path`, verified against `sha256` and compiled. A rule whose regex
+    RE2 cannot compile, or that has no content regex at all, is listed in `skipped` with the
+    reason (the bench prints them; a test pins the list), never dropped without a word."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise VendorRulesError(path, f"sha256 {digest} is not the pinned {sha256}")
+    try:
+        doc = tomllib.loads(data.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise VendorRulesError(path, f"does not parse: {exc}") from exc
+    rules: list[VendorRule] = []
+    skipped: list[tuple[str, str]] = []
+    for raw in doc.get("rules", []):
+        rule_id = raw.get("id")
+        if not rule_id:
+            raise VendorRulesError(path, "a [[rules]] entry has no id")
+        if "regex" not in raw:
+            skipped.append((rule_id, "path-only rule: it matches file names, not content"))
+            continue
+        try:
+            regex = _Regex(raw["regex"])
+        except ValueError as exc:
+            skipped.append((rule_id, f"RE2 cannot compile its regex: {exc}"))
+            continue
+        allowlists = [_allowlist(path, rule_id, a) for a in raw.get("allowlists", [])]
+        if "allowlist" in raw:  # the older single-table spelling
+            allowlists.append(_allowlist(path, rule_id, raw["allowlist"]))
+        rules.append(
+            VendorRule(
+                rule_id,
+                regex,
+                tuple(k.lower() for k in raw.get("keywords", [])),
+                float(raw.get("entropy", 0.0)),
+                int(raw.get("secretGroup", 0)),
+                tuple(allowlists),
+                _kind(rule_id),
+                rule_id.startswith("generic"),
+            )
+        )
+    keywords = sorted({k for r in rules for k in r.keywords})
+    index = {k: i for i, k in enumerate(keywords)}
+    by_keyword: list[list[int]] = [[] for _ in keywords]
+    for i, rule in enumerate(rules):
+        for k in rule.keywords:
+            by_keyword[index[k]].append(i)
+    options = _re2.RE2.Options()
+    options.literal = True
+    options.case_sensitive = False  # keywords are lowercase; gitleaks lowercases the text
+    keyword_set = _re2.Set(_UNANCHORED, options)
+    for k in keywords:
+        keyword_set.Add(k.encode())
+    keyword_set.Compile()
+    return RuleSet(
+        tuple(rules),
+        tuple(skipped),
+        _allowlist(path, None, doc.get("allowlist", {})),
+        tuple(keywords),
+        tuple(tuple(ix) for ix in by_keyword),
+        tuple(i for i, r in enumerate(rules) if not r.keywords),
+        keyword_set,
+        digest,
+    )
+
+
+@functools.cache
+def default_rules() -> RuleSet:
+    """The pinned rule file, loaded once per process."""
+    return load_rules()
+
+
+def shannon_entropy(value: str) -> float:
+    n = len(value)
+    if not n:
+        return 0.0
+    return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
+
+
+def candidate_rules(data: bytes, rules: RuleSet) -> list[VendorRule]:
+    """The rules whose keywords occur in the UTF-8 text (case-insensitive), in file order:
+    the prefilter that keeps a rule set of hundreds of regexes at the cost of one pass."""
+    hits = rules.keyword_set.Match(data)
+    chosen = set(rules.unkeyed)
+    for k in hits:
+        chosen.update(rules.rules_by_keyword[k])
+    return [rules.rules[i] for i in sorted(chosen)]
+
+
+class _Offsets:
+    """UTF-8 byte offsets to str offsets (the identity for ASCII text)."""
+
+    def __init__(self, text: str, data: bytes) -> None:
+        self.data = data
+        self.ascii = len(data) == len(text)
+
+    def char(self, offset: int) -> int:
+        if self.ascii:
+            return offset
+        return int(_re2.BytesToCharLen(self.data, 0, offset))
+
+
+def _secret_span(rule: VendorRule, spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    if len(spans) < 2:
+        return spans[0]
+    if rule.secret_group:
+        return spans[rule.secret_group] if rule.secret_group < len(spans) else (-1, -1)
+    for s, e in spans[1:]:
+        if e > s >= 0:
+            return s, e
+    return spans[0]
+
+
+def rule_matches(
+    text: str, rule: VendorRule, rules: RuleSet, data: bytes | None = None
+) -> Iterator[tuple[int, int]]:
+    """Character spans of `rule`'s secrets in `text` after gitleaks' own filters (entropy,
+    global and rule allowlists): what gitleaks itself would report for this rule."""
+    data = text.encode() if data is None else data
+    offsets = _Offsets(text, data)
+    for spans in rule.regex.spans(data):
+        m_start, m_end = spans[0]
+        # gitleaks trims newlines off the match (its issue 1352)
+        match = data[m_start:m_end].strip(b"\n").decode()
+        s_b, e_b = _secret_span(rule, spans)
+        if e_b <= s_b:
+            continue
+        secret = data[s_b:e_b].decode()
+        if rule.entropy and shannon_entropy(secret) <= rule.entropy:
+            continue
+        line_start = data.rfind(b"\n", 0, m_start) + 1
+        line_end = data.find(b"\n", m_end)
+        line = data[line_start : len(data) if line_end < 0 else line_end].decode()
+        if rules.global_allowlist.allows(secret, match, line):
+            continue
+        if any(a.allows(secret, match, line) for a in rule.allowlists):
+            continue
+        yield offsets.char(s_b), offsets.char(e_b)
+
+
+def find_vendor_rule_secrets(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    """Every rule's secrets, minus the C++ look-alikes the gate keeps whoever found them
+    (`#include` lines, hashes and interface ids in their context); the generic rule's
+    values must also pass the same plausibility as a value bound to a credential name."""
+    rules = default_rules()
+    data = text.encode()
+    candidates = candidate_rules(data, rules)
+    if not candidates:
+        return
+    for rule in candidates:
+        for start, end in rule_matches(text, rule, rules, data):
+            if end - start > 2 and text[start] in "\"'`" and text[end - 1] == text[start]:
+                start, end = start + 1, end - 1  # a rule whose group takes the quotes too
+            value = text[start:end]
+            if on_include_line(text, start) or is_hash_or_uuid(value, text, start, end):
+                continue
+            if rule.generic and not plausible_secret(value, rule.kind, config):
+                continue
+            priority = GENERIC_RULE_PRIORITY if rule.generic else None
+            yield Hit(start, end, rule.kind, rule.detector, priority)
