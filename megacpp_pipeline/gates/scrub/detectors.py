@@ -78,9 +78,7 @@ DETECTORS: tuple[Detector, ...] = (
     ),
     # provider rules rank with the vendor tokens (2); the generic rule after the name-bound
     # finders (GENERIC_RULE_PRIORITY), whose C++-aware value spans it must not cut short
-    Detector(
-        "vendor_rules", 2, find_vendor_rule_secrets, common=True, prefilters_itself=True
-    ),
+    Detector("vendor_rules", 2, find_vendor_rule_secrets, common=True, prefilters_itself=True),
     Detector("assigned_secret", 4, find_assigned_secret, TRIGGERS, ignore_case=True),
     Detector("email", 6, find_email, triggers=("@",), common=True),
     Detector(

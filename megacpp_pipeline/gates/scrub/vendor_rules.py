@@ -122,6 +122,10 @@ class VendorRule:
     allowlists: tuple[Allowlist, ...]
     kind: Kind
     generic: bool  # names a credential by what it is called, not by its issuer's format
+    # gitleaks runs this rule only on files whose path matches; the gate applies it to any
+    # text, since what it scans is C++ and such content (a .tf block, a nuget.config entry,
+    # a Kubernetes Secret) only ever reaches it pasted into a C++ file
+    path_condition: str | None = None
 
     @property
     def detector(self) -> str:
@@ -206,6 +210,7 @@ def load_rules(path: Path = GITLEAKS_FILE, sha256: str = GITLEAKS_SHA256) -> Rul
                 tuple(allowlists),
                 _kind(rule_id),
                 rule_id.startswith("generic"),
+                raw.get("path"),
             )
         )
     keywords = sorted({k for r in rules for k in r.keywords})
