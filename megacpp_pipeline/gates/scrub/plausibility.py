@@ -4,6 +4,7 @@ COM interface ids, `#include` lines), and reads the text around a match to tell.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections import Counter
@@ -193,6 +194,53 @@ def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = F
     if len(value) < config.min_key_length or not _KEY_CHARS.fullmatch(value):
         return False
     return _shannon_entropy(value) >= config.min_key_entropy
+
+
+_ALL_HEX = re.compile(r"[0-9a-fA-F]+")
+# what sits where a random value might and is none: `postgres:16`, `db.local:5432`, an
+# address (`2a01:4f8::2`, `36.44.40.54`)
+_HOST_PORT_OR_TAG = re.compile(r"[a-z][a-z0-9._/-]*:(?:\d[\w.-]*|latest|stable|alpine|slim)")
+
+
+def _is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def character_classes(value: str) -> int:
+    """How many of lowercase, uppercase, digits and symbols the value mixes."""
+    return (
+        any(c.islower() for c in value)
+        + any(c.isupper() for c in value)
+        + any(c.isdigit() for c in value)
+        + any(not c.isalnum() for c in value)
+    )
+
+
+def random_looking(value: str, kind: Kind, config: ScrubConfig) -> bool:
+    """A secret with nothing around it to vouch for it (a positional argument, `password X`
+    in prose, a name that only says `key`): plausible, and random on its own account. Hex
+    is left out for keys: hashes, ids and test vectors are hex, and a hex key bound to a
+    credential name is still caught there."""
+    if not plausible_secret(value, kind, config, bare=True):
+        return False
+    if _HOST_PORT_OR_TAG.fullmatch(value) or _is_address(value):
+        return False
+    if kind is Kind.PASSWORD:
+        return (
+            len(value) >= config.min_random_password_length
+            and character_classes(value) >= config.min_random_password_classes
+        )
+    return (
+        len(value) >= config.min_random_key_length
+        and any(c.isdigit() for c in value)
+        and character_classes(value) >= 2
+        and not _ALL_HEX.fullmatch(value)
+        and _shannon_entropy(value) >= config.min_random_key_entropy
+    )
 
 
 def folded(text: str) -> str:
