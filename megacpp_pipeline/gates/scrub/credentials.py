@@ -209,7 +209,8 @@ _SCHEME = r"(?:(?i:bearer|basic|token|bot|digest|oauth)[ ]+)?"
 # backtrack through every way of splitting them)
 _QUOTED_AFTER = re.compile(
     r"(?:[^\S\n]*+\[[^\S\n]*+\w*[^\S\n]*+\])?(?:\\?[\"'`]|\]){0,2}[^\S\n]*+"
-    r"(?:=|:=|==|!=|:|\(|\{|,|->|=>|\bis\b|\bwas\b)?[^\S\n]*+"
+    # (after an operator, the literal may start on the next line: `kKey =\n    "ab" "cd"`)
+    r"(?:(?:=|:=|==|!=|:|\(|\{|,|->|=>|\bis\b|\bwas\b)[^\S\n]*+\n?)?[^\S\n]*+"
     r"(?:[A-Za-z_][\w:]*+[^\S\n]*+[({][^\S\n]*+)?[({]?[^\S\n]*+"
     r"(?P<prefix>(?:L|u8|u|U)?R?)(?P<q>\\?[\"'`])"
 )
@@ -534,3 +535,48 @@ def find_url_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
 
 # the URL finder's prefilter: starts with a literal, so `re` skips ahead fast
 URL_USERINFO_TRIGGER = re.compile(r"://[^\s/@]*:[^\s/@]*@")
+
+
+# ---- credentials by the structure of the line that holds them, whatever it is called
+
+# a .pgpass line, `host:port:database:user:password`, pasted into a comment or a string
+PGPASS_TRIGGER = r":(?:\d{1,5}|\*):[\w.*-]+:[\w.@*-]+:"
+_PGPASS_LINE = re.compile(
+    r"^[ \t]*+(?:(?://++|#|\*|;|\")[ \t]*+)?[\w.*-]++:(?:\d{1,5}|\*):[\w.*-]++:[\w.@*-]++:"
+    r"(?P<value>[^\s\"'`\\]{1,128})(?=\\n|\"|[ \t]*$)",
+    re.MULTILINE,
+)
+
+
+def find_pgpass_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _PGPASS_LINE.finditer(text):
+        yield from _hit(text, *m.span("value"), Kind.PASSWORD, config, True, "", "pgpass_line")
+
+
+# `curl -u admin:X`, `--user admin:X`: the password half of a user flag's value
+USER_COLON_TRIGGER = r"(?:^|\s)(?:-u|--user)[ \t=]+['\"]?[^\s:'\"]+:"
+_USER_COLON = re.compile(
+    r"(?<!\S)(?:-u|--user)(?:[ \t]++|=)(?P<q>['\"]?)[^\s:'\"]{1,64}:"
+    r"(?P<value>[^\s'\"`]{1,128})(?P=q)(?=[\s\"']|\\[nr]|$)"
+)
+
+
+def find_user_colon_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _USER_COLON.finditer(text):
+        yield from _hit(text, *m.span("value"), Kind.PASSWORD, config, True, "", "user_flag")
+
+
+# `docker login -u ci -p X`, `mysqladmin -u root -p X`: a user flag, then a password flag
+USER_PASS_FLAGS_TRIGGER = r"(?:^|\s)-u[ \t]*[^\s-]\S*[ \t]+(?:\S+[ \t]+){0,6}-p"
+_USER_PASS_FLAGS = re.compile(
+    r"(?<!\S)-u[ \t]*+[^\s'\"`-][^\s'\"`]*+[ \t]++(?:--?[A-Za-z][\w-]*+[ \t]++){0,4}?"
+    r"-p[ \t]*+(?:(?P<q>['\"])(?P<quoted>[^'\"\s]{1,128})(?P=q)|(?P<bare>[^\s'\"`;|<>]{1,128}))"
+)
+
+
+def find_flag_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _USER_PASS_FLAGS.finditer(text):
+        group = "quoted" if m.group("quoted") else "bare"
+        yield from _hit(
+            text, *m.span(group), Kind.PASSWORD, config, True, "", "user_password_flags"
+        )

@@ -12,13 +12,24 @@ from typing import TYPE_CHECKING
 from detect_secrets.plugins.private_key import PrivateKeyDetector
 
 from megacpp_pipeline.gates.scrub.credentials import (
+    PGPASS_TRIGGER,
     TRIGGERS,
     URL_USERINFO_TRIGGER,
+    USER_COLON_TRIGGER,
+    USER_PASS_FLAGS_TRIGGER,
     find_assigned_secret,
+    find_flag_password,
+    find_pgpass_password,
     find_url_password,
+    find_user_colon_password,
 )
 from megacpp_pipeline.gates.scrub.hits import Finder, Hit, Kind
-from megacpp_pipeline.gates.scrub.keys import find_private_key, find_ssh_key
+from megacpp_pipeline.gates.scrub.keys import (
+    BASE64_PEM_TRIGGER,
+    find_base64_private_key,
+    find_private_key,
+    find_ssh_key,
+)
 from megacpp_pipeline.gates.scrub.personal import find_email, find_ip, find_local_path
 from megacpp_pipeline.gates.scrub.plausibility import folded
 from megacpp_pipeline.gates.scrub.vendor_rules import find_vendor_rule_secrets
@@ -44,6 +55,9 @@ class Detector:
     triggers: tuple[str, ...] = ()
     ignore_case: bool = False
     trigger_regexes: tuple[re.Pattern[str], ...] = ()
+    # a regex RE2 and `re` both read: the column-wise prefilter of a rare detector whose
+    # wake-up is a structure, not a word (compiled for `re` into trigger_regexes)
+    trigger_pattern: str = ""
     common: bool = False
     prefilters_itself: bool = False  # the finder runs its own (cheaper) prefilter
 
@@ -56,9 +70,18 @@ class Detector:
         return any(t in haystack for t in self.triggers)
 
     def re2_prefilter(self) -> str:
-        return "|".join(
+        literals = [
             f"(?i:{re.escape(t)})" if self.ignore_case else re.escape(t) for t in self.triggers
+        ]
+        return "|".join(
+            [*literals, *([f"(?:{self.trigger_pattern})"] if self.trigger_pattern else [])]
         )
+
+
+def _structural(name: str, priority: int, find: Finder, pattern: str) -> Detector:
+    return Detector(
+        name, priority, find, trigger_regexes=(re.compile(pattern),), trigger_pattern=pattern
+    )
 
 
 DETECTORS: tuple[Detector, ...] = (
@@ -68,6 +91,7 @@ DETECTORS: tuple[Detector, ...] = (
         find_private_key,
         triggers=(*(p.pattern for p in PrivateKeyDetector.denylist), "PRIVATE KEY"),
     ),
+    Detector("base64_private_key", 0, find_base64_private_key, triggers=(BASE64_PEM_TRIGGER,)),
     Detector("ssh_key", 1, find_ssh_key, triggers=("ssh-", "ecdsa-sha2-")),
     *(
         Detector(pats[0].name, 2, vendor_finder(pats), triggers=trig, ignore_case=ic)
@@ -80,6 +104,9 @@ DETECTORS: tuple[Detector, ...] = (
     # finders (GENERIC_RULE_PRIORITY), whose C++-aware value spans it must not cut short
     Detector("vendor_rules", 2, find_vendor_rule_secrets, common=True, prefilters_itself=True),
     Detector("assigned_secret", 4, find_assigned_secret, TRIGGERS, ignore_case=True),
+    _structural("pgpass_line", 4, find_pgpass_password, PGPASS_TRIGGER),
+    _structural("user_password_flags", 4, find_flag_password, USER_PASS_FLAGS_TRIGGER),
+    _structural("user_flag", 4, find_user_colon_password, USER_COLON_TRIGGER),
     Detector("email", 6, find_email, triggers=("@",), common=True),
     Detector(
         "local_path",

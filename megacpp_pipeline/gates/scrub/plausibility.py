@@ -93,8 +93,10 @@ _NAME_PART = re.compile(r"[A-Za-z]+(?:\d{1,3}|\d{5,})?|\d+")
 _NAME_SEPARATOR = re.compile(r"[-_]")
 _CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
 # printf / std::format / Qt conversions: `%s`, `%08x`, `%.*s`, `{}`, `{0}`, `{:>8}`, `%1`
+# (Qt's `%1` only where a word cannot run into it: `Eckrwvp%9` is a password, `user=%1` not)
 _FORMAT = re.compile(
-    r"%[-+ #0-9.*]*(?:hh|ll|[hlLzjtq])?[diouxXeEfFgGaAcspn]|%%|%\d|\{\d*(?::[^{}]*)?\}"
+    r"%[-+ #0-9.*]*(?:hh|ll|[hlLzjtq])?[diouxXeEfFgGaAcspn]|%%|(?<![A-Za-z])%\d"
+    r"|\{\d*(?::[^{}]*)?\}"
 )
 # a template or variable in the value's place: ${X}, $(cmd), {{ x }}, %(x)s, <x>, [x]
 _ONE_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
@@ -116,7 +118,7 @@ _EXPRESSION = re.compile(r"[()\[\]]|->|::")
 _NUMBER = re.compile(
     r"[-+]?(?:0[xX][0-9A-Fa-f']+|0[bB][01']+|\d[\d']*(?:\.\d*)?(?:[eE][-+]?\d+)?)[uUlLfFzZ]*"
 )
-_KEY_CHARS = re.compile(r"[A-Za-z0-9+/=_\-.~:!#$%&*?^@]+")
+_KEY_CHARS = re.compile(r"[A-Za-z0-9+/=_\-.~:!#$%&*?^@()]+")  # Django keys hold ( )
 # where a path starts (`/`, `./`, `../`, `~/`, `C:\`), and the segments a path is made of:
 # lowercase or Capitalized words, where base64 mixes cases at random (`/K7MDENG/bPxRf`)
 _PATH_START = re.compile(r"(?:\.{1,2}|~)?/|[A-Za-z]:[\\/]")
@@ -159,6 +161,13 @@ def _is_placeholder(value: str) -> bool:
     return _PLACEHOLDER_LEAD.match(value) is not None
 
 
+def _random_blob(value: str) -> bool:
+    """Long, dense and symbol-rich (a Django `SECRET_KEY` holds `(` and `)`): no call or
+    subscript reads like this."""
+    symbols = sum(not c.isalnum() for c in value)
+    return len(value) >= 32 and symbols >= 4 and _shannon_entropy(value) >= 4.3
+
+
 def _names_something(value: str) -> bool:
     """Identifiers (`user_password_field`, `MEGACPP_API_KEY_2`, `kw_static_cast`), calls and
     subscripts, versions, paths and URLs: what a name is assigned when it holds no secret."""
@@ -168,7 +177,7 @@ def _names_something(value: str) -> bool:
             and all(_NAME_PART.fullmatch(p) for p in _NAME_SEPARATOR.split(value))
         )
         or _VERSION_VALUE.fullmatch(value)
-        or _EXPRESSION.search(value)
+        or (_EXPRESSION.search(value) and not _random_blob(value))
         or _looks_like_code_name(value)
         or _looks_like_path(value)
     )

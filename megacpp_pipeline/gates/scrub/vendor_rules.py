@@ -35,6 +35,7 @@ GITLEAKS_FILE = VENDOR_DIR / "gitleaks.toml"
 GITLEAKS_SHA256 = "e163e53b9e7e8a8511e77271e2b323ed057759542a6d988258afe3a1fa329caf"
 DETECTOR_PREFIX = "gitleaks:"
 GENERIC_RULE_PRIORITY = 5  # see detectors.DETECTORS
+PREFIXED_TOKEN_PRIORITY = 3  # after the rules that know the issuer, before name-bound values
 
 _UNANCHORED = _re2.RE2.Anchor.UNANCHORED
 
@@ -312,23 +313,136 @@ def rule_matches(
         yield offsets.char(s_b), offsets.char(e_b)
 
 
-def find_vendor_rule_secrets(text: str, config: ScrubConfig) -> Iterator[Hit]:
-    """Every rule's secrets, minus the C++ look-alikes the gate keeps whoever found them
-    (`#include` lines, hashes and interface ids in their context); the generic rule's
-    values must also pass the same plausibility as a value bound to a credential name."""
+# ---- tokens by their issuers' common shape, for issuers no rule knows yet: a short prefix, a
+# separator, then a long random tail (`gsk_…`, `r8_…`, `key-…`, `123456:AA…`), standing alone
+# as a whole literal or word
+_PREFIXED_TOKEN = _Regex(
+    r"(?:^|[\s\"'`=:(,{\[])(?P<token>[A-Za-z0-9]{2,12}(?:[_.\-][A-Za-z0-9]{1,12}){0,2}"
+    r"[_.:\-][A-Za-z0-9_\-]{20,200})(?:[\s\"'`;,)}\]]|\\[nr]|$)"
+)
+_SEPARATORS = "_.:-"
+_HEX_TAIL = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")
+# a digest's or an id's label before hex is not an issuer's prefix (`sha256-…`, `git-…`)
+_DIGEST_LABEL = re.compile(
+    r"(?i:sha\d*|md5|blake\w*|xxh\w*|crc\d*|git|commit|rev|build|hash|digest|sum|id|uuid|guid)"
+)
+_UUID_TAIL = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+PREFIXED_TOKEN_DETECTOR = "prefixed_token"
+
+
+def _random_tail(tail: str) -> bool:
+    if len(tail) < 20 or _UUID_TAIL.search(tail):
+        return False
+    if _HEX_TAIL.fullmatch(tail):
+        return shannon_entropy(tail) >= 3.3
+    letters = [c for c in tail if c.isalpha()]
+    upper = sum(c.isupper() for c in letters)
+    if not letters or upper in (0, len(letters)):
+        return False
+    if any(c.isdigit() for c in tail):
+        return shannon_entropy(tail) >= 3.8
+    # letters only (Hugging Face's `hf_…`): random case, not camelCase words, whose
+    # capitals are a fifth of the letters at most
+    return 0.3 <= upper / len(letters) <= 0.7 and shannon_entropy(tail) >= 4.2
+
+
+def _prefixed_token(token: str) -> bool:
+    """Some split of the token into a short prefix and a random tail."""
+    for i, c in enumerate(token[:32]):
+        if c in _SEPARATORS and i >= 2:
+            prefix, tail = token[:i], token[i + 1 :]
+            if _DIGEST_LABEL.fullmatch(prefix.split("-")[-1]):
+                return False  # `SHA256:…` (an ssh fingerprint), `sha512-…` (SRI)
+            if _random_tail(tail):
+                return True
+    return False
+
+
+def _prefixed_tokens(text: str, data: bytes) -> Iterator[tuple[int, int]]:
+    offsets = _Offsets(text, data)
+    for spans in _PREFIXED_TOKEN.spans(data):
+        s_b, e_b = spans[1]
+        if _prefixed_token(data[s_b:e_b].decode()):
+            yield offsets.char(s_b), offsets.char(e_b)
+
+
+# ---- adjacent literals: `"sk-ant-api03-" "Xy…"` is one token to the compiler and to a reader
+
+_JOINT = re.compile(r'"[ \t]*+(?:\r?\n[ \t]*+){0,2}(?:L|u8|u|U)?"')
+_LITERAL_BEFORE = re.compile(r'"((?:[^"\\\n]|\\.){0,300})\Z')
+_LITERAL_AFTER = re.compile(r'(?:[^"\\\n]|\\.){0,300}(?=")')
+
+
+def _joined_literals(text: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
+    """Each chain of adjacent literals as (joined content, the pieces' spans in text)."""
+    pos = 0
+    while (joint := _JOINT.search(text, pos)) is not None:
+        before = _LITERAL_BEFORE.search(text, max(0, joint.start() - 302), joint.start())
+        if before is None:
+            pos = joint.end()
+            continue
+        pieces = [before.span(1)]
+        cursor = joint
+        while True:
+            after = _LITERAL_AFTER.match(text, cursor.end())
+            if after is None:
+                break
+            pieces.append(after.span())
+            nxt = _JOINT.match(text, after.end())
+            if nxt is None:
+                break
+            cursor = nxt
+        pos = max(pieces[-1][1], joint.end())
+        if len(pieces) > 1:
+            yield "".join(text[a:b] for a, b in pieces), pieces
+
+
+def _to_text(pieces: list[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """A span of the joined content back in text, if it crosses a joint (else the main pass
+    already saw it)."""
+    bounds, at = [], 0
+    for a, b in pieces:
+        bounds.append((at, at + b - a, a))
+        at += b - a
+    first = next(i for i, (lo, hi, _) in enumerate(bounds) if lo <= start < hi)
+    last = next(i for i, (lo, hi, _) in enumerate(bounds) if lo < end <= hi)
+    if first == last:
+        return None
+    return bounds[first][2] + start - bounds[first][0], bounds[last][2] + end - bounds[last][0]
+
+
+def _raw_hits(text: str, config: ScrubConfig) -> Iterator[Hit]:
     rules = default_rules()
     data = text.encode()
-    candidates = candidate_rules(data, rules)
-    if not candidates:
-        return
-    for rule in candidates:
+    for rule in candidate_rules(data, rules):
         for start, end in rule_matches(text, rule, rules, data):
-            if end - start > 2 and text[start] in "\"'`" and text[end - 1] == text[start]:
-                start, end = start + 1, end - 1  # a rule whose group takes the quotes too
-            value = text[start:end]
-            if on_include_line(text, start) or is_hash_or_uuid(value, text, start, end):
-                continue
-            if rule.generic and not plausible_secret(value, rule.kind, config):
-                continue
             priority = GENERIC_RULE_PRIORITY if rule.generic else None
             yield Hit(start, end, rule.kind, rule.detector, priority)
+    for start, end in _prefixed_tokens(text, data):
+        yield Hit(start, end, Kind.API_KEY, PREFIXED_TOKEN_DETECTOR, PREFIXED_TOKEN_PRIORITY)
+
+
+def find_vendor_rule_secrets(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    """Every rule's secrets, and tokens of an issuer's shape no rule knows, in the text and
+    across adjacent literals, minus the C++ look-alikes the gate keeps whoever found them
+    (`#include` lines, hashes and interface ids in their context); the generic rule's
+    values must also pass the same plausibility as a value bound to a credential name."""
+    for hit in _raw_hits(text, config):
+        start, end = hit.start, hit.end
+        if end - start > 2 and text[start] in "\"'`" and text[end - 1] == text[start]:
+            start, end = start + 1, end - 1  # a rule whose group takes the quotes too
+        if hit.kind is Kind.PASSWORD and 0 < text.find(":", start, end) < end - 1:
+            start = text.find(":", start, end) + 1  # `user:password`: the user stays
+        value = text[start:end]
+        if on_include_line(text, start) or is_hash_or_uuid(value, text, start, end):
+            continue
+        if hit.priority == GENERIC_RULE_PRIORITY and not plausible_secret(value, hit.kind, config):
+            continue
+        yield Hit(start, end, hit.kind, hit.detector, hit.priority)
+    if '" ' not in text and '"\n' not in text and '""' not in text:
+        return
+    for joined, pieces in _joined_literals(text):
+        for hit in _raw_hits(joined, config):
+            span = _to_text(pieces, hit.start, hit.end)
+            if span is not None and not on_include_line(text, span[0]):
+                yield Hit(*span, hit.kind, hit.detector, hit.priority)
