@@ -26,14 +26,7 @@ from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates.scrub.config import Placeholders, ScrubConfig
-from megacpp_pipeline.gates.scrub.detectors import (
-    COMMON_DETECTORS,
-    DETECTORS,
-    RARE_DETECTORS,
-    RARE_TRIGGERS_RE2,
-    Detector,
-    detect,
-)
+from megacpp_pipeline.gates.scrub.detectors import DETECTORS, Detector, detect
 from megacpp_pipeline.gates.scrub.hits import Hit, Kind
 
 __all__ = [
@@ -121,12 +114,9 @@ def _replace(text: str, hits: list[Hit], config: ScrubConfig) -> str:
 
 
 def _scrub(
-    text: str,
-    config: ScrubConfig,
-    detectors: Sequence[Detector],
-    pretriggered: Sequence[Detector] = (),
+    text: str, config: ScrubConfig, detectors: Sequence[Detector]
 ) -> tuple[str, list[Finding]]:
-    hits = detect(text, config, detectors, pretriggered=pretriggered)
+    hits = detect(text, config, detectors)
     if not hits:
         return text, []
     return _replace(text, hits, config), _findings(text, hits, config)
@@ -147,32 +137,13 @@ def residual_findings(text: str, config: ScrubConfig) -> list[Finding]:
     return _findings(text, detect(text, config, DETECTORS), config)
 
 
-def _bool_mask(texts: pa.Array | pa.ChunkedArray, re2_pattern: str) -> np.ndarray:
-    hits = pc.match_substring_regex(texts, re2_pattern)
-    return np.asarray(hits.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _rare_detectors_by_row(texts: pa.Array | pa.ChunkedArray) -> dict[int, list[Detector]]:
-    """Rare triggers, column-wise: one RE2 pass over the shard, then one per detector over
-    the few rows that matched, so no row pays for ~80 substring searches in Python."""
-    rows = np.flatnonzero(_bool_mask(texts, RARE_TRIGGERS_RE2))
-    by_row: dict[int, list[Detector]] = {int(r): [] for r in rows}
-    if len(rows):
-        subset = texts.take(pa.array(rows, pa.int64()))
-        for det in RARE_DETECTORS:
-            for i in np.flatnonzero(_bool_mask(subset, det.re2_prefilter())):
-                by_row[int(rows[i])].append(det)
-    return by_row
-
-
 def _scan(
     texts: pa.Array | pa.ChunkedArray, config: ScrubConfig, replace: bool
 ) -> list[tuple[int, str, list[Finding]]]:
     """(row, text after replacement, findings) for every row where a detector fires."""
-    rare = _rare_detectors_by_row(texts)
     out = []
     for row, text in enumerate(texts.to_pylist()):
-        hits = detect(text, config, COMMON_DETECTORS, pretriggered=rare.get(row, ()))
+        hits = detect(text, config, DETECTORS)
         if hits:
             new_text = _replace(text, hits, config) if replace else text
             out.append((row, new_text, _findings(text, hits, config)))

@@ -4,8 +4,9 @@ up, and which hit wins when two detectors claim the same characters (lower prior
 from __future__ import annotations
 
 import bisect
+import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,13 @@ from megacpp_pipeline.gates.scrub.keys import (
 )
 from megacpp_pipeline.gates.scrub.personal import find_email, find_ip, find_local_path
 from megacpp_pipeline.gates.scrub.plausibility import folded
-from megacpp_pipeline.gates.scrub.vendor_rules import find_vendor_rule_secrets
+from megacpp_pipeline.gates.scrub.screen import Screen, Screened, ScreenEntry
+from megacpp_pipeline.gates.scrub.vendor_rules import (
+    default_rules,
+    find_screened_vendor_secrets,
+    find_vendor_rule_secrets,
+    screen_entries,
+)
 from megacpp_pipeline.gates.scrub.vendor_tokens import VENDOR_KEYS, vendor_finder
 
 if TYPE_CHECKING:
@@ -45,9 +52,10 @@ class Detector:
     of `triggers` (lowercase, compared case-folded if `ignore_case`) or matches one of
     `trigger_regexes` (each starts with a literal, so `re` skips ahead fast).
 
-    Rare triggers (vendor prefixes, PEM headers, secret-sounding names) are ORed by run()
-    into one RE2 pattern that Arrow evaluates over the whole column; `common` detectors
-    (`@`, `://`, dotted numbers are in most C++ files) are checked per row in Python."""
+    Rare triggers (vendor prefixes, PEM headers, secret-sounding names, structural
+    `trigger_pattern`s) go into the one-pass screen (screen.py) with the vendor rules'
+    keywords; `common` detectors (`@`, `://`, dotted numbers are in most C++ files) are
+    checked in Python; a `screened` finder reads the screen's result itself."""
 
     name: str
     priority: int  # lower wins when two detectors claim overlapping text
@@ -59,23 +67,22 @@ class Detector:
     # wake-up is a structure, not a word (compiled for `re` into trigger_regexes)
     trigger_pattern: str = ""
     common: bool = False
-    prefilters_itself: bool = False  # the finder runs its own (cheaper) prefilter
+    screened: Callable[[str, ScrubConfig, Screened], Iterator[Hit]] | None = None
 
     def triggered(self, text: str, folded: Callable[[], str]) -> bool:
-        if self.prefilters_itself:
-            return True
         if any(r.search(text) for r in self.trigger_regexes):
             return True
         haystack = folded() if self.ignore_case else text
         return any(t in haystack for t in self.triggers)
 
-    def re2_prefilter(self) -> str:
-        literals = [
-            f"(?i:{re.escape(t)})" if self.ignore_case else re.escape(t) for t in self.triggers
+    def screen_entries(self) -> list[ScreenEntry]:
+        tag = f"det:{self.name}"
+        entries = [
+            ScreenEntry(tag, t, literal=True, ignore_case=self.ignore_case) for t in self.triggers
         ]
-        return "|".join(
-            [*literals, *([f"(?:{self.trigger_pattern})"] if self.trigger_pattern else [])]
-        )
+        if self.trigger_pattern:
+            entries.append(ScreenEntry(tag, self.trigger_pattern))
+        return entries
 
 
 def _structural(name: str, priority: int, find: Finder, pattern: str) -> Detector:
@@ -102,7 +109,7 @@ DETECTORS: tuple[Detector, ...] = (
     ),
     # provider rules rank with the vendor tokens (2); the generic rule after the name-bound
     # finders (GENERIC_RULE_PRIORITY), whose C++-aware value spans it must not cut short
-    Detector("vendor_rules", 2, find_vendor_rule_secrets, common=True, prefilters_itself=True),
+    Detector("vendor_rules", 2, find_vendor_rule_secrets, screened=find_screened_vendor_secrets),
     Detector("assigned_secret", 4, find_assigned_secret, TRIGGERS, ignore_case=True),
     _structural("pgpass_line", 4, find_pgpass_password, PGPASS_TRIGGER),
     _structural("user_password_flags", 4, find_flag_password, USER_PASS_FLAGS_TRIGGER),
@@ -126,11 +133,16 @@ DETECTORS: tuple[Detector, ...] = (
         common=True,
     ),
 )
-COMMON_DETECTORS = tuple(d for d in DETECTORS if d.common)
-RARE_DETECTORS = tuple(d for d in DETECTORS if not d.common)
-# run()'s column-wise prefilter: a file that matches none of it can only hold what the
-# common detectors find.
-RARE_TRIGGERS_RE2 = "|".join(d.re2_prefilter() for d in DETECTORS if not d.common)
+
+
+@functools.cache
+def screen() -> Screen:
+    """Every rare detector's triggers and the vendor rule set's keywords and probes, in one
+    RE2 Set (built once per process)."""
+    entries = [
+        e for d in DETECTORS if not d.common and d.screened is None for e in d.screen_entries()
+    ]
+    return Screen([*entries, *screen_entries(default_rules())])
 
 
 def _placeholder_spans(text: str, config: ScrubConfig) -> list[tuple[int, int]]:
@@ -149,10 +161,10 @@ def detect(
     config: ScrubConfig,
     detectors: Sequence[Detector],
     ignore_placeholders: bool = True,
-    pretriggered: Sequence[Detector] = (),
 ) -> list[Hit]:
     """Non-overlapping hits sorted by position; on overlap the stronger detector wins.
-    `pretriggered` detectors run without their prefilter (run() evaluated it in Arrow)."""
+    Rare detectors run where the screen saw their triggers, common ones where their own
+    prefilter fires."""
     lowered: list[str] = []  # computed once, only if a case-insensitive trigger asks
 
     def fold() -> str:
@@ -160,11 +172,20 @@ def detect(
             lowered.append(folded(text))
         return lowered[0]
 
+    screened = screen().screen(text)
     ranked: list[tuple[int, int, int, Hit]] = []
-    for det in (*pretriggered, *detectors):
-        if det not in pretriggered and not det.triggered(text, fold):
+    for det in detectors:
+        if det.screened is not None:
+            found = det.screened(text, config, screened)
+        elif det.common:
+            if not det.triggered(text, fold):
+                continue
+            found = det.find(text, config)
+        elif f"det:{det.name}" in screened.tags:
+            found = det.find(text, config)
+        else:
             continue
-        for hit in det.find(text, config):
+        for hit in found:
             if hit.end > hit.start:
                 priority = det.priority if hit.priority is None else hit.priority
                 ranked.append((priority, hit.start, -hit.end, hit))

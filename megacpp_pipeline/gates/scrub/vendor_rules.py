@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import math
 import re
 import tomllib
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from megacpp_pipeline.gates.scrub.plausibility import (
     on_include_line,
     plausible_secret,
 )
+from megacpp_pipeline.gates.scrub.screen import Screen, Screened, ScreenEntry
 
 if TYPE_CHECKING:
     from megacpp_pipeline.gates.scrub.config import ScrubConfig
@@ -56,6 +58,20 @@ class VendorRulesError(ValueError):
 _OPTIONAL_LEAD = re.compile(r"(?P<flags>\(\?[a-z]+\))?\[[^\]]+\]\{0,\d+\}\?")
 
 
+def probe_pattern(pattern: str) -> str:
+    """A necessary condition for `pattern` to match, cheaper to scan for: without a leading
+    lazy optional run or a leading `\\b` (neither can make a text match that otherwise
+    would not), so RE2 can skip ahead to the first literal."""
+    lead = _OPTIONAL_LEAD.match(pattern)
+    if lead is not None:
+        pattern = (lead.group("flags") or "") + pattern[lead.end() :]
+    flags = re.match(r"\(\?[a-z]+\)", pattern)
+    head = flags.end() if flags else 0
+    if pattern.startswith("\\b", head):
+        pattern = pattern[:head] + pattern[head + 2 :]
+    return pattern
+
+
 def _program(pattern: str, never_capture: bool = False) -> Any:
     options = _re2.RE2.Options()
     options.log_errors = False
@@ -74,9 +90,7 @@ class _Regex:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.program = _program(pattern)
-        lead = _OPTIONAL_LEAD.match(pattern)
-        probe = (lead.group("flags") or "") + pattern[lead.end() :] if lead else pattern
-        self.probe = _program(probe, never_capture=True)
+        self.probe = _program(probe_pattern(pattern), never_capture=True)
 
     def spans(self, data: bytes) -> Iterator[list[tuple[int, int]]]:
         if not self.search(data):
@@ -123,6 +137,9 @@ class VendorRule:
     allowlists: tuple[Allowlist, ...]
     kind: Kind
     generic: bool  # names a credential by what it is called, not by its issuer's format
+    # woken by a word C++ is full of (`key`, `ey`, `s.`): the screen asks for the rule's own
+    # probe too, so it runs only where it can match
+    screened: bool = False
     # gitleaks runs this rule only on files whose path matches; the gate applies it to any
     # text, since what it scans is C++ and such content (a .tf block, a nuget.config entry,
     # a Kubernetes Secret) only ever reaches it pasted into a C++ file
@@ -211,9 +228,16 @@ def load_rules(path: Path = GITLEAKS_FILE, sha256: str = GITLEAKS_SHA256) -> Rul
                 tuple(allowlists),
                 _kind(rule_id),
                 rule_id.startswith("generic"),
-                raw.get("path"),
+                path_condition=raw.get("path"),
             )
         )
+    # the generic rule's keywords are the ordinary words credentials are called by; those and
+    # keywords of three characters or fewer are in most C++ files
+    common_words = {k for r in rules if r.generic for k in r.keywords}
+    rules = [
+        replace(r, screened=any(k in common_words or len(k) <= 3 for k in r.keywords))
+        for r in rules
+    ]
     keywords = sorted({k for r in rules for k in r.keywords})
     index = {k: i for i, k in enumerate(keywords)}
     by_keyword: list[list[int]] = [[] for _ in keywords]
@@ -317,10 +341,32 @@ def rule_matches(
 # separator, then a long random tail (`gsk_…`, `r8_…`, `key-…`, `123456:AA…`), standing alone
 # as a whole literal or word
 _PREFIXED_TOKEN = _Regex(
-    r"(?:^|[\s\"'`=:(,{\[])(?P<token>[A-Za-z0-9]{2,12}(?:[_.\-][A-Za-z0-9]{1,12}){0,2}"
-    r"[_.:\-][A-Za-z0-9_\-]{20,200})(?:[\s\"'`;,)}\]]|\\[nr]|$)"
+    # unbounded loops keep RE2's automaton small; _prefixed_token checks the lengths
+    r"(?:^|[\s\"'`=:(,{\[])(?P<token>[A-Za-z0-9]+(?:[_.\-][A-Za-z0-9]+)*"
+    # a tail that starts with a long unbroken run: C++ names break theirs at `_`
+    r"[_.:\-][A-Za-z0-9]{12}[A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)"
+    r"(?:[\s\"'`;,)}\]]|\\[nr]|$)"
+)
+# what the screen looks for before the token regex runs at all: some separator followed by a
+# tail that could pass _random_tail (digits and both cases in any order, letters flipping
+# case in short runs, or 32 hex digits); far rarer in C++ than the token regex's matches
+_ANY = "[A-Za-z0-9]*"
+_TAIL_SCREEN = "|".join(
+    [
+        *(
+            _ANY + a + _ANY + b + _ANY + c
+            for a, b, c in itertools.permutations((r"\d", "[A-Z]", "[a-z]"))
+        ),
+        r"[A-Za-z]*(?:[A-Z]{1,4}[a-z]{1,4}){5}",
+        "[0-9a-f]{32}",
+        "[0-9A-F]{32}",
+    ]
+)
+PREFIXED_SCREEN = (
+    r"(?:^|[\s\"'`=:(,{\[])[A-Za-z0-9]+(?:[_.\-][A-Za-z0-9]+)*[_.:\-](?:" + _TAIL_SCREEN + ")"
 )
 _SEPARATORS = "_.:-"
+_PREFIX = re.compile(r"[A-Za-z0-9]{2,12}(?:[_.\-][A-Za-z0-9]{1,12}){0,2}")
 _HEX_TAIL = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")
 # a digest's or an id's label before hex is not an issuer's prefix (`sha256-…`, `git-…`)
 _DIGEST_LABEL = re.compile(
@@ -330,8 +376,26 @@ _UUID_TAIL = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 PREFIXED_TOKEN_DETECTOR = "prefixed_token"
 
 
+_WORD_RUN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d{1,4}")
+
+
+def _wordlike(segment: str) -> bool:
+    """`BuiltIn2BuiltIn`, `EDITION`, `3rd`, `S60`: words and numbers, where a random
+    segment (`Kx8uY2dPq9`) falls apart into one-letter pieces."""
+    runs = _WORD_RUN.findall(segment)
+    if "".join(runs) != segment:
+        return False
+    return sum(len(r) == 1 and r.isalpha() for r in runs) <= 1
+
+
+def _identifier_like(tail: str) -> bool:
+    """`TYPEOF_MAKE_OBJ_unsignedchar`: a macro or function name, not random."""
+    segments = [x for x in re.split(r"[_-]+", tail) if x]
+    return len(segments) >= 2 and all(_wordlike(x) for x in segments)
+
+
 def _random_tail(tail: str) -> bool:
-    if len(tail) < 20 or _UUID_TAIL.search(tail):
+    if len(tail) < 20 or _UUID_TAIL.search(tail) or _identifier_like(tail):
         return False
     if _HEX_TAIL.fullmatch(tail):
         return shannon_entropy(tail) >= 3.3
@@ -348,8 +412,12 @@ def _random_tail(tail: str) -> bool:
 
 def _prefixed_token(token: str) -> bool:
     """Some split of the token into a short prefix and a random tail."""
-    for i, c in enumerate(token[:32]):
-        if c in _SEPARATORS and i >= 2:
+    if not 23 <= len(token) <= 256:
+        return False
+    if (token.isupper() or token.islower()) and not _HEX_TAIL.search(token):
+        return False  # one case: only a hex tail can be random
+    for i, c in enumerate(token[:40]):
+        if c in _SEPARATORS and i >= 2 and _PREFIX.fullmatch(token, 0, i):
             prefix, tail = token[:i], token[i + 1 :]
             if _DIGEST_LABEL.fullmatch(prefix.split("-")[-1]):
                 return False  # `SHA256:…` (an ssh fingerprint), `sha512-…` (SRI)
@@ -368,7 +436,9 @@ def _prefixed_tokens(text: str, data: bytes) -> Iterator[tuple[int, int]]:
 
 # ---- adjacent literals: `"sk-ant-api03-" "Xy…"` is one token to the compiler and to a reader
 
-_JOINT = re.compile(r'"[ \t]*+(?:\r?\n[ \t]*+){0,2}(?:L|u8|u|U)?"')
+# (token characters on both sides: `<< " " <<` is a literal space, not a joint)
+_JOINT = re.compile(r'"[ \t]*+(?:\r?\n[ \t]*+){0,2}(?:L|u8|u|U)?"(?=[A-Za-z0-9_\-+/])')
+_TOKEN_END = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-+/=.")
 _LITERAL_BEFORE = re.compile(r'"((?:[^"\\\n]|\\.){0,300})\Z')
 _LITERAL_AFTER = re.compile(r'(?:[^"\\\n]|\\.){0,300}(?=")')
 
@@ -377,6 +447,9 @@ def _joined_literals(text: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
     """Each chain of adjacent literals as (joined content, the pieces' spans in text)."""
     pos = 0
     while (joint := _JOINT.search(text, pos)) is not None:
+        if not joint.start() or text[joint.start() - 1] not in _TOKEN_END:
+            pos = joint.start() + 1
+            continue
         before = _LITERAL_BEFORE.search(text, max(0, joint.start() - 302), joint.start())
         if before is None:
             pos = joint.end()
@@ -411,23 +484,72 @@ def _to_text(pieces: list[tuple[int, int]], start: int, end: int) -> tuple[int, 
     return bounds[first][2] + start - bounds[first][0], bounds[last][2] + end - bounds[last][0]
 
 
-def _raw_hits(text: str, config: ScrubConfig) -> Iterator[Hit]:
+PREFIXED_TAG = "prefixed"
+
+
+def screen_entries(rules: RuleSet) -> list[ScreenEntry]:
+    """What the one-pass screen must look for on the rule set's behalf: every keyword, the
+    probe of every screened rule, and the issuer-shaped token."""
+    entries = [ScreenEntry(f"kw:{k}", k, literal=True, ignore_case=True) for k in rules.keywords]
+    entries += [
+        ScreenEntry(f"probe:{r.id}", probe_pattern(r.regex.pattern))
+        for r in rules.rules
+        if r.screened
+    ]
+    entries.append(ScreenEntry(PREFIXED_TAG, PREFIXED_SCREEN))
+    return entries
+
+
+@functools.cache
+def _own_screen() -> Screen:
+    return Screen(screen_entries(default_rules()))
+
+
+@functools.cache
+def _rules_by_tag() -> dict[str, tuple[int, ...]]:
     rules = default_rules()
-    data = text.encode()
-    for rule in candidate_rules(data, rules):
+    return {f"kw:{k}": rules.rules_by_keyword[i] for i, k in enumerate(rules.keywords)}
+
+
+def _screened_rules(rules: RuleSet, tags: frozenset[str]) -> list[VendorRule]:
+    by_tag = _rules_by_tag()
+    chosen = set(rules.unkeyed)
+    for tag in tags:
+        chosen.update(by_tag.get(tag, ()))
+    picked = [rules.rules[i] for i in sorted(chosen)]
+    return [r for r in picked if not r.screened or f"probe:{r.id}" in tags]
+
+
+def _raw_hits(
+    text: str, data: bytes, candidates: Sequence[VendorRule], prefixed: bool
+) -> Iterator[Hit]:
+    rules = default_rules()
+    for rule in candidates:
         for start, end in rule_matches(text, rule, rules, data):
             priority = GENERIC_RULE_PRIORITY if rule.generic else None
             yield Hit(start, end, rule.kind, rule.detector, priority)
-    for start, end in _prefixed_tokens(text, data):
-        yield Hit(start, end, Kind.API_KEY, PREFIXED_TOKEN_DETECTOR, PREFIXED_TOKEN_PRIORITY)
+    if prefixed:
+        for start, end in _prefixed_tokens(text, data):
+            yield Hit(start, end, Kind.API_KEY, PREFIXED_TOKEN_DETECTOR, PREFIXED_TOKEN_PRIORITY)
 
 
 def find_vendor_rule_secrets(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    """The finder on its own (screening the text itself); the gate calls
+    find_screened_vendor_secrets with the shared screen's result."""
+    yield from find_screened_vendor_secrets(text, config, _own_screen().screen(text))
+
+
+def find_screened_vendor_secrets(
+    text: str, config: ScrubConfig, screened: Screened
+) -> Iterator[Hit]:
     """Every rule's secrets, and tokens of an issuer's shape no rule knows, in the text and
     across adjacent literals, minus the C++ look-alikes the gate keeps whoever found them
     (`#include` lines, hashes and interface ids in their context); the generic rule's
     values must also pass the same plausibility as a value bound to a credential name."""
-    for hit in _raw_hits(text, config):
+    rules = default_rules()
+    candidates = _screened_rules(rules, screened.tags)
+    prefixed = PREFIXED_TAG in screened.tags
+    for hit in _raw_hits(text, screened.data, candidates, prefixed):
         start, end = hit.start, hit.end
         if end - start > 2 and text[start] in "\"'`" and text[end - 1] == text[start]:
             start, end = start + 1, end - 1  # a rule whose group takes the quotes too
@@ -439,10 +561,9 @@ def find_vendor_rule_secrets(text: str, config: ScrubConfig) -> Iterator[Hit]:
         if hit.priority == GENERIC_RULE_PRIORITY and not plausible_secret(value, hit.kind, config):
             continue
         yield Hit(start, end, hit.kind, hit.detector, hit.priority)
-    if '" ' not in text and '"\n' not in text and '""' not in text:
-        return
     for joined, pieces in _joined_literals(text):
-        for hit in _raw_hits(joined, config):
+        data = joined.encode()
+        for hit in _raw_hits(joined, data, candidate_rules(data, rules), True):
             span = _to_text(pieces, hit.start, hit.end)
             if span is not None and not on_include_line(text, span[0]):
                 yield Hit(*span, hit.kind, hit.detector, hit.priority)
