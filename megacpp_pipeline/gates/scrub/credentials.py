@@ -373,6 +373,12 @@ def _unquoted_value(text: str, start: int, end: int) -> tuple[int, int, bool] | 
             return (*define, False)
         return _prose_value(text, start, end)
     value_start, value_end = m.span("value")
+    if text[value_end : value_end + 1] in _BRACKETS:
+        # inside a string or on a config line of its own nothing in brackets is an
+        # expression: a Django key's `(` and `)` are part of it
+        wide = _WIDE_VALUE.match(text, value_start)
+        if wide and _unquoted_context(text, start, wide.end()) in ("config", "string"):
+            value_end = max(value_end, wide.end())
     where = _unquoted_context(text, start, value_end)
     if where is None:
         return None
@@ -384,6 +390,10 @@ def _unquoted_value(text: str, start: int, end: int) -> tuple[int, int, bool] | 
     elif where == "comment" and text[value_end - 1] in ".:" and value_end - value_start > 1:
         value_end -= 1  # a sentence's full stop is not the password's
     return value_start, value_end, False
+
+
+_BRACKETS = frozenset("(){}[]<>|")
+_WIDE_VALUE = re.compile(r"[^\s\"'`\\;,]{1,256}")
 
 
 # `password X`, `password is X`, `rootpw --plaintext X`, netrc's `machine h login u password X`

@@ -139,7 +139,10 @@ def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
             _SECTION_BEFORE.search(before) or _SECTION_AFTER.match(text, end)
         ):
             continue
-        small = all(int(octet) <= config.version_like_max_octet for octet in value.split("."))
+        octets = [int(octet) for octet in value.split(".")]
+        # the standard's clause numbers (`18.11.2.7`) start below 40; a quad that starts
+        # higher and has no version word before it is an address
+        small = octets[0] < 40 and all(o <= config.version_like_max_octet for o in octets)
         if small and not _is_network_context(text, start, end):
             continue
         yield Hit(start, end, Kind.IP_ADDRESS, "ipv4")

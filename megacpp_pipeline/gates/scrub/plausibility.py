@@ -154,7 +154,9 @@ def _looks_like_path(value: str) -> bool:
 def _is_placeholder(value: str) -> bool:
     """`<password>`, `${DB_PASSWORD}`, `$TOKEN`, `%API_KEY%`, `@DB_PASS@`, `****`, `changeme`,
     `YourPassword`: a value to fill in, not a value."""
-    if _TEMPLATE.search(value) or _PLACEHOLDER.fullmatch(value):
+    if _PLACEHOLDER.fullmatch(value):
+        return True
+    if _TEMPLATE.search(value) and not _random_blob(value):  # `$(` in a Django key is noise
         return True
     if "".join(c for c in value.lower() if c.isalnum()) in _PLACEHOLDER_WORDS:
         return True
@@ -183,12 +185,31 @@ def _names_something(value: str) -> bool:
     )
 
 
+# a word run into two or more digits (`maple297`, `Falcon01`), as a policy makes people pick
+_WORD_AND_NUMBER = re.compile(r"[A-Za-z]{3,}\d{2,}[A-Za-z]{0,3}|\d{2,}[A-Za-z]{3,}")
+_SHORT_PART = re.compile(r"[A-Za-z]{1,3}|\d{1,4}")
+
+
+def _password_shaped(value: str) -> bool:
+    """`maple297_xw`, `tundra14-X`, `Orbit66-Se`: a word with a number, then a few more
+    characters, joined by `-` or `_`: a name's shape, but a password's parts (identifiers
+    put digits in a word as `utf8`, `int32`, `v2`, not as a word and a number)."""
+    parts = [p for p in _NAME_SEPARATOR.split(value) if p]
+    return (
+        len(parts) >= 2
+        and any(_WORD_AND_NUMBER.fullmatch(p) for p in parts)
+        and any(_SHORT_PART.fullmatch(p) for p in parts)
+    )
+
+
 def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = False) -> bool:
     """False for values that name something rather than being a secret, for placeholders and
     for format strings; `bare` (unquoted) values must not be plain numbers either."""
     if not value or "\\" in value or any(c.isspace() for c in value):
         return False
-    if _is_placeholder(value) or _names_something(value):
+    if _is_placeholder(value):
+        return False
+    if _names_something(value) and not (kind is Kind.PASSWORD and _password_shaped(value)):
         return False
     if _FORMAT.search(value):
         # `%s`, `user=%s`, `v%d.%d`, `{}:{}` hold nothing but a word around the conversions;
@@ -245,7 +266,7 @@ def random_looking(value: str, kind: Kind, config: ScrubConfig) -> bool:
         )
     return (
         len(value) >= config.min_random_key_length
-        and any(c.isdigit() for c in value)
+        and (any(c.isdigit() for c in value) or character_classes(value) >= 3)
         and character_classes(value) >= 2
         and not _ALL_HEX.fullmatch(value)
         and _shannon_entropy(value) >= config.min_random_key_entropy

@@ -37,9 +37,11 @@ GITLEAKS_FILE = VENDOR_DIR / "gitleaks.toml"
 GITLEAKS_SHA256 = "e163e53b9e7e8a8511e77271e2b323ed057759542a6d988258afe3a1fa329caf"
 DETECTOR_PREFIX = "gitleaks:"
 GENERIC_RULE_PRIORITY = 5  # see detectors.DETECTORS
-PREFIXED_TOKEN_PRIORITY = 3  # after the rules that know the issuer, before name-bound values
+# a guess from shape alone: after every finder that read a name or a structure
+PREFIXED_TOKEN_PRIORITY = 5
 
 _UNANCHORED = _re2.RE2.Anchor.UNANCHORED
+_ANCHOR_START = _re2.RE2.Anchor.ANCHOR_START
 
 
 class VendorRulesError(ValueError):
@@ -343,8 +345,8 @@ def rule_matches(
 _PREFIXED_TOKEN = _Regex(
     # unbounded loops keep RE2's automaton small; _prefixed_token checks the lengths
     r"(?:^|[\s\"'`=:(,{\[])(?P<token>[A-Za-z0-9]+(?:[_.\-][A-Za-z0-9]+)*"
-    # a tail that starts with a long unbroken run: C++ names break theirs at `_`
-    r"[_.:\-][A-Za-z0-9]{12}[A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)"
+    # (only files the screen's strict tail probe passed get here)
+    r"[_.:\-][A-Za-z0-9]+(?:[_\-][A-Za-z0-9]+)*)"
     r"(?:[\s\"'`;,)}\]]|\\[nr]|$)"
 )
 # what the screen looks for before the token regex runs at all: some separator followed by a
@@ -358,6 +360,9 @@ _TAIL_SCREEN = "|".join(
             for a, b, c in itertools.permutations((r"\d", "[A-Z]", "[a-z]"))
         ),
         r"[A-Za-z]*(?:[A-Z]{1,4}[a-z]{1,4}){5}",
+        # one case, letters and digits alternating again and again: base36 (`NRAK-…`)
+        "[0-9]*(?:[A-Z]+[0-9]+){3}",
+        "[0-9]*(?:[a-z]+[0-9]+){3}",
         "[0-9a-f]{32}",
         "[0-9A-F]{32}",
     ]
@@ -368,6 +373,7 @@ PREFIXED_SCREEN = (
 _SEPARATORS = "_.:-"
 _PREFIX = re.compile(r"[A-Za-z0-9]{2,12}(?:[_.\-][A-Za-z0-9]{1,12}){0,2}")
 _HEX_TAIL = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")
+_HEX_GROUPS = re.compile(r"[0-9a-f]+(?:-[0-9a-f]+)+")  # `PMAK-<24 hex>-<34 hex>`
 # a digest's or an id's label before hex is not an issuer's prefix (`sha256-…`, `git-…`)
 _DIGEST_LABEL = re.compile(
     r"(?i:sha\d*|md5|blake\w*|xxh\w*|crc\d*|git|commit|rev|build|hash|digest|sum|id|uuid|guid)"
@@ -379,30 +385,39 @@ PREFIXED_TOKEN_DETECTOR = "prefixed_token"
 _WORD_RUN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d{1,4}")
 
 
-def _wordlike(segment: str) -> bool:
-    """`BuiltIn2BuiltIn`, `EDITION`, `3rd`, `S60`: words and numbers, where a random
-    segment (`Kx8uY2dPq9`) falls apart into one-letter pieces."""
+def _single_letters(segment: str) -> int | None:
+    """One-letter pieces of a segment split into words and numbers, or None if it has more
+    than one number in it (`BuiltIn2BuiltIn` has one; `4lye4qk8igs` is random)."""
     runs = _WORD_RUN.findall(segment)
-    if "".join(runs) != segment:
-        return False
-    return sum(len(r) == 1 and r.isalpha() for r in runs) <= 1
+    if "".join(runs) != segment or sum(r.isdigit() for r in runs) > 1:
+        return None
+    return sum(len(r) == 1 and r.isalpha() for r in runs)
 
 
 def _identifier_like(tail: str) -> bool:
-    """`TYPEOF_MAKE_OBJ_unsignedchar`: a macro or function name, not random."""
+    """`TYPEOF_MAKE_OBJ_unsignedchar`, `subranged_BuiltIn2BuiltIn`: words and numbers, where
+    a random tail falls apart into one-letter pieces and digits everywhere."""
     segments = [x for x in re.split(r"[_-]+", tail) if x]
-    return len(segments) >= 2 and all(_wordlike(x) for x in segments)
+    singles = [_single_letters(x) for x in segments]
+    if len(segments) < 2 or any(n is None or n > 1 for n in singles):
+        return False
+    return sum(n or 0 for n in singles) <= 1
 
 
 def _random_tail(tail: str) -> bool:
     if len(tail) < 20 or _UUID_TAIL.search(tail) or _identifier_like(tail):
         return False
-    if _HEX_TAIL.fullmatch(tail):
-        return shannon_entropy(tail) >= 3.3
+    if _HEX_TAIL.fullmatch(tail) or (
+        _HEX_GROUPS.fullmatch(tail) and sum(c != "-" for c in tail) >= 32
+    ):
+        return shannon_entropy(tail.replace("-", "")) >= 3.3
     letters = [c for c in tail if c.isalpha()]
     upper = sum(c.isupper() for c in letters)
-    if not letters or upper in (0, len(letters)):
+    if not letters:
         return False
+    if upper in (0, len(letters)):  # one case: base36, if digits run all through it
+        digits = sum(c.isdigit() for c in tail)
+        return "_" not in tail and digits >= 3 and shannon_entropy(tail) >= 4.0
     if any(c.isdigit() for c in tail):
         return shannon_entropy(tail) >= 3.8
     # letters only (Hugging Face's `hf_…`): random case, not camelCase words, whose
@@ -414,8 +429,6 @@ def _prefixed_token(token: str) -> bool:
     """Some split of the token into a short prefix and a random tail."""
     if not 23 <= len(token) <= 256:
         return False
-    if (token.isupper() or token.islower()) and not _HEX_TAIL.search(token):
-        return False  # one case: only a hex tail can be random
     for i, c in enumerate(token[:40]):
         if c in _SEPARATORS and i >= 2 and _PREFIX.fullmatch(token, 0, i):
             prefix, tail = token[:i], token[i + 1 :]
@@ -426,10 +439,33 @@ def _prefixed_token(token: str) -> bool:
     return False
 
 
+_TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+
+
+@functools.cache
+def _prefixed_screen() -> _Regex:
+    return _Regex(PREFIXED_SCREEN)
+
+
 def _prefixed_tokens(text: str, data: bytes) -> Iterator[tuple[int, int]]:
+    """Tokens where the strict screen pattern starts (few), each read whole by the token
+    regex anchored there."""
     offsets = _Offsets(text, data)
-    for spans in _PREFIXED_TOKEN.spans(data):
+    pos = 0
+    for hit in _prefixed_screen().spans(data):
+        if hit[0][0] < pos:
+            continue
+        # the screen may start inside a longer token (`123:AA…_x9…`): read it whole
+        start = hit[0][0]
+        while start > 0 and data[start - 1] in _TOKEN_BYTES:
+            start -= 1
+        spans = _PREFIXED_TOKEN.program.Match(_ANCHOR_START, data, max(0, start - 1), len(data))
+        if spans[0][0] < 0:
+            spans = _PREFIXED_TOKEN.program.Match(_ANCHOR_START, data, hit[0][0], len(data))
+        if spans[0][0] < 0:
+            continue
         s_b, e_b = spans[1]
+        pos = e_b
         if _prefixed_token(data[s_b:e_b].decode()):
             yield offsets.char(s_b), offsets.char(e_b)
 
