@@ -536,15 +536,26 @@ _URL_USERINFO = re.compile(
 )
 
 
+# `https://<token>@github.com/org/repo.git` (.git-credentials, CI clone URLs): a user that is
+# a token; `git@`, `user@` are names, a random one is the credential itself
+_URL_TOKEN_USER = re.compile(r"://(?P<token>[^\s:/?#\[\]@\"'<>`\\]{16,256})@(?=[\w\[])")
+
+
 def find_url_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
     for m in _URL_USERINFO.finditer(text):
         start, end = m.span("password")
         if not on_include_line(text, start):
             yield from _hit(text, start, end, Kind.PASSWORD, config, True, "", "url_password")
+    for m in _URL_TOKEN_USER.finditer(text):
+        start, end = m.span("token")
+        if not on_include_line(text, start):
+            yield from _hit(
+                text, start, end, Kind.API_KEY, config, True, "", "url_token", random_only=True
+            )
 
 
 # the URL finder's prefilter: starts with a literal, so `re` skips ahead fast
-URL_USERINFO_TRIGGER = re.compile(r"://[^\s/@]*:[^\s/@]*@")
+URL_USERINFO_TRIGGER = re.compile(r"://[^\s/@]*@")
 
 
 # ---- credentials by the structure of the line that holds them, whatever it is called

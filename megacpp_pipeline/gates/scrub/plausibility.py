@@ -195,11 +195,10 @@ def _password_shaped(value: str) -> bool:
     characters, joined by `-` or `_`: a name's shape, but a password's parts (identifiers
     put digits in a word as `utf8`, `int32`, `v2`, not as a word and a number)."""
     parts = [p for p in _NAME_SEPARATOR.split(value) if p]
-    return (
-        len(parts) >= 2
-        and any(_WORD_AND_NUMBER.fullmatch(p) for p in parts)
-        and any(_SHORT_PART.fullmatch(p) for p in parts)
-    )
+    if not any(_WORD_AND_NUMBER.fullmatch(p) for p in parts):
+        return False
+    # `river854_`, `Quartz356-`: a separator left over at an end is a symbol picked to pass
+    return value[-1] in "-_" or (len(parts) >= 2 and any(_SHORT_PART.fullmatch(p) for p in parts))
 
 
 def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = False) -> bool:
@@ -224,6 +223,35 @@ def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = F
     if len(value) < config.min_key_length or not _KEY_CHARS.fullmatch(value):
         return False
     return _shannon_entropy(value) >= config.min_key_entropy
+
+
+_WORD_RUN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d{1,4}")
+_WORD_SEPARATORS = re.compile(r"[_-]+")
+
+
+def _single_letters(segment: str) -> int | None:
+    """One-letter pieces of a segment read as words and numbers, or None if it does not
+    read so: not made of such pieces, or a third number in it (`BuiltIn2BuiltIn`, `32x2`
+    read as words; `4lye4qk8igs` is random)."""
+    runs = _WORD_RUN.findall(segment)
+    if "".join(runs) != segment or sum(r.isdigit() for r in runs) > 2:
+        return None
+    return sum(len(r) == 1 and r.isalpha() for r in runs)
+
+
+def identifier_like(value: str) -> bool:
+    """`TYPEOF_MAKE_OBJ_unsignedchar`, `__boost_threefry_engine_32x2`,
+    `IndexedBidirectional1DIteratorConcept`: words and numbers, where random text falls
+    apart into one-letter pieces and digits everywhere."""
+    segments = [x for x in _WORD_SEPARATORS.split(value) if x]
+    singles = [_single_letters(x) for x in segments]
+    if not segments or any(n is None or n > 1 for n in singles):
+        return False
+    letters = [len(r) for x in segments for r in _WORD_RUN.findall(x) if r.isalpha()]
+    # words are long (`unsignedchar`, `Iterator`); random text's letter runs average ~2
+    return (
+        sum(n or 0 for n in singles) <= 2 and bool(letters) and sum(letters) >= 3.5 * len(letters)
+    )
 
 
 _ALL_HEX = re.compile(r"[0-9a-fA-F]+")
@@ -258,6 +286,8 @@ def random_looking(value: str, kind: Kind, config: ScrubConfig) -> bool:
     if not plausible_secret(value, kind, config, bare=True):
         return False
     if _HOST_PORT_OR_TAG.fullmatch(value) or _is_address(value):
+        return False
+    if identifier_like(value) and not (kind is Kind.PASSWORD and _password_shaped(value)):
         return False
     if kind is Kind.PASSWORD:
         return (

@@ -21,6 +21,7 @@ from re2 import _re2
 
 from megacpp_pipeline.gates.scrub.hits import Hit, Kind
 from megacpp_pipeline.gates.scrub.plausibility import (
+    identifier_like,
     is_hash_or_uuid,
     on_include_line,
     plausible_secret,
@@ -376,36 +377,15 @@ _HEX_TAIL = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")
 _HEX_GROUPS = re.compile(r"[0-9a-f]+(?:-[0-9a-f]+)+")  # `PMAK-<24 hex>-<34 hex>`
 # a digest's or an id's label before hex is not an issuer's prefix (`sha256-…`, `git-…`)
 _DIGEST_LABEL = re.compile(
-    r"(?i:sha\d*|md5|blake\w*|xxh\w*|crc\d*|git|commit|rev|build|hash|digest|sum|id|uuid|guid)"
+    r"(?i:sha\d*|md5|blake\w*|xxh\w*|crc\d*|git|commit|rev|build|hash|digest|sum|id|uuid|guid"
+    r"|diff)"
 )
 _UUID_TAIL = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 PREFIXED_TOKEN_DETECTOR = "prefixed_token"
 
 
-_WORD_RUN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d{1,4}")
-
-
-def _single_letters(segment: str) -> int | None:
-    """One-letter pieces of a segment split into words and numbers, or None if it has more
-    than one number in it (`BuiltIn2BuiltIn` has one; `4lye4qk8igs` is random)."""
-    runs = _WORD_RUN.findall(segment)
-    if "".join(runs) != segment or sum(r.isdigit() for r in runs) > 1:
-        return None
-    return sum(len(r) == 1 and r.isalpha() for r in runs)
-
-
-def _identifier_like(tail: str) -> bool:
-    """`TYPEOF_MAKE_OBJ_unsignedchar`, `subranged_BuiltIn2BuiltIn`: words and numbers, where
-    a random tail falls apart into one-letter pieces and digits everywhere."""
-    segments = [x for x in re.split(r"[_-]+", tail) if x]
-    singles = [_single_letters(x) for x in segments]
-    if len(segments) < 2 or any(n is None or n > 1 for n in singles):
-        return False
-    return sum(n or 0 for n in singles) <= 1
-
-
 def _random_tail(tail: str) -> bool:
-    if len(tail) < 20 or _UUID_TAIL.search(tail) or _identifier_like(tail):
+    if len(tail) < 20 or _UUID_TAIL.search(tail) or identifier_like(tail):
         return False
     if _HEX_TAIL.fullmatch(tail) or (
         _HEX_GROUPS.fullmatch(tail) and sum(c != "-" for c in tail) >= 32
@@ -417,7 +397,7 @@ def _random_tail(tail: str) -> bool:
         return False
     if upper in (0, len(letters)):  # one case: base36, if digits run all through it
         digits = sum(c.isdigit() for c in tail)
-        return "_" not in tail and digits >= 3 and shannon_entropy(tail) >= 4.0
+        return "_" not in tail and digits >= 3 and shannon_entropy(tail) >= 3.7
     if any(c.isdigit() for c in tail):
         return shannon_entropy(tail) >= 3.8
     # letters only (Hugging Face's `hf_…`): random case, not camelCase words, whose
@@ -425,9 +405,17 @@ def _random_tail(tail: str) -> bool:
     return 0.3 <= upper / len(letters) <= 0.7 and shannon_entropy(tail) >= 4.2
 
 
+# a C++ number (`0x1.19ae7cc6c0211df5e417p-1`, a hex float) is not a token
+_NUMBER_LITERAL = re.compile(
+    r"0[xX][0-9a-fA-F.']+(?:[pP][-+]?\d+)?[fFlLuU]*|\d[\d.']*(?:[eE][-+]?\d+)?[fFlLuU]*"
+)
+
+
 def _prefixed_token(token: str) -> bool:
     """Some split of the token into a short prefix and a random tail."""
-    if not 23 <= len(token) <= 256:
+    if not 23 <= len(token) <= 256 or _UUID_TAIL.search(token):
+        return False
+    if _NUMBER_LITERAL.fullmatch(token):
         return False
     for i, c in enumerate(token[:40]):
         if c in _SEPARATORS and i >= 2 and _PREFIX.fullmatch(token, 0, i):
@@ -466,6 +454,13 @@ def _prefixed_tokens(text: str, data: bytes) -> Iterator[tuple[int, int]]:
             continue
         s_b, e_b = spans[1]
         pos = e_b
+        # on a preprocessor line only a quoted token is data (`#ifndef GUARD_<hex>` is a name)
+        line_start = data.rfind(b"\n", 0, s_b) + 1
+        if data[line_start:s_b].lstrip().startswith(b"#") and data[s_b - 1 : s_b] not in (
+            b'"',
+            b"'",
+        ):
+            continue
         if _prefixed_token(data[s_b:e_b].decode()):
             yield offsets.char(s_b), offsets.char(e_b)
 
