@@ -405,9 +405,17 @@ _PROSE_AFTER = re.compile(
 _NETRC_HEAD = re.compile(r"(?:^|[\s\"'])(?:machine|default|login|account)[ \t]")
 
 
+# `pass` and `pw` alone are verbs and units in prose (`pass AddNull=false`, `pass %m/%d/%Y`)
+_PROSE_NAME_TOO_SHORT = frozenset({"pass", "pw"})
+# `AddNull=false`, `desiredCapacityHint=0`: an argument in prose, not a password
+_KEY_VALUE = re.compile(r"[A-Za-z_]\w*=(?i:true|false|null|nullptr|none|yes|no|on|off|\d+)")
+
+
 def _prose_value(text: str, start: int, end: int) -> tuple[int, int, bool] | None:
+    if text[start:end].lower() in _PROSE_NAME_TOO_SHORT:
+        return None
     m = _PROSE_AFTER.match(text, end)
-    if m is None:
+    if m is None or _KEY_VALUE.fullmatch(m.group("value")):
         return None
     value_start, value_end = m.span("value")
     where = _unquoted_context(text, start, value_end)

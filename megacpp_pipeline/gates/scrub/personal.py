@@ -114,6 +114,8 @@ _SECTION_BEFORE = re.compile(
     r"|c\+\+\s*\d\d|\bn\d{4}"
 )
 _SECTION_AFTER = re.compile(r"\]|/\d{1,2}(?!\d)")
+# `(43.4.2.2 in the 802.3ad standard)`: a clause of a standard named after it
+_SECTION_LATER = re.compile(r"(?i)\b(?:standard|spec(?:ification)?|clause|section)\b")
 
 
 def _is_public(value: str, config: ScrubConfig) -> bool:
@@ -136,7 +138,9 @@ def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
         if _VERSION_CONTEXT.search(before):
             continue
         if "://" not in before and (
-            _SECTION_BEFORE.search(before) or _SECTION_AFTER.match(text, end)
+            _SECTION_BEFORE.search(before)
+            or _SECTION_AFTER.match(text, end)
+            or _SECTION_LATER.search(text, end, min(end + 40, line_bounds(text, end)[1]))
         ):
             continue
         octets = [int(octet) for octet in value.split(".")]

@@ -163,6 +163,10 @@ def _is_placeholder(value: str) -> bool:
     return _PLACEHOLDER_LEAD.match(value) is not None
 
 
+# `CRMFEncryptedKey*`, `uint8_t*` (not `Quartz2050*`: a word and a number is a password's)
+_POINTER_TYPE = re.compile(r"[A-Za-z_](?:[A-Za-z_:]|\d(?!\d))*[*&]+")
+
+
 def _random_blob(value: str) -> bool:
     """Long, dense and symbol-rich (a Django `SECRET_KEY` holds `(` and `)`): no call or
     subscript reads like this."""
@@ -180,6 +184,7 @@ def _names_something(value: str) -> bool:
         )
         or _VERSION_VALUE.fullmatch(value)
         or (_EXPRESSION.search(value) and not _random_blob(value))
+        or _POINTER_TYPE.fullmatch(value)
         or _looks_like_code_name(value)
         or _looks_like_path(value)
     )
@@ -187,18 +192,13 @@ def _names_something(value: str) -> bool:
 
 # a word run into two or more digits (`maple297`, `Falcon01`), as a policy makes people pick
 _WORD_AND_NUMBER = re.compile(r"[A-Za-z]{3,}\d{2,}[A-Za-z]{0,3}|\d{2,}[A-Za-z]{3,}")
-_SHORT_PART = re.compile(r"[A-Za-z]{1,3}|\d{1,4}")
 
 
 def _password_shaped(value: str) -> bool:
-    """`maple297_xw`, `tundra14-X`, `Orbit66-Se`: a word with a number, then a few more
-    characters, joined by `-` or `_`: a name's shape, but a password's parts (identifiers
-    put digits in a word as `utf8`, `int32`, `v2`, not as a word and a number)."""
-    parts = [p for p in _NAME_SEPARATOR.split(value) if p]
-    if not any(_WORD_AND_NUMBER.fullmatch(p) for p in parts):
-        return False
-    # `river854_`, `Quartz356-`: a separator left over at an end is a symbol picked to pass
-    return value[-1] in "-_" or (len(parts) >= 2 and any(_SHORT_PART.fullmatch(p) for p in parts))
+    """`Summer2024`, `maple297_xw`, `tundra14-X`: a word run into a number of two or more
+    digits: a name's shape, but a password's (identifiers put digits in a word as `utf8`,
+    `v2`, `x86`, rarely as a word and a number)."""
+    return any(_WORD_AND_NUMBER.fullmatch(p) for p in _NAME_SEPARATOR.split(value) if p)
 
 
 def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = False) -> bool:
@@ -208,8 +208,11 @@ def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = F
         return False
     if _is_placeholder(value):
         return False
-    if _names_something(value) and not (kind is Kind.PASSWORD and _password_shaped(value)):
+    password_shaped = kind is Kind.PASSWORD and _password_shaped(value)
+    if _names_something(value) and not password_shaped:
         return False
+    if bare and identifier_like(value) and not password_shaped:
+        return False  # `#define hmac_set_key nettle_hmac_set_key`: an alias, not a key
     if _FORMAT.search(value):
         # `%s`, `user=%s`, `v%d.%d`, `{}:{}` hold nothing but a word around the conversions;
         # a password that happens to hold `%d` (`x9%dQm!`) still has more than a word left
@@ -247,10 +250,16 @@ def identifier_like(value: str) -> bool:
     singles = [_single_letters(x) for x in segments]
     if not segments or any(n is None or n > 1 for n in singles):
         return False
-    letters = [len(r) for x in segments for r in _WORD_RUN.findall(x) if r.isalpha()]
-    # words are long (`unsignedchar`, `Iterator`); random text's letter runs average ~2
+    runs = [r for x in segments for r in _WORD_RUN.findall(x) if r.isalpha()]
+    letters = sum(len(r) for r in runs)
+    vowels = sum(c in "aeiouAEIOU" for r in runs for c in r)
+    # words are long (`unsignedchar`, `Iterator`; random text's letter runs average ~2)
+    # and pronounceable (a quarter or more vowels; random letters have a fifth)
     return (
-        sum(n or 0 for n in singles) <= 2 and bool(letters) and sum(letters) >= 3.5 * len(letters)
+        sum(n or 0 for n in singles) <= 1
+        and bool(runs)
+        and letters >= 3.5 * len(runs)
+        and vowels >= 0.25 * letters
     )
 
 
