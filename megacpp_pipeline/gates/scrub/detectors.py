@@ -104,9 +104,9 @@ DETECTORS: tuple[Detector, ...] = (
         Detector(pats[0].name, 2, vendor_finder(pats), triggers=trig, ignore_case=ic)
         for trig, ic, pats in VENDOR_KEYS
     ),
-    Detector(
-        "url_password", 3, find_url_password, trigger_regexes=(URL_USERINFO_TRIGGER,), common=True
-    ),
+    # URLs and dotted numbers are in most C++ files; the screen's RE2 pass finds them
+    # cheaper than `re` per file
+    _structural("url_password", 3, find_url_password, URL_USERINFO_TRIGGER),
     # provider rules rank with the vendor tokens (2); the generic rule after the name-bound
     # finders (GENERIC_RULE_PRIORITY), whose C++-aware value spans it must not cut short
     Detector("vendor_rules", 2, find_vendor_rule_secrets, screened=find_screened_vendor_secrets),
@@ -122,16 +122,7 @@ DETECTORS: tuple[Detector, ...] = (
         triggers=("/home/", "/tmp/", "users/", "users\\", "documents and settings"),
         ignore_case=True,
     ),
-    Detector(
-        "ip",
-        8,
-        find_ip,
-        trigger_regexes=(
-            re.compile(r"\.\d{1,3}\.\d{1,3}\.\d"),
-            re.compile(r":(?<=[23][0-9A-Fa-f]{3}:)[0-9A-Fa-f]{0,4}:"),
-        ),
-        common=True,
-    ),
+    _structural("ip", 8, find_ip, r"\.\d{1,3}\.\d{1,3}\.\d|[23][0-9A-Fa-f]{3}:[0-9A-Fa-f]{0,4}:"),
 )
 
 
