@@ -83,6 +83,8 @@ _VERSION_CONTEXT = re.compile(
     r"version|(?<![a-z])ver(?![a-z])|release|since|revision|(?<![a-z])rev(?![a-z])|\bv\s*$"
     r"|(?<![a-z])oid(?![a-z])|firmware|(?<![a-z])fw(?![a-z])|(?<![a-z])build(?![a-z])"
 )
+# `linux-2.6.16.60`, `gcc-4.8.5.2`: a release's number glued to its name
+_NAME_DASH = re.compile(r"[a-z]-\Z")
 # no "http": URLs in comments are everywhere in C++ (`index.html?path=4.1.1.4`); the host
 # right after `://` or `@` is checked on its own
 # words start after a non-letter or at a camelCase hump (`kServer`, `TELEMETRY_HOST`), so
@@ -135,7 +137,7 @@ def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
             continue
         line_start, _ = line_bounds(text, start)
         before = text[max(line_start, start - 40) : start].lower()
-        if _VERSION_CONTEXT.search(before):
+        if _VERSION_CONTEXT.search(before) or _NAME_DASH.search(before):
             continue
         if "://" not in before and (
             _SECTION_BEFORE.search(before)
@@ -145,7 +147,8 @@ def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
             continue
         octets = [int(octet) for octet in value.split(".")]
         # the standard's clause numbers (`18.11.2.7`) start below 40; a quad that starts
-        # higher and has no version word before it is an address
+        # higher and has no version word before it is an address (BigCode's rule, kept
+        # below 40: `{17.23.96.54, 53}` stays a version, the price of keeping clauses)
         small = octets[0] < 40 and all(o <= config.version_like_max_octet for o in octets)
         if small and not _is_network_context(text, start, end):
             continue

@@ -430,6 +430,7 @@ def _prefixed_token(token: str) -> bool:
 _TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
 
+_DIGEST_KEY = re.compile(rb"(?i)(?:sha\d*|md5|blake\w*|hash|digest|checksum|integrity)[=:][ \t]*\Z")
 _COMMENT_LINE = re.compile(rb"\s*(?:/[/*]|\*|#(?!\s*(?:define|if|ifn?def|include|undef)\b))")
 
 
@@ -437,6 +438,8 @@ def _token_position(data: bytes, start: int, end: int) -> bool:
     """Where a token of unknown issuer can be told from a name: a string literal's edge, a
     key-value's value, or a comment (an unbroken tail there); a bare word in code is a name
     (`ETHTOOL_LINK_MODE_10baseT_Half_BIT`, `Iop_QNarrowBin32Sto16Sx4`)."""
+    if _DIGEST_KEY.search(data, max(0, start - 32), start):
+        return False  # `sha256=<base64url>` (a wheel's RECORD, SRI): a digest, not a token
     before, after = data[start - 1 : start], data[end : end + 1]
     if before in (b'"', b"'", b"`", b"=", b":") or after in (b'"', b"'", b"`"):
         return True
