@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from megacpp_pipeline.gates.scrub import ScrubConfig, scrub_text
+from megacpp_pipeline.gates.scrub.plausibility import shannon_entropy
 from megacpp_pipeline.gates.scrub.vendor_rules import (
     GITLEAKS_FILE,
     GITLEAKS_SHA256,
@@ -22,7 +23,6 @@ from megacpp_pipeline.gates.scrub.vendor_rules import (
     default_rules,
     load_rules,
     rule_matches,
-    shannon_entropy,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "gitleaks_examples.json"

@@ -5,9 +5,10 @@ and machine-local paths into stable placeholders before the shard is tokenized".
 Regex PII over-fires on code (BigCode measured 69.8% precision for a naive email regex), so
 every detector pairs a pattern with C++-aware filters. This module is the gate over Arrow
 tables (run, the residual check, the audit, the UI sample); the detectors live beside it:
-config.py (every threshold), detectors.py (the registry and how overlaps resolve),
-personal.py, keys.py, vendor_tokens.py, credentials.py (the finders) and plausibility.py
-(when a matched value is a look-alike, not a secret).
+config.py (every threshold), detectors.py (the registry and how overlaps resolve), screen.py
+(one RE2 pass that says which finders a text needs), personal.py, keys.py, vendor_tokens.py,
+vendor_rules.py (gitleaks' pinned rule file), issuer_tokens.py, credentials.py (the finders),
+re2_bytes.py and plausibility.py (when a matched value is a look-alike, not a secret).
 """
 
 from __future__ import annotations

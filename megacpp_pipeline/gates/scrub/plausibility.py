@@ -62,8 +62,10 @@ def is_hash_or_uuid(value: str, text: str, start: int, end: int) -> bool:
     return False
 
 
-def _shannon_entropy(value: str) -> float:
+def shannon_entropy(value: str) -> float:
     n = len(value)
+    if not n:
+        return 0.0
     return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
 
 
@@ -171,7 +173,7 @@ def _random_blob(value: str) -> bool:
     """Long, dense and symbol-rich (a Django `SECRET_KEY` holds `(` and `)`): no call or
     subscript reads like this."""
     symbols = sum(not c.isalnum() for c in value)
-    return len(value) >= 32 and symbols >= 4 and _shannon_entropy(value) >= 4.3
+    return len(value) >= 32 and symbols >= 4 and shannon_entropy(value) >= 4.3
 
 
 def _names_something(value: str) -> bool:
@@ -225,7 +227,7 @@ def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = F
         return len(value) >= config.min_password_length
     if len(value) < config.min_key_length or not _KEY_CHARS.fullmatch(value):
         return False
-    return _shannon_entropy(value) >= config.min_key_entropy
+    return shannon_entropy(value) >= config.min_key_entropy
 
 
 _WORD_RUN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d{1,4}")
@@ -308,7 +310,7 @@ def random_looking(value: str, kind: Kind, config: ScrubConfig) -> bool:
         and (any(c.isdigit() for c in value) or character_classes(value) >= 3)
         and character_classes(value) >= 2
         and not _ALL_HEX.fullmatch(value)
-        and _shannon_entropy(value) >= config.min_random_key_entropy
+        and shannon_entropy(value) >= config.min_random_key_entropy
     )
 
 

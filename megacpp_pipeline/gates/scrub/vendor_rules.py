@@ -1,17 +1,15 @@
 """Provider token rules as data: gitleaks' MIT rule file (vendor/gitleaks.toml, pinned by
 sha256), compiled with RE2, woken by the rules' own keywords, each hit named by its rule id.
 gitleaks' semantics are kept where they decide what a hit is: the secret group, the entropy
-floor, the global and per-rule allowlists (regex targets, stopwords, AND conditions)."""
+floor, the global and per-rule allowlists (regex targets, stopwords, AND conditions). The
+gate's finder runs them with issuer_tokens.py, in the text and across adjacent literals."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
-import math
 import re
 import tomllib
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,11 +18,22 @@ from typing import TYPE_CHECKING, Any
 from re2 import _re2
 
 from megacpp_pipeline.gates.scrub.hits import Hit, Kind
+from megacpp_pipeline.gates.scrub.issuer_tokens import (
+    PREFIXED_SCREEN,
+    PREFIXED_TOKEN_DETECTOR,
+    prefixed_tokens,
+)
 from megacpp_pipeline.gates.scrub.plausibility import (
-    identifier_like,
     is_hash_or_uuid,
     on_include_line,
     plausible_secret,
+    shannon_entropy,
+)
+from megacpp_pipeline.gates.scrub.re2_bytes import (
+    UNANCHORED,
+    ByteOffsets,
+    BytesRegex,
+    probe_pattern,
 )
 from megacpp_pipeline.gates.scrub.screen import Screen, Screened, ScreenEntry
 
@@ -41,9 +50,6 @@ GENERIC_RULE_PRIORITY = 5  # see detectors.DETECTORS
 # a guess from shape alone: after every finder that read a name or a structure
 PREFIXED_TOKEN_PRIORITY = 5
 
-_UNANCHORED = _re2.RE2.Anchor.UNANCHORED
-_ANCHOR_START = _re2.RE2.Anchor.ANCHOR_START
-
 
 class VendorRulesError(ValueError):
     """The vendored rule file is not the pinned one or does not parse (names the file and,
@@ -56,66 +62,12 @@ class VendorRulesError(ValueError):
         self.rule = rule
 
 
-# A leading lazy `[\w.-]{0,50}?` (gitleaks' identifier prefix) can match nothing, so it never
-# decides whether a text matches; dropping it from the probe makes RE2's scan about 1.5x faster
-_OPTIONAL_LEAD = re.compile(r"(?P<flags>\(\?[a-z]+\))?\[[^\]]+\]\{0,\d+\}\?")
-
-
-def probe_pattern(pattern: str) -> str:
-    """A necessary condition for `pattern` to match, cheaper to scan for: without a leading
-    lazy optional run or a leading `\\b` (neither can make a text match that otherwise
-    would not), so RE2 can skip ahead to the first literal."""
-    lead = _OPTIONAL_LEAD.match(pattern)
-    if lead is not None:
-        pattern = (lead.group("flags") or "") + pattern[lead.end() :]
-    flags = re.match(r"\(\?[a-z]+\)", pattern)
-    head = flags.end() if flags else 0
-    if pattern.startswith("\\b", head):
-        pattern = pattern[:head] + pattern[head + 2 :]
-    return pattern
-
-
-def _program(pattern: str, never_capture: bool = False) -> Any:
-    options = _re2.RE2.Options()
-    options.log_errors = False
-    options.never_capture = never_capture
-    program = _re2.RE2(pattern.encode(), options)
-    if not program.ok():
-        raise ValueError(program.error())
-    return program
-
-
-class _Regex:
-    """An RE2 program over UTF-8 bytes (the Python wrapper re-encodes the text on every
-    search; the gate encodes each file once and runs every rule on the same bytes), with a
-    capture-free probe that answers "any match at all?" before groups are asked for."""
-
-    def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
-        self.program = _program(pattern)
-        self.probe = _program(probe_pattern(pattern), never_capture=True)
-
-    def spans(self, data: bytes) -> Iterator[list[tuple[int, int]]]:
-        if not self.search(data):
-            return
-        pos, end = 0, len(data)
-        while pos <= end:
-            spans = self.program.Match(_UNANCHORED, data, pos, end)
-            if spans[0][0] < 0:
-                return
-            yield spans
-            pos = spans[0][1] + (spans[0][1] == spans[0][0])
-
-    def search(self, data: bytes) -> bool:
-        return bool(self.probe.Match(_UNANCHORED, data, 0, len(data))[0][0] >= 0)
-
-
 @dataclass(frozen=True)
 class Allowlist:
     """A gitleaks allowlist as far as content can decide it: a path or commit condition
     never holds on text alone, so under AND it makes the allowlist inapplicable."""
 
-    regexes: tuple[_Regex, ...]
+    regexes: tuple[BytesRegex, ...]
     target: str  # secret | match | line
     stopwords: tuple[str, ...]
     requires_path: bool  # AND condition with a path or commit list
@@ -133,7 +85,7 @@ class Allowlist:
 @dataclass(frozen=True)
 class VendorRule:
     id: str
-    regex: _Regex
+    regex: BytesRegex
     keywords: tuple[str, ...]
     entropy: float
     secret_group: int
@@ -180,7 +132,7 @@ def _allowlist(path: Path, rule: str | None, raw: dict[str, Any]) -> Allowlist:
     regexes = []
     for pattern in raw.get("regexes", []):
         try:
-            regexes.append(_Regex(pattern))
+            regexes.append(BytesRegex(pattern))
         except ValueError as exc:
             raise VendorRulesError(path, f"allowlist regex does not compile: {exc}", rule) from exc
     and_condition = str(raw.get("condition", "OR")).upper() == "AND"
@@ -214,7 +166,7 @@ def load_rules(path: Path = GITLEAKS_FILE, sha256: str = GITLEAKS_SHA256) -> Rul
             skipped.append((rule_id, "path-only rule: it matches file names, not content"))
             continue
         try:
-            regex = _Regex(raw["regex"])
+            regex = BytesRegex(raw["regex"])
         except ValueError as exc:
             skipped.append((rule_id, f"RE2 cannot compile its regex: {exc}"))
             continue
@@ -250,7 +202,7 @@ def load_rules(path: Path = GITLEAKS_FILE, sha256: str = GITLEAKS_SHA256) -> Rul
     options = _re2.RE2.Options()
     options.literal = True
     options.case_sensitive = False  # keywords are lowercase; gitleaks lowercases the text
-    keyword_set = _re2.Set(_UNANCHORED, options)
+    keyword_set = _re2.Set(UNANCHORED, options)
     for k in keywords:
         keyword_set.Add(k.encode())
     keyword_set.Compile()
@@ -272,13 +224,6 @@ def default_rules() -> RuleSet:
     return load_rules()
 
 
-def shannon_entropy(value: str) -> float:
-    n = len(value)
-    if not n:
-        return 0.0
-    return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
-
-
 def candidate_rules(data: bytes, rules: RuleSet) -> list[VendorRule]:
     """The rules whose keywords occur in the UTF-8 text (case-insensitive), in file order:
     the prefilter that keeps a rule set of hundreds of regexes at the cost of one pass."""
@@ -287,19 +232,6 @@ def candidate_rules(data: bytes, rules: RuleSet) -> list[VendorRule]:
     for k in hits:
         chosen.update(rules.rules_by_keyword[k])
     return [rules.rules[i] for i in sorted(chosen)]
-
-
-class _Offsets:
-    """UTF-8 byte offsets to str offsets (the identity for ASCII text)."""
-
-    def __init__(self, text: str, data: bytes) -> None:
-        self.data = data
-        self.ascii = len(data) == len(text)
-
-    def char(self, offset: int) -> int:
-        if self.ascii:
-            return offset
-        return int(_re2.BytesToCharLen(self.data, 0, offset))
 
 
 def _secret_span(rule: VendorRule, spans: Sequence[tuple[int, int]]) -> tuple[int, int]:
@@ -319,7 +251,7 @@ def rule_matches(
     """Character spans of `rule`'s secrets in `text` after gitleaks' own filters (entropy,
     global and rule allowlists): what gitleaks itself would report for this rule."""
     data = text.encode() if data is None else data
-    offsets = _Offsets(text, data)
+    offsets = ByteOffsets(text, data)
     for spans in rule.regex.spans(data):
         m_start, m_end = spans[0]
         # gitleaks trims newlines off the match (its issue 1352)
@@ -338,155 +270,6 @@ def rule_matches(
         if any(a.allows(secret, match, line) for a in rule.allowlists):
             continue
         yield offsets.char(s_b), offsets.char(e_b)
-
-
-# ---- tokens by their issuers' common shape, for issuers no rule knows yet: a short prefix, a
-# separator, then a long random tail (`gsk_…`, `r8_…`, `key-…`, `123456:AA…`), standing alone
-# as a whole literal or word
-_PREFIXED_TOKEN = _Regex(
-    # unbounded loops keep RE2's automaton small; _prefixed_token checks the lengths
-    r"(?:^|[\s\"'`=:(,{\[])(?P<token>[A-Za-z0-9]+(?:[_.\-][A-Za-z0-9]+)*"
-    # (only files the screen's strict tail probe passed get here)
-    r"[_.:\-][A-Za-z0-9]+(?:[_\-][A-Za-z0-9]+)*)"
-    r"(?:[\s\"'`;,)}\]]|\\[nr]|$)"
-)
-# what the screen looks for before the token regex runs at all: some separator followed by a
-# tail that could pass _random_tail (digits and both cases in any order, letters flipping
-# case in short runs, or 32 hex digits); far rarer in C++ than the token regex's matches
-_ANY = "[A-Za-z0-9]*"
-_TAIL_SCREEN = "|".join(
-    [
-        *(
-            _ANY + a + _ANY + b + _ANY + c
-            for a, b, c in itertools.permutations((r"\d", "[A-Z]", "[a-z]"))
-        ),
-        r"[A-Za-z]*(?:[A-Z]{1,4}[a-z]{1,4}){5}",
-        # one case, letters and digits alternating again and again: base36 (`NRAK-…`)
-        "[0-9]*(?:[A-Z]+[0-9]+){3}",
-        "[0-9]*(?:[a-z]+[0-9]+){3}",
-        "[0-9a-f]{32}",
-        "[0-9A-F]{32}",
-    ]
-)
-PREFIXED_SCREEN = (
-    r"(?:^|[\s\"'`=:(,{\[])[A-Za-z0-9]+(?:[_.\-][A-Za-z0-9]+)*[_.:\-](?:" + _TAIL_SCREEN + ")"
-)
-_SEPARATORS = "_.:-"
-_PREFIX = re.compile(r"[A-Za-z0-9]{2,12}(?:[_.\-][A-Za-z0-9]{1,12}){0,2}")
-_HEX_TAIL = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")
-_HEX_GROUPS = re.compile(r"[0-9a-f]+(?:-[0-9a-f]+)+")  # `PMAK-<24 hex>-<34 hex>`
-# a digest's or an id's label before hex is not an issuer's prefix (`sha256-…`, `git-…`)
-_DIGEST_LABEL = re.compile(
-    r"(?i:sha\d*|md5|blake\w*|xxh\w*|crc\d*|git|commit|rev|build|hash|digest|sum|id|uuid|guid"
-    r"|diff)"
-)
-_UUID_TAIL = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
-PREFIXED_TOKEN_DETECTOR = "prefixed_token"
-
-
-def _random_tail(tail: str) -> bool:
-    if len(tail) < 20 or _UUID_TAIL.search(tail) or identifier_like(tail):
-        return False
-    if _HEX_TAIL.fullmatch(tail) or (
-        _HEX_GROUPS.fullmatch(tail) and sum(c != "-" for c in tail) >= 32
-    ):
-        return shannon_entropy(tail.replace("-", "")) >= 3.3
-    letters = [c for c in tail if c.isalpha()]
-    upper = sum(c.isupper() for c in letters)
-    if not letters:
-        return False
-    if upper in (0, len(letters)):  # one case: base36, if digits run all through it
-        digits = sum(c.isdigit() for c in tail)
-        return "_" not in tail and digits >= 3 and shannon_entropy(tail) >= 3.7
-    if any(c.isdigit() for c in tail):
-        return shannon_entropy(tail) >= 3.8
-    # letters only (Hugging Face's `hf_…`): random case, not camelCase words, whose
-    # capitals are a fifth of the letters at most
-    return 0.3 <= upper / len(letters) <= 0.7 and shannon_entropy(tail) >= 4.2
-
-
-# a C++ number (`0x1.19ae7cc6c0211df5e417p-1`, a hex float) is not a token
-_NUMBER_LITERAL = re.compile(
-    r"0[xX][0-9a-fA-F.']+(?:[pP][-+]?\d+)?[fFlLuU]*|\d[\d.']*(?:[eE][-+]?\d+)?[fFlLuU]*"
-)
-
-
-def _prefixed_token(token: str) -> bool:
-    """Some split of the token into a short prefix and a random tail."""
-    if not 23 <= len(token) <= 256 or _UUID_TAIL.search(token):
-        return False
-    if _NUMBER_LITERAL.fullmatch(token):
-        return False
-    for i, c in enumerate(token[:40]):
-        if c in _SEPARATORS and i >= 2 and _PREFIX.fullmatch(token, 0, i):
-            prefix, tail = token[:i], token[i + 1 :]
-            if _DIGEST_LABEL.fullmatch(prefix.split("-")[-1]):
-                return False  # `SHA256:…` (an ssh fingerprint), `sha512-…` (SRI)
-            if _random_tail(tail):
-                return True
-    return False
-
-
-_TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
-
-
-_DIGEST_KEY = re.compile(rb"(?i)(?:sha\d*|md5|blake\w*|hash|digest|checksum|integrity)[=:][ \t]*\Z")
-_COMMENT_LINE = re.compile(rb"\s*(?:/[/*]|\*|#(?!\s*(?:define|if|ifn?def|include|undef)\b))")
-
-
-def _token_position(data: bytes, start: int, end: int) -> bool:
-    """Where a token of unknown issuer can be told from a name: a string literal's edge, a
-    key-value's value, or a comment (an unbroken tail there); a bare word in code is a name
-    (`ETHTOOL_LINK_MODE_10baseT_Half_BIT`, `Iop_QNarrowBin32Sto16Sx4`)."""
-    if _DIGEST_KEY.search(data, max(0, start - 32), start):
-        return False  # `sha256=<base64url>` (a wheel's RECORD, SRI): a digest, not a token
-    before, after = data[start - 1 : start], data[end : end + 1]
-    if before in (b'"', b"'", b"`", b"=", b":") or after in (b'"', b"'", b"`"):
-        return True
-    if after == b")" and data[end + 1 : end + 2] == b'"':
-        return True  # a raw string's content: `R"(token)"`
-    if data[:start].rstrip(b" \t")[-1:] in (b"=", b":"):
-        return True
-    line_start = data.rfind(b"\n", 0, start) + 1
-    head = data[line_start:start]
-    in_comment = b"//" in head or b"/*" in head or _COMMENT_LINE.match(head) is not None
-    tail = re.split(rb"[_.:\-]", data[start:end], maxsplit=1)[-1]
-    return in_comment and tail.isalnum() and len(tail) >= 20
-
-
-@functools.cache
-def _prefixed_screen() -> _Regex:
-    return _Regex(PREFIXED_SCREEN)
-
-
-def _prefixed_tokens(text: str, data: bytes, literal: bool = False) -> Iterator[tuple[int, int]]:
-    """Tokens where the strict screen pattern starts (few), each read whole by the token
-    regex anchored there."""
-    offsets = _Offsets(text, data)
-    pos = 0
-    for hit in _prefixed_screen().spans(data):
-        if hit[0][0] < pos:
-            continue
-        # the screen may start inside a longer token (`123:AA…_x9…`): read it whole
-        start = hit[0][0]
-        while start > 0 and data[start - 1] in _TOKEN_BYTES:
-            start -= 1
-        spans = _PREFIXED_TOKEN.program.Match(_ANCHOR_START, data, max(0, start - 1), len(data))
-        if spans[0][0] < 0:
-            spans = _PREFIXED_TOKEN.program.Match(_ANCHOR_START, data, hit[0][0], len(data))
-        if spans[0][0] < 0:
-            continue
-        s_b, e_b = spans[1]
-        pos = e_b
-        # on a preprocessor line only a quoted token is data (`#ifndef GUARD_<hex>` is a name)
-        line_start = data.rfind(b"\n", 0, s_b) + 1
-        if data[line_start:s_b].lstrip().startswith(b"#") and data[s_b - 1 : s_b] not in (
-            b'"',
-            b"'",
-        ):
-            continue
-        if (literal or _token_position(data, s_b, e_b)) and _prefixed_token(data[s_b:e_b].decode()):
-            yield offsets.char(s_b), offsets.char(e_b)
 
 
 # ---- adjacent literals: `"sk-ant-api03-" "Xy…"` is one token to the compiler and to a reader
@@ -602,7 +385,7 @@ def _raw_hits(
             priority = GENERIC_RULE_PRIORITY if rule.generic else None
             yield Hit(start, end, rule.kind, rule.detector, priority)
     if prefixed:
-        for start, end in _prefixed_tokens(text, data, literal):
+        for start, end in prefixed_tokens(text, data, literal):
             yield Hit(start, end, Kind.API_KEY, PREFIXED_TOKEN_DETECTOR, PREFIXED_TOKEN_PRIORITY)
 
 
