@@ -132,7 +132,7 @@ def _scrub(f: dict[str, Any], cmd: str) -> list[Line]:
             None,
             cmd,
             files_per_mb=fpm,
-            note=f"recall targets met on the labelled set: {f.get('targets_met')}",
+            note=f"recall targets met on the three labelled sets: {f.get('targets_met')}",
         ),
     ]
 

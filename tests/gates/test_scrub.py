@@ -542,17 +542,13 @@ def test_evaluation_meets_the_issue_targets() -> None:
     assert report.altered_decoys == 0, report.failures[:3]
 
 
-def test_held_out_set_keeps_its_decoys_and_its_recall_floor() -> None:
-    """The second set shares no word list with the detectors, so it is a measurement, not a
-    target (bench/bench_scrub.py reports it); this pins what it measured, so that a change
-    that loses ground on it is noticed. Its known gaps: passwords passed by position, XML
-    and .netrc, `the password is x`, key names the detectors do not know."""
-    report = evaluate(build_heldout_set(seed=3, per_kind=120, per_decoy_class=20), CONFIG)
-    assert min(report.recall.values()) >= 0.70, report.recall
-    for family in ("connection_string", "url", "command_line"):
-        assert report.family_recall[family] >= 0.95, report.family_recall
-    altered = {c: r for c, r in report.decoy_altered_rate.items() if r}
-    assert set(altered) <= {"oids_and_builds"}, altered  # `#define FIRMWARE_BUILD "4.19.112.3"`
+def test_held_out_set_keeps_every_decoy_and_meets_the_targets_too() -> None:
+    """The second set shares no word list with the detectors; since issue 27 it is held to
+    the same targets as the first (its former gaps: passwords passed by position, XML and
+    .netrc, `the password is x`, key names the detectors do not know, homes below /mnt)."""
+    report = evaluate(build_heldout_set(seed=3, per_kind=200, per_decoy_class=20), CONFIG)
+    assert report.min_recall >= 0.995, (report.recall, report.family_recall)
+    assert report.altered_decoys == 0, report.failures[:3]
 
 
 def test_cpp_specific_decoys_named_by_the_issue_are_kept() -> None:
@@ -813,8 +809,8 @@ def test_file_that_still_trips_a_detector_after_scrubbing_is_dropped_not_kept() 
 
 
 def test_run_gives_every_file_the_same_text_as_scrub_text(eval_set: list) -> None:
-    # run() prefilters column-wise in Arrow (RE2); this proves the prefilter never hides a
-    # file from a detector that scrub_text (plain Python triggers) would run
+    # run() and scrub_text share one detect() (the RE2 screen, then the finders); this
+    # proves a shard's rows come out as each file does on its own
     table = licensed_table({i.item_id: i.text for i in eval_set})
     kept = run(table, CONFIG).kept
     assert kept.column("text").to_pylist() == [scrubbed(i.text) for i in eval_set]

@@ -5,9 +5,10 @@ and machine-local paths into stable placeholders before the shard is tokenized".
 Regex PII over-fires on code (BigCode measured 69.8% precision for a naive email regex), so
 every detector pairs a pattern with C++-aware filters. This module is the gate over Arrow
 tables (run, the residual check, the audit, the UI sample); the detectors live beside it:
-config.py (every threshold), detectors.py (the registry and how overlaps resolve),
-personal.py, keys.py, vendor_tokens.py, credentials.py (the finders) and plausibility.py
-(when a matched value is a look-alike, not a secret).
+config.py (every threshold), detectors.py (the registry and how overlaps resolve), screen.py
+(one RE2 pass that says which finders a text needs), personal.py, keys.py, vendor_tokens.py,
+vendor_rules.py (gitleaks' pinned rule file), issuer_tokens.py, credentials.py (the finders),
+re2_bytes.py and plausibility.py (when a matched value is a look-alike, not a secret).
 """
 
 from __future__ import annotations
@@ -26,14 +27,7 @@ from megacpp_pipeline.core import schemas
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates.scrub.config import Placeholders, ScrubConfig
-from megacpp_pipeline.gates.scrub.detectors import (
-    COMMON_DETECTORS,
-    DETECTORS,
-    RARE_DETECTORS,
-    RARE_TRIGGERS_RE2,
-    Detector,
-    detect,
-)
+from megacpp_pipeline.gates.scrub.detectors import DETECTORS, Detector, detect
 from megacpp_pipeline.gates.scrub.hits import Hit, Kind
 
 __all__ = [
@@ -121,12 +115,9 @@ def _replace(text: str, hits: list[Hit], config: ScrubConfig) -> str:
 
 
 def _scrub(
-    text: str,
-    config: ScrubConfig,
-    detectors: Sequence[Detector],
-    pretriggered: Sequence[Detector] = (),
+    text: str, config: ScrubConfig, detectors: Sequence[Detector]
 ) -> tuple[str, list[Finding]]:
-    hits = detect(text, config, detectors, pretriggered=pretriggered)
+    hits = detect(text, config, detectors)
     if not hits:
         return text, []
     return _replace(text, hits, config), _findings(text, hits, config)
@@ -147,32 +138,13 @@ def residual_findings(text: str, config: ScrubConfig) -> list[Finding]:
     return _findings(text, detect(text, config, DETECTORS), config)
 
 
-def _bool_mask(texts: pa.Array | pa.ChunkedArray, re2_pattern: str) -> np.ndarray:
-    hits = pc.match_substring_regex(texts, re2_pattern)
-    return np.asarray(hits.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _rare_detectors_by_row(texts: pa.Array | pa.ChunkedArray) -> dict[int, list[Detector]]:
-    """Rare triggers, column-wise: one RE2 pass over the shard, then one per detector over
-    the few rows that matched, so no row pays for ~80 substring searches in Python."""
-    rows = np.flatnonzero(_bool_mask(texts, RARE_TRIGGERS_RE2))
-    by_row: dict[int, list[Detector]] = {int(r): [] for r in rows}
-    if len(rows):
-        subset = texts.take(pa.array(rows, pa.int64()))
-        for det in RARE_DETECTORS:
-            for i in np.flatnonzero(_bool_mask(subset, det.re2_prefilter())):
-                by_row[int(rows[i])].append(det)
-    return by_row
-
-
 def _scan(
     texts: pa.Array | pa.ChunkedArray, config: ScrubConfig, replace: bool
 ) -> list[tuple[int, str, list[Finding]]]:
     """(row, text after replacement, findings) for every row where a detector fires."""
-    rare = _rare_detectors_by_row(texts)
     out = []
     for row, text in enumerate(texts.to_pylist()):
-        hits = detect(text, config, COMMON_DETECTORS, pretriggered=rare.get(row, ()))
+        hits = detect(text, config, DETECTORS)
         if hits:
             new_text = _replace(text, hits, config) if replace else text
             out.append((row, new_text, _findings(text, hits, config)))

@@ -70,6 +70,13 @@ class ScrubConfig(BaseModel):
     min_password_length: int = Field(default=6, ge=1)
     min_key_length: int = Field(default=12, ge=1)
     min_key_entropy: float = Field(default=3.0, ge=0.0)  # bits per character
+    # a value with no credential name to vouch for it (a positional argument, `password X`
+    # in prose, a weak name like `kModelHubKey`) must look random on its own: this long,
+    # this many of lower / upper / digit / symbol, and (keys) this entropy, never all hex
+    min_random_password_length: int = Field(default=8, ge=1)
+    min_random_password_classes: int = Field(default=3, ge=1, le=4)
+    min_random_key_length: int = Field(default=16, ge=1)
+    min_random_key_entropy: float = Field(default=3.5, ge=0.0)
     # BigCode's version rule, generalized: a dotted quad whose every number is at most this
     # (`1.2.3.4`, `18.11.2.7` section numbers) is a version unless network words are near
     version_like_max_octet: int = Field(default=99, ge=0, le=255)

@@ -19,6 +19,7 @@ from megacpp_pipeline.gates.scrub.plausibility import (
     is_hash_or_uuid,
     on_include_line,
     plausible_secret,
+    random_looking,
 )
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ PASSWORD_WORDS = frozenset(
     {"password", "passwd", "pwd", "pass", "pw", "passphrase", "passcode"}
     | {"contrasena", "contraseña"}
 )
-_PASSWORD_ENDINGS = ("password", "passwd", "passphrase", "contrasena", "contraseña")
+# `rootpw`, `adminpwd` end in the short forms too; few English words do
+_PASSWORD_ENDINGS = ("password", "passwd", "passphrase", "contrasena", "contraseña", "pw", "pwd")
 SECRET_WORDS = frozenset(
     {"secret", "token", "credential", "cred", "creds", "apikey", "bearer", "auth", "authorization"}
 )
@@ -43,7 +45,8 @@ _SECRET_ENDINGS = ("secret", "token", "apikey", "credential", "secretkey", "acce
 # `key` alone is a map key; after one of these it is a credential (detect-secrets' list)
 KEY_QUALIFIERS = frozenset(
     {"api", "access", "secret", "auth", "client", "service", "account", "db", "database"}
-    | {"priv", "private"}
+    | {"priv", "private", "encryption", "signing", "hmac", "master", "session", "shared"}
+    | {"subscription", "app", "bot", "webhook", "consumer", "deploy", "license", "storage"}
 )
 _KEY_COMPOUNDS = frozenset(q + "key" for q in KEY_QUALIFIERS)
 # a last word that says the name is about the credential, not the credential itself
@@ -64,40 +67,72 @@ _KEY_SPELLINGS = sorted(
 # `auth` and `pass` are spelled out to what a name ends with: `Author:` heads most files and
 # `passed`, `bypass`, `pass_through` are everywhere.
 _PASS_ENDS = (*(f"pass{c}" for c in " \t=:\"'({[,)"), "--pass", "pass\\")
-_AUTH_ENDS = (*(f"auth{c}" for c in "_-. \t=:\"'([,"), "authtoken", "authkey", "authoriz")
+_AUTH_ENDS = (*(f"auth{c}" for c in "_-. \t=:\"'([,\\"), "authtoken", "authkey", "authoriz")
+# a name ending in `key` right before what binds it (`key = "`, `Key{"`, `KEY "`, `key: x`)
+_KEY_ENDS = tuple(f"key{c}" for c in " \t=:\"'({[\\")
 TRIGGERS: tuple[str, ...] = (
     *("passw", "passp", "passc", *_PASS_ENDS, *_AUTH_ENDS),
     *("pw", "secret", "token", "cred", "bearer", "contrase"),
     *_KEY_SPELLINGS,
-    *("mysql", "sshpass"),
+    *_KEY_ENDS,
+    *("mysql", "sshpass", "login", "logon", "signin", "connect("),
 )
 # what the finder then looks for with str.find in the lowercased text: few, since each is a
 # pass over the file (a case-insensitive regex alternation is a few MB/s in Python's `re`);
 # `key` stands for every `api_key`, `accesskey`, `x-api-key` and is checked on the spot
 ANCHORS: tuple[str, ...] = ("pass", "pw", "secret", "token", "cred", "auth", "bearer", "key")
-ANCHORS += ("contrase", "mysql")
+ANCHORS += ("contrase", "mysql", "login", "logon", "signin", "connect")
 _QUALIFIER_LAST = frozenset("_-" + "".join(q[-1] for q in KEY_QUALIFIERS))
 _KEY_QUALIFIED = re.compile(
     "(?:" + "|".join(sorted(KEY_QUALIFIERS - {"secret", "auth"})) + r")[_-]?\Z"
 )
 
+_NAME_CONTINUES = re.compile(r"s?[a-z0-9_]")  # `key_type`, `keyboard`: `key` is not the end
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[a-z]+|\d+|[^\x00-\x7f]+")
+
+
+def _words(name: str) -> list[str]:
+    words = [w.lower() for w in _WORD.findall(name)]
+    return [w[:-1] if len(w) > 4 and w.endswith("s") else w for w in words]
 
 
 @functools.lru_cache(maxsize=8192)  # the same few names (`token`, `m_pass`) come back often
 def credential_kind(name: str) -> Kind | None:
     """PASSWORD or API_KEY if `name` names a credential, else None."""
-    words = [w.lower() for w in _WORD.findall(name)]
-    if not words:
-        return None
-    words = [w[:-1] if len(w) > 4 and w.endswith("s") else w for w in words]
-    if words[-1] in NOT_A_VALUE:
+    words = _words(name)
+    if not words or words[-1] in NOT_A_VALUE:
         return None
     if any(w in PASSWORD_WORDS or w.endswith(_PASSWORD_ENDINGS) for w in words):
         return Kind.PASSWORD
     if any(w in SECRET_WORDS or w in _KEY_COMPOUNDS or w.endswith(_SECRET_ENDINGS) for w in words):
         return Kind.API_KEY
     if "key" in words and KEY_QUALIFIERS.intersection(words[: words.index("key")]):
+        return Kind.API_KEY
+    return None
+
+
+@functools.lru_cache(maxsize=8192)
+def weak_key_name(name: str) -> bool:
+    """A name that ends in `key` without saying which (`key`, `kModelHubKey`, `REPO_KEY`):
+    maybe a map key, maybe a credential; only a value random on its own account decides."""
+    words = _words(name)
+    return bool(words) and words[-1].endswith("key")
+
+
+# the callee of a call that takes a credential by position (`client.login("u", "p")`,
+# `mysql_real_connect(c, host, user, "p", db, ...)`, `AWSCredentials creds("id", "s")`)
+_LOGIN_CALLS = frozenset({"login", "logon", "signin", "connect", "authenticate", "bind"})
+_KEY_CALLS = frozenset({"credential", "cred", "creds", "auth"})
+
+
+@functools.lru_cache(maxsize=8192)
+def positional_kind(name: str) -> Kind | None:
+    words = _words(name)
+    if not words:
+        return None
+    if words[-1] in _LOGIN_CALLS:
+        return Kind.PASSWORD
+    if words[-1] in _KEY_CALLS:
         return Kind.API_KEY
     return None
 
@@ -174,7 +209,8 @@ _SCHEME = r"(?:(?i:bearer|basic|token|bot|digest|oauth)[ ]+)?"
 # backtrack through every way of splitting them)
 _QUOTED_AFTER = re.compile(
     r"(?:[^\S\n]*+\[[^\S\n]*+\w*[^\S\n]*+\])?(?:\\?[\"'`]|\]){0,2}[^\S\n]*+"
-    r"(?:=|:=|==|!=|:|\(|\{|,|->|=>|\bis\b|\bwas\b)?[^\S\n]*+"
+    # (after an operator, the literal may start on the next line: `kKey =\n    "ab" "cd"`)
+    r"(?:(?:=|:=|==|!=|:|\(|\{|,|->|=>|\bis\b|\bwas\b)[^\S\n]*+\n?)?[^\S\n]*+"
     r"(?:[A-Za-z_][\w:]*+[^\S\n]*+[({][^\S\n]*+)?[({]?[^\S\n]*+"
     r"(?P<prefix>(?:L|u8|u|U)?R?)(?P<q>\\?[\"'`])"
 )
@@ -195,9 +231,14 @@ _BARE_AFTER = re.compile(
 )
 
 
-def _quoted_value(text: str, pos: int) -> tuple[int, int] | None:
-    """Span of the literal's content whose opening quote ends at `pos` (prefix and quote
-    already matched); raw strings `R"d(...)d"` on one line included."""
+# the next piece of an adjacent-literal concatenation: `"ab" "cd"`, across a line break too
+_NEXT_LITERAL = re.compile(r'"[ \t]*+(?:\n[ \t]*+){0,2}(?:L|u8|u|U)?"')
+
+
+def _quoted_value(text: str, pos: int) -> tuple[int, int, str] | None:
+    """Span and value of the literal after a name (prefix and quote matched from `pos`);
+    raw strings `R"d(...)d"` on one line included; adjacent literals `"ab" "cd"` are one
+    value, spanning all their pieces."""
     m = _QUOTED_AFTER.match(text, pos)
     if m is None:
         return None
@@ -209,9 +250,18 @@ def _quoted_value(text: str, pos: int) -> tuple[int, int] | None:
         close = text.find(")" + d.group("delim") + '"', d.end(), d.end() + 257)
         if close < 0 or "\n" in text[d.end() : close]:
             return None
-        return d.end(), close
+        return d.end(), close, text[d.end() : close]
     body = _LITERAL_BODY[quote].match(text, start)
-    return (start, body.end()) if body else None
+    if body is None:
+        return None
+    end, pieces = body.end(), [body.group(0)]
+    while quote == '"' and (nxt := _NEXT_LITERAL.match(text, end)) is not None:
+        more = _LITERAL_BODY['"'].match(text, nxt.end())
+        if more is None:
+            break
+        end = more.end()
+        pieces.append(more.group(0))
+    return start, end, "".join(pieces)
 
 
 _DEFINE_HEAD = re.compile(r"[ \t]*+#[ \t]*+define[ \t]++\Z")
@@ -244,9 +294,13 @@ def find_assigned_secret(text: str, config: ScrubConfig) -> Iterator[Hit]:
                 if pos >= flags_read_to:
                     flags_read_to = _line_around(text, pos, pos)[1]
                     yield from _mysql_passwords(text, pos, flags_read_to, config)
-            elif anchor != "key" or (
-                lowered[pos - 1 : pos] in _QUALIFIER_LAST  # cheap: most `key`s are map keys
-                and _KEY_QUALIFIED.search(lowered, max(0, pos - 9), pos)
+            elif (
+                anchor != "key"
+                or (
+                    lowered[pos - 1 : pos] in _QUALIFIER_LAST  # cheap: most `key`s are map keys
+                    and _KEY_QUALIFIED.search(lowered, max(0, pos - 9), pos)
+                )
+                or not _NAME_CONTINUES.match(lowered, pos + 3)
             ):
                 start, end = _name_span(text, pos)
                 if start not in names:
@@ -256,37 +310,179 @@ def find_assigned_secret(text: str, config: ScrubConfig) -> Iterator[Hit]:
 
 
 def _named_value(text: str, start: int, end: int, config: ScrubConfig) -> Iterator[Hit]:
-    kind = credential_kind(text[start:end])
-    if kind is None:
+    name = text[start:end]
+    kind = credential_kind(name)
+    weak = kind is None and weak_key_name(name)
+    found = False
+    if kind is not None or weak:
+        for hit in _bound_value(text, start, end, kind or Kind.API_KEY, config, weak):
+            found = True
+            yield hit
+    if found:
+        return
+    call_kind = positional_kind(name)
+    if call_kind is not None:
+        yield from _positional_values(text, end, call_kind, config)
+    if kind is not None or call_kind is not None:
+        yield from _pair_password(text, start, end, config)
+
+
+def _bound_value(
+    text: str, start: int, end: int, kind: Kind, config: ScrubConfig, weak: bool
+) -> Iterator[Hit]:
+    """The value a credential name is bound to, in whichever way the text binds it. A weak
+    name (`key`) vouches for nothing: its value must look random on its own."""
+    name = text[start:end]
+    if start and text[start - 1] == "<" and text.startswith(">", end):
+        xml = _XML_VALUE.match(text, end + 1)  # `<password>x</password>`
+        if xml is not None:
+            yield from _hit(text, *xml.span("value"), kind, config, True, name, random_only=weak)
+        return
+    if name.lower() in _SCHEMES and (concat := _SCHEME_CONCAT.match(text, end)) is not None:
+        literal = _literal_at(text, concat.end(), concat.group("q"))  # `"Bearer " + "x"`
+        if literal is not None:
+            yield from _hit(text, *literal, kind, config, False, name, random_only=weak)
         return
     quoted = _quoted_value(text, end)
     if quoted is not None:
-        value_start, value_end = quoted
+        value_start, value_end, value = quoted
         scheme = _SCHEME_VALUE.match(text, value_start, value_end)
-        value_start = scheme.end() if scheme else value_start
-        yield from _hit(text, value_start, value_end, kind, config, False, text[start:end])
+        if scheme is not None:
+            value = value[scheme.end() - value_start :]
+            value_start = scheme.end()
+        yield from _hit(
+            text, value_start, value_end, kind, config, False, name, value=value, random_only=weak
+        )
         return
     unquoted = _unquoted_value(text, start, end)
     if unquoted is not None:
-        yield from _hit(text, *unquoted, kind, config, True, text[start:end])
+        value_start, value_end, prose = unquoted
+        yield from _hit(
+            text, value_start, value_end, kind, config, True, name, random_only=weak or prose
+        )
 
 
-def _unquoted_value(text: str, start: int, end: int) -> tuple[int, int] | None:
+def _unquoted_value(text: str, start: int, end: int) -> tuple[int, int, bool] | None:
+    """(start, end, prose): prose is `password X` or `password is X` with nothing but
+    whitespace or a word binding them, taken only where C++ cannot put an expression and
+    only for a value that looks random on its own account."""
     m = _BARE_AFTER.match(text, end)
     if m is None or (m.group("op").isspace() and not text.startswith("--", start - 2)):
-        return _define_value(text, start, end)  # `name value`: flags only
+        define = _define_value(text, start, end)  # `name value`: flags only
+        if define is not None:
+            return (*define, False)
+        return _prose_value(text, start, end)
     value_start, value_end = m.span("value")
+    if text[value_end : value_end + 1] in _BRACKETS:
+        # inside a string or on a config line of its own nothing in brackets is an
+        # expression: a Django key's `(` and `)` are part of it
+        wide = _WIDE_VALUE.match(text, value_start)
+        if wide and _unquoted_context(text, start, wide.end()) in ("config", "string"):
+            value_end = max(value_end, wide.end())
     where = _unquoted_context(text, start, value_end)
     if where is None:
         return None
     if text[value_start] == "{":
-        return value_start + 1, value_end - 1  # ODBC's braces quote a value that holds `;`
+        return value_start + 1, value_end - 1, False  # ODBC's braces quote a value with `;`
     if where == "query":
         amp = text.find("&", value_start, value_end)  # the next parameter
         value_end = amp if amp >= 0 else value_end
     elif where == "comment" and text[value_end - 1] in ".:" and value_end - value_start > 1:
         value_end -= 1  # a sentence's full stop is not the password's
-    return value_start, value_end
+    return value_start, value_end, False
+
+
+_BRACKETS = frozenset("(){}[]<>|")
+_WIDE_VALUE = re.compile(r"[^\s\"'`\\;,]{1,256}")
+
+
+# `password X`, `password is X`, `rootpw --plaintext X`, netrc's `machine h login u password X`
+_PROSE_AFTER = re.compile(
+    r"[^\S\n]++(?:(?:is|was|=|:|to|of)[^\S\n]++)?(?:--?[A-Za-z][\w-]*+[^\S\n]++){0,2}"
+    r"(?P<value>[^\s\"'`\\;,<>(){}\[\]|]{1,256})"
+)
+# a netrc entry (or .pgpass-like keyword list) spelled on one line of a raw string or block
+_NETRC_HEAD = re.compile(r"(?:^|[\s\"'])(?:machine|default|login|account)[ \t]")
+
+
+# `pass` and `pw` alone are verbs and units in prose (`pass AddNull=false`, `pass %m/%d/%Y`)
+_PROSE_NAME_TOO_SHORT = frozenset({"pass", "pw"})
+# `AddNull=false`, `desiredCapacityHint=0`: an argument in prose, not a password
+_KEY_VALUE = re.compile(r"[A-Za-z_]\w*=(?i:true|false|null|nullptr|none|yes|no|on|off|\d+)")
+
+
+def _prose_value(text: str, start: int, end: int) -> tuple[int, int, bool] | None:
+    if text[start:end].lower() in _PROSE_NAME_TOO_SHORT:
+        return None
+    m = _PROSE_AFTER.match(text, end)
+    if m is None or _KEY_VALUE.fullmatch(m.group("value")):
+        return None
+    value_start, value_end = m.span("value")
+    where = _unquoted_context(text, start, value_end)
+    if where is None:
+        line_start, _ = _line_around(text, start, start)
+        if not _NETRC_HEAD.search(text, line_start, start):
+            return None
+    while value_end - value_start > 1 and text[value_end - 1] in ".:":
+        value_end -= 1  # a sentence's full stop is not the password's
+    return value_start, value_end, True
+
+
+_XML_VALUE = re.compile(r"[^\S\n]*+(?P<value>[^<>\s\"'`\\]{1,256})[^\S\n]*+</")
+_SCHEMES = frozenset({"bearer", "basic", "token", "digest"})
+# `std::string("Bearer ") + "x"`, `"Bearer " + QString("x")`, `"Token " "x"`
+_SCHEME_CONCAT = re.compile(
+    r" ?\\?[\"'`][^\S\n]*+\)?[^\S\n]*+\+?[^\S\n]*+(?:[A-Za-z_][\w:]*+[^\S\n]*+[({][^\S\n]*+)?"
+    r"(?:L|u8|u|U)?(?P<q>[\"'`])"
+)
+
+
+def _literal_at(text: str, pos: int, quote: str) -> tuple[int, int] | None:
+    body = _LITERAL_BODY[quote].match(text, pos)
+    return (pos, body.end()) if body else None
+
+
+# a literal argument of the call right after a name, and the parentheses around it
+_CALL_OPEN = re.compile(r"[^\S\n]*+[({]")
+_CALL_TOKEN = re.compile(
+    r'"(?P<body>(?:[^"\\\n]|\\.){0,256})"|(?P<open>[({\[])|(?P<close>[)}\]])|;'
+)
+
+
+def _positional_values(text: str, end: int, kind: Kind, config: ScrubConfig) -> Iterator[Hit]:
+    """`client.login("svc", "p")`, `AWSCredentials creds("id", "s")`: a call whose callee
+    says it takes a credential holds it in one of its literal arguments; the one that
+    looks random on its own account (user names, hosts and database names do not)."""
+    m = _CALL_OPEN.match(text, end)
+    if m is None:
+        return
+    depth = 1
+    for t in _CALL_TOKEN.finditer(text, m.end(), min(len(text), m.end() + 512)):
+        if t.group("open"):
+            depth += 1
+        elif t.group("close") or t.group(0) == ";":
+            depth -= 1
+            if depth == 0 or t.group(0) == ";":
+                return
+        elif depth == 1 and t.group("body"):
+            yield from _hit(text, *t.span("body"), kind, config, False, random_only=True)
+
+
+# `login: admin / S3cr3t!`, `credentials are admin:S3cr3t!` (a user, then its password)
+_PAIR = re.compile(
+    r"[^\S\n]*+(?::|=|is|are)[^\S\n]*+[\w.@-]{1,64}[^\S\n]*+[/:][^\S\n]*+"
+    r"(?P<value>[^\s\"'`\\]{1,128})"
+)
+
+
+def _pair_password(text: str, start: int, end: int, config: ScrubConfig) -> Iterator[Hit]:
+    m = _PAIR.match(text, end)
+    if m is None or _unquoted_context(text, start, m.end()) is None:
+        return
+    value_start, value_end = m.span("value")
+    while value_end - value_start > 1 and text[value_end - 1] in ".:,;)":
+        value_end -= 1
+    yield from _hit(text, value_start, value_end, Kind.PASSWORD, config, True, random_only=True)
 
 
 def _spells_name(value: str, name: str) -> bool:
@@ -306,9 +502,16 @@ def _hit(
     bare: bool,
     name: str = "",
     detector: str = "assigned_secret",
+    value: str | None = None,  # when the span holds more than the value (`"ab" "cd"`)
+    random_only: bool = False,  # nothing vouches for the value but its own look
 ) -> Iterator[Hit]:
-    value = text[start:end]
-    if not plausible_secret(value, kind, config, bare=bare) or _spells_name(value, name):
+    value = text[start:end] if value is None else value
+    if random_only:
+        if not random_looking(value, kind, config):
+            return
+    elif not plausible_secret(value, kind, config, bare=bare):
+        return
+    if _spells_name(value, name):
         return
     if on_include_line(text, start) or is_hash_or_uuid(value, text, start, end):
         return
@@ -341,12 +544,68 @@ _URL_USERINFO = re.compile(
 )
 
 
+# `https://<token>@github.com/org/repo.git` (.git-credentials, CI clone URLs): a user that is
+# a token; `git@`, `user@` are names, a random one is the credential itself
+_URL_TOKEN_USER = re.compile(r"://(?P<token>[^\s:/?#\[\]@\"'<>`\\]{16,256})@(?=[\w\[])")
+
+
 def find_url_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
     for m in _URL_USERINFO.finditer(text):
         start, end = m.span("password")
         if not on_include_line(text, start):
             yield from _hit(text, start, end, Kind.PASSWORD, config, True, "", "url_password")
+    for m in _URL_TOKEN_USER.finditer(text):
+        start, end = m.span("token")
+        if not on_include_line(text, start):
+            yield from _hit(
+                text, start, end, Kind.API_KEY, config, True, "", "url_token", random_only=True
+            )
 
 
-# the URL finder's prefilter: starts with a literal, so `re` skips ahead fast
-URL_USERINFO_TRIGGER = re.compile(r"://[^\s/@]*:[^\s/@]*@")
+# the URL finder's prefilter (the screen's, an RE2 pattern)
+URL_USERINFO_TRIGGER = r"://[^\s/@]*@"
+
+
+# ---- credentials by the structure of the line that holds them, whatever it is called
+
+# a .pgpass line, `host:port:database:user:password`, pasted into a comment or a string
+PGPASS_TRIGGER = r":(?:\d{1,5}|\*):[\w.*-]+:[\w.@*-]+:"
+_PGPASS_LINE = re.compile(
+    r"^[ \t]*+(?:(?://++|#|\*|;|\")[ \t]*+)?[\w.*-]++:(?:\d{1,5}|\*):[\w.*-]++:[\w.@*-]++:"
+    r"(?P<value>[^\s\"'`\\]{1,128})(?=\\n|\"|[ \t]*$)",
+    re.MULTILINE,
+)
+
+
+def find_pgpass_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _PGPASS_LINE.finditer(text):
+        yield from _hit(text, *m.span("value"), Kind.PASSWORD, config, True, "", "pgpass_line")
+
+
+# `curl -u admin:X`, `--user admin:X`: the password half of a user flag's value
+USER_COLON_TRIGGER = r"(?:^|\s)(?:-u|--user)[ \t=]+['\"]?[^\s:'\"]+:"
+_USER_COLON = re.compile(
+    r"(?<!\S)(?:-u|--user)(?:[ \t]++|=)(?P<q>['\"]?)[^\s:'\"]{1,64}:"
+    r"(?P<value>[^\s'\"`]{1,128})(?P=q)(?=[\s\"']|\\[nr]|$)"
+)
+
+
+def find_user_colon_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _USER_COLON.finditer(text):
+        yield from _hit(text, *m.span("value"), Kind.PASSWORD, config, True, "", "user_flag")
+
+
+# `docker login -u ci -p X`, `mysqladmin -u root -p X`: a user flag, then a password flag
+USER_PASS_FLAGS_TRIGGER = r"(?:^|\s)-u[ \t]*[^\s-]\S*[ \t]+(?:\S+[ \t]+){0,6}-p"
+_USER_PASS_FLAGS = re.compile(
+    r"(?<!\S)-u[ \t]*+[^\s'\"`-][^\s'\"`]*+[ \t]++(?:--?[A-Za-z][\w-]*+[ \t]++){0,4}?"
+    r"-p[ \t]*+(?:(?P<q>['\"])(?P<quoted>[^'\"\s]{1,128})(?P=q)|(?P<bare>[^\s'\"`;|<>]{1,128}))"
+)
+
+
+def find_flag_password(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _USER_PASS_FLAGS.finditer(text):
+        group = "quoted" if m.group("quoted") else "bare"
+        yield from _hit(
+            text, *m.span(group), Kind.PASSWORD, config, True, "", "user_password_flags"
+        )

@@ -4,23 +4,42 @@ up, and which hit wins when two detectors claim the same characters (lower prior
 from __future__ import annotations
 
 import bisect
+import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from detect_secrets.plugins.private_key import PrivateKeyDetector
 
 from megacpp_pipeline.gates.scrub.credentials import (
+    PGPASS_TRIGGER,
     TRIGGERS,
     URL_USERINFO_TRIGGER,
+    USER_COLON_TRIGGER,
+    USER_PASS_FLAGS_TRIGGER,
     find_assigned_secret,
+    find_flag_password,
+    find_pgpass_password,
     find_url_password,
+    find_user_colon_password,
 )
 from megacpp_pipeline.gates.scrub.hits import Finder, Hit, Kind
-from megacpp_pipeline.gates.scrub.keys import find_private_key, find_ssh_key
+from megacpp_pipeline.gates.scrub.keys import (
+    BASE64_PEM_TRIGGER,
+    find_base64_private_key,
+    find_private_key,
+    find_ssh_key,
+)
 from megacpp_pipeline.gates.scrub.personal import find_email, find_ip, find_local_path
 from megacpp_pipeline.gates.scrub.plausibility import folded
+from megacpp_pipeline.gates.scrub.screen import Screen, Screened, ScreenEntry
+from megacpp_pipeline.gates.scrub.vendor_rules import (
+    default_rules,
+    find_screened_vendor_secrets,
+    find_vendor_rule_secrets,
+    screen_entries,
+)
 from megacpp_pipeline.gates.scrub.vendor_tokens import VENDOR_KEYS, vendor_finder
 
 if TYPE_CHECKING:
@@ -33,9 +52,10 @@ class Detector:
     of `triggers` (lowercase, compared case-folded if `ignore_case`) or matches one of
     `trigger_regexes` (each starts with a literal, so `re` skips ahead fast).
 
-    Rare triggers (vendor prefixes, PEM headers, secret-sounding names) are ORed by run()
-    into one RE2 pattern that Arrow evaluates over the whole column; `common` detectors
-    (`@`, `://`, dotted numbers are in most C++ files) are checked per row in Python."""
+    Rare triggers (vendor prefixes, PEM headers, secret-sounding names, structural
+    `trigger_pattern`s) go into the one-pass screen (screen.py) with the vendor rules'
+    keywords; `common` detectors (`@`, `://`, dotted numbers are in most C++ files) are
+    checked in Python; a `screened` finder reads the screen's result itself."""
 
     name: str
     priority: int  # lower wins when two detectors claim overlapping text
@@ -43,7 +63,11 @@ class Detector:
     triggers: tuple[str, ...] = ()
     ignore_case: bool = False
     trigger_regexes: tuple[re.Pattern[str], ...] = ()
+    # a regex RE2 and `re` both read: the column-wise prefilter of a rare detector whose
+    # wake-up is a structure, not a word (compiled for `re` into trigger_regexes)
+    trigger_pattern: str = ""
     common: bool = False
+    screened: Callable[[str, ScrubConfig, Screened], Iterator[Hit]] | None = None
 
     def triggered(self, text: str, folded: Callable[[], str]) -> bool:
         if any(r.search(text) for r in self.trigger_regexes):
@@ -51,10 +75,20 @@ class Detector:
         haystack = folded() if self.ignore_case else text
         return any(t in haystack for t in self.triggers)
 
-    def re2_prefilter(self) -> str:
-        return "|".join(
-            f"(?i:{re.escape(t)})" if self.ignore_case else re.escape(t) for t in self.triggers
-        )
+    def screen_entries(self) -> list[ScreenEntry]:
+        tag = f"det:{self.name}"
+        entries = [
+            ScreenEntry(tag, t, literal=True, ignore_case=self.ignore_case) for t in self.triggers
+        ]
+        if self.trigger_pattern:
+            entries.append(ScreenEntry(tag, self.trigger_pattern))
+        return entries
+
+
+def _structural(name: str, priority: int, find: Finder, pattern: str) -> Detector:
+    return Detector(
+        name, priority, find, trigger_regexes=(re.compile(pattern),), trigger_pattern=pattern
+    )
 
 
 DETECTORS: tuple[Detector, ...] = (
@@ -64,39 +98,42 @@ DETECTORS: tuple[Detector, ...] = (
         find_private_key,
         triggers=(*(p.pattern for p in PrivateKeyDetector.denylist), "PRIVATE KEY"),
     ),
+    Detector("base64_private_key", 0, find_base64_private_key, triggers=(BASE64_PEM_TRIGGER,)),
     Detector("ssh_key", 1, find_ssh_key, triggers=("ssh-", "ecdsa-sha2-")),
     *(
         Detector(pats[0].name, 2, vendor_finder(pats), triggers=trig, ignore_case=ic)
         for trig, ic, pats in VENDOR_KEYS
     ),
-    Detector(
-        "url_password", 3, find_url_password, trigger_regexes=(URL_USERINFO_TRIGGER,), common=True
-    ),
+    # URLs and dotted numbers are in most C++ files; the screen's RE2 pass finds them
+    # cheaper than `re` per file
+    _structural("url_password", 3, find_url_password, URL_USERINFO_TRIGGER),
+    # provider rules rank with the vendor tokens (2); the generic rule after the name-bound
+    # finders (GENERIC_RULE_PRIORITY), whose C++-aware value spans it must not cut short
+    Detector("vendor_rules", 2, find_vendor_rule_secrets, screened=find_screened_vendor_secrets),
     Detector("assigned_secret", 4, find_assigned_secret, TRIGGERS, ignore_case=True),
-    Detector("email", 5, find_email, triggers=("@",), common=True),
+    _structural("pgpass_line", 4, find_pgpass_password, PGPASS_TRIGGER),
+    _structural("user_password_flags", 4, find_flag_password, USER_PASS_FLAGS_TRIGGER),
+    _structural("user_flag", 4, find_user_colon_password, USER_COLON_TRIGGER),
+    Detector("email", 6, find_email, triggers=("@",), common=True),
     Detector(
         "local_path",
-        6,
+        7,
         find_local_path,
         triggers=("/home/", "/tmp/", "users/", "users\\", "documents and settings"),
         ignore_case=True,
     ),
-    Detector(
-        "ip",
-        7,
-        find_ip,
-        trigger_regexes=(
-            re.compile(r"\.\d{1,3}\.\d{1,3}\.\d"),
-            re.compile(r":(?<=[23][0-9A-Fa-f]{3}:)[0-9A-Fa-f]{0,4}:"),
-        ),
-        common=True,
-    ),
+    _structural("ip", 8, find_ip, r"\.\d{1,3}\.\d{1,3}\.\d|[23][0-9A-Fa-f]{3}:[0-9A-Fa-f]{0,4}:"),
 )
-COMMON_DETECTORS = tuple(d for d in DETECTORS if d.common)
-RARE_DETECTORS = tuple(d for d in DETECTORS if not d.common)
-# run()'s column-wise prefilter: a file that matches none of it can only hold what the
-# common detectors find.
-RARE_TRIGGERS_RE2 = "|".join(d.re2_prefilter() for d in DETECTORS if not d.common)
+
+
+@functools.cache
+def screen() -> Screen:
+    """Every rare detector's triggers and the vendor rule set's keywords and probes, in one
+    RE2 Set (built once per process)."""
+    entries = [
+        e for d in DETECTORS if not d.common and d.screened is None for e in d.screen_entries()
+    ]
+    return Screen([*entries, *screen_entries(default_rules())])
 
 
 def _placeholder_spans(text: str, config: ScrubConfig) -> list[tuple[int, int]]:
@@ -115,10 +152,10 @@ def detect(
     config: ScrubConfig,
     detectors: Sequence[Detector],
     ignore_placeholders: bool = True,
-    pretriggered: Sequence[Detector] = (),
 ) -> list[Hit]:
     """Non-overlapping hits sorted by position; on overlap the stronger detector wins.
-    `pretriggered` detectors run without their prefilter (run() evaluated it in Arrow)."""
+    Rare detectors run where the screen saw their triggers, common ones where their own
+    prefilter fires."""
     lowered: list[str] = []  # computed once, only if a case-insensitive trigger asks
 
     def fold() -> str:
@@ -126,13 +163,23 @@ def detect(
             lowered.append(folded(text))
         return lowered[0]
 
+    screened = screen().screen(text)
     ranked: list[tuple[int, int, int, Hit]] = []
-    for det in (*pretriggered, *detectors):
-        if det not in pretriggered and not det.triggered(text, fold):
+    for det in detectors:
+        if det.screened is not None:
+            found = det.screened(text, config, screened)
+        elif det.common:
+            if not det.triggered(text, fold):
+                continue
+            found = det.find(text, config)
+        elif f"det:{det.name}" in screened.tags:
+            found = det.find(text, config)
+        else:
             continue
-        for hit in det.find(text, config):
+        for hit in found:
             if hit.end > hit.start:
-                ranked.append((det.priority, hit.start, -hit.end, hit))
+                priority = det.priority if hit.priority is None else hit.priority
+                ranked.append((priority, hit.start, -hit.end, hit))
     if not ranked:
         return []
     ranked.sort(key=lambda r: r[:3])

@@ -28,6 +28,8 @@ class Hit:
     end: int
     kind: Kind
     detector: str
+    # overrides the detector's priority for this hit (a rule set whose rules rank apart)
+    priority: int | None = None
 
 
 # a finder reads the text and the config and reports every span it claims

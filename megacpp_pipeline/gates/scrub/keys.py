@@ -1,8 +1,11 @@
-"""Key material: private keys (PEM, OpenSSH, PGP, PuTTY blocks, truncated ones included) and
-ssh public keys with their `user@host` comment, each replaced as one span."""
+"""Key material: private keys (PEM, OpenSSH, PGP, PuTTY blocks, truncated ones included, and
+a PEM block base64-encoded whole as kubeconfig's `client-key-data` and CI variables carry
+it) and ssh public keys with their `user@host` comment, each replaced as one span."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -48,6 +51,23 @@ def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
         pos = end
     for m in _PUTTY.finditer(text):
         yield Hit(m.start(), m.end(), Kind.PRIVATE_KEY, "putty_private_key")
+
+
+# base64 of "-----BEGIN ": the rest of the header decides whether the block is a private key
+BASE64_PEM_TRIGGER = "LS0tLS1CRUdJTi"
+_BASE64_PEM = re.compile(r"LS0tLS1CRUdJTi[A-Za-z0-9+/]{40,}={0,2}")
+
+
+def find_base64_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
+    for m in _BASE64_PEM.finditer(text):
+        head = m.group(0)[:96]
+        head = head[: len(head) - len(head) % 4]
+        try:
+            decoded = base64.b64decode(head).decode("ascii", "replace")
+        except (binascii.Error, ValueError):
+            continue
+        if _PEM_BEGIN.match(decoded):
+            yield Hit(m.start(), m.end(), Kind.PRIVATE_KEY, "base64_pem_private_key")
 
 
 _SSH_PUBLIC_KEY = re.compile(

@@ -81,8 +81,10 @@ _IPV6 = re.compile(r"(?<![\w:.])[23][0-9A-Fa-f]{3}:[0-9A-Fa-f:]*[0-9A-Fa-f](?![\
 # an object identifier (`GNUTLS_OID_X520_NAME "2.5.4.41"`) is dotted numbers, not an address
 _VERSION_CONTEXT = re.compile(
     r"version|(?<![a-z])ver(?![a-z])|release|since|revision|(?<![a-z])rev(?![a-z])|\bv\s*$"
-    r"|(?<![a-z])oid(?![a-z])"
+    r"|(?<![a-z])oid(?![a-z])|firmware|(?<![a-z])fw(?![a-z])|(?<![a-z])build(?![a-z])"
 )
+# `linux-2.6.16.60`, `gcc-4.8.5.2`: a release's number glued to its name
+_NAME_DASH = re.compile(r"[a-z]-\Z")
 # no "http": URLs in comments are everywhere in C++ (`index.html?path=4.1.1.4`); the host
 # right after `://` or `@` is checked on its own
 # words start after a non-letter or at a camelCase hump (`kServer`, `TELEMETRY_HOST`), so
@@ -90,7 +92,11 @@ _VERSION_CONTEXT = re.compile(
 _NETWORK_CONTEXT = re.compile(
     r"(?:(?<![A-Za-z])|(?<=[a-z])(?=[A-Z]))(?i:dns|server|host|ip(?![a-z])|addr|connect|proxy"
     r"|endpoint|socket|inet|peer|mirror|upstream|remote|gateway|route|ping(?![a-z])|firewall"
-    r"|subnet|listen|bind(?![a-z]))"
+    r"|subnet|listen|bind(?![a-z])|egress|ingress|vpn(?![a-z])|nat(?![a-z])|cidr|netmask"
+    r"|(?:allow|deny|block|white|black)list|iptables"
+    r"|(?:allow|deny)(?=\s*:)"  # a YAML allow / deny list
+    # a network command's operand: `nc -zv 36.44.40.54 5432`, `ssh 5.6.7.8`
+    r"|(?:nc|netcat|telnet|nmap|traceroute|tracert|dig|nslookup|ssh|scp|curl|wget)(?=\s))"
 )
 
 
@@ -110,6 +116,8 @@ _SECTION_BEFORE = re.compile(
     r"|c\+\+\s*\d\d|\bn\d{4}"
 )
 _SECTION_AFTER = re.compile(r"\]|/\d{1,2}(?!\d)")
+# `(43.4.2.2 in the 802.3ad standard)`: a clause of a standard named after it
+_SECTION_LATER = re.compile(r"(?i)\b(?:standard|spec(?:ification)?|clause|section)\b")
 
 
 def _is_public(value: str, config: ScrubConfig) -> bool:
@@ -129,13 +137,19 @@ def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
             continue
         line_start, _ = line_bounds(text, start)
         before = text[max(line_start, start - 40) : start].lower()
-        if _VERSION_CONTEXT.search(before):
+        if _VERSION_CONTEXT.search(before) or _NAME_DASH.search(before):
             continue
         if "://" not in before and (
-            _SECTION_BEFORE.search(before) or _SECTION_AFTER.match(text, end)
+            _SECTION_BEFORE.search(before)
+            or _SECTION_AFTER.match(text, end)
+            or _SECTION_LATER.search(text, end, min(end + 40, line_bounds(text, end)[1]))
         ):
             continue
-        small = all(int(octet) <= config.version_like_max_octet for octet in value.split("."))
+        octets = [int(octet) for octet in value.split(".")]
+        # the standard's clause numbers (`18.11.2.7`) start below 40; a quad that starts
+        # higher and has no version word before it is an address (BigCode's rule, kept
+        # below 40: `{17.23.96.54, 53}` stays a version, the price of keeping clauses)
+        small = octets[0] < 40 and all(o <= config.version_like_max_octet for o in octets)
         if small and not _is_network_context(text, start, end):
             continue
         yield Hit(start, end, Kind.IP_ADDRESS, "ipv4")
@@ -166,6 +180,27 @@ _TMP_USER = re.compile(
     r"(?P<root>/tmp/(?P<user>[A-Za-z][A-Za-z0-9._]*)-[A-Za-z0-9._-]*)" + _POSIX_TAIL
 )
 _SHARED_HOMES = frozenset({"shared", "public", "default", "default user", "all users"})
+# a home directory below another root: `/mnt/c/Users/x` (WSL), `/export/home/x` (Solaris),
+# `/net/nas/home/x`, `/cygdrive/c/Users/x`: the path must start at a filesystem root
+_MOUNT_ROOTS = frozenset(
+    {"mnt", "media", "export", "exports", "net", "nfs", "afs", "data", "srv", "opt", "var"}
+    | {"private", "volumes", "cygdrive", "auto", "space", "scratch", "gpfs", "lustre", "storage"}
+    | {"vol", "shared", "u"}
+)
+_PATH_RUN_BACK = re.compile(r"[A-Za-z0-9_.\-/]{1,200}\Z")
+
+
+def _under_mount_root(text: str, start: int) -> int | None:
+    """Where the absolute path that `/home/...` (at `start`) continues starts, if it starts
+    at a filesystem root like `/mnt/` (not `src/home/`, not a URL's path)."""
+    run = _PATH_RUN_BACK.search(text, max(0, start - 200), start)
+    if run is None or text[run.start()] != "/" or text.startswith("//", run.start()):
+        return None
+    before = text[run.start() - 1] if run.start() else ""
+    if before and (WORD_CHAR.match(before) or before in ":~.-"):
+        return None
+    first = text[run.start() + 1 : start].split("/", 1)[0].lower()
+    return run.start() if first in _MOUNT_ROOTS else None
 
 
 def _after_short_flag(text: str, start: int) -> bool:
@@ -198,7 +233,10 @@ def find_local_path(text: str, config: ScrubConfig) -> Iterator[Hit]:
                 and (WORD_CHAR.match(text[start - 1]) or text[start - 1] in ".~-")
                 and not _after_short_flag(text, start)
             ):
-                continue
+                root = _under_mount_root(text, start)
+                if root is None:
+                    continue
+                start = root
             end = m.end("root") if config.keep_path_tail else m.end()
             while end > m.end("root") and text[end - 1] in ".\\":
                 end -= 1  # a sentence's full stop or a dangling escape is not the path's

@@ -4,6 +4,7 @@ COM interface ids, `#include` lines), and reads the text around a match to tell.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections import Counter
@@ -61,8 +62,10 @@ def is_hash_or_uuid(value: str, text: str, start: int, end: int) -> bool:
     return False
 
 
-def _shannon_entropy(value: str) -> float:
+def shannon_entropy(value: str) -> float:
     n = len(value)
+    if not n:
+        return 0.0
     return -sum(c / n * math.log2(c / n) for c in Counter(value).values())
 
 
@@ -92,8 +95,10 @@ _NAME_PART = re.compile(r"[A-Za-z]+(?:\d{1,3}|\d{5,})?|\d+")
 _NAME_SEPARATOR = re.compile(r"[-_]")
 _CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
 # printf / std::format / Qt conversions: `%s`, `%08x`, `%.*s`, `{}`, `{0}`, `{:>8}`, `%1`
+# (Qt's `%1` only where a word cannot run into it: `Eckrwvp%9` is a password, `user=%1` not)
 _FORMAT = re.compile(
-    r"%[-+ #0-9.*]*(?:hh|ll|[hlLzjtq])?[diouxXeEfFgGaAcspn]|%%|%\d|\{\d*(?::[^{}]*)?\}"
+    r"%[-+ #0-9.*]*(?:hh|ll|[hlLzjtq])?[diouxXeEfFgGaAcspn]|%%|(?<![A-Za-z])%\d"
+    r"|\{\d*(?::[^{}]*)?\}"
 )
 # a template or variable in the value's place: ${X}, $(cmd), {{ x }}, %(x)s, <x>, [x]
 _ONE_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+")
@@ -115,7 +120,7 @@ _EXPRESSION = re.compile(r"[()\[\]]|->|::")
 _NUMBER = re.compile(
     r"[-+]?(?:0[xX][0-9A-Fa-f']+|0[bB][01']+|\d[\d']*(?:\.\d*)?(?:[eE][-+]?\d+)?)[uUlLfFzZ]*"
 )
-_KEY_CHARS = re.compile(r"[A-Za-z0-9+/=_\-.~:!#$%&*?^@]+")
+_KEY_CHARS = re.compile(r"[A-Za-z0-9+/=_\-.~:!#$%&*?^@()]+")  # Django keys hold ( )
 # where a path starts (`/`, `./`, `../`, `~/`, `C:\`), and the segments a path is made of:
 # lowercase or Capitalized words, where base64 mixes cases at random (`/K7MDENG/bPxRf`)
 _PATH_START = re.compile(r"(?:\.{1,2}|~)?/|[A-Za-z]:[\\/]")
@@ -151,11 +156,24 @@ def _looks_like_path(value: str) -> bool:
 def _is_placeholder(value: str) -> bool:
     """`<password>`, `${DB_PASSWORD}`, `$TOKEN`, `%API_KEY%`, `@DB_PASS@`, `****`, `changeme`,
     `YourPassword`: a value to fill in, not a value."""
-    if _TEMPLATE.search(value) or _PLACEHOLDER.fullmatch(value):
+    if _PLACEHOLDER.fullmatch(value):
+        return True
+    if _TEMPLATE.search(value) and not _random_blob(value):  # `$(` in a Django key is noise
         return True
     if "".join(c for c in value.lower() if c.isalnum()) in _PLACEHOLDER_WORDS:
         return True
     return _PLACEHOLDER_LEAD.match(value) is not None
+
+
+# `CRMFEncryptedKey*`, `uint8_t*` (not `Quartz2050*`: a word and a number is a password's)
+_POINTER_TYPE = re.compile(r"[A-Za-z_](?:[A-Za-z_:]|\d(?!\d))*[*&]+")
+
+
+def _random_blob(value: str) -> bool:
+    """Long, dense and symbol-rich (a Django `SECRET_KEY` holds `(` and `)`): no call or
+    subscript reads like this."""
+    symbols = sum(not c.isalnum() for c in value)
+    return len(value) >= 32 and symbols >= 4 and shannon_entropy(value) >= 4.3
 
 
 def _names_something(value: str) -> bool:
@@ -167,10 +185,22 @@ def _names_something(value: str) -> bool:
             and all(_NAME_PART.fullmatch(p) for p in _NAME_SEPARATOR.split(value))
         )
         or _VERSION_VALUE.fullmatch(value)
-        or _EXPRESSION.search(value)
+        or (_EXPRESSION.search(value) and not _random_blob(value))
+        or _POINTER_TYPE.fullmatch(value)
         or _looks_like_code_name(value)
         or _looks_like_path(value)
     )
+
+
+# a word run into two or more digits (`maple297`, `Falcon01`), as a policy makes people pick
+_WORD_AND_NUMBER = re.compile(r"[A-Za-z]{3,}\d{2,}[A-Za-z]{0,3}|\d{2,}[A-Za-z]{3,}")
+
+
+def _password_shaped(value: str) -> bool:
+    """`Summer2024`, `maple297_xw`, `tundra14-X`: a word run into a number of two or more
+    digits: a name's shape, but a password's (identifiers put digits in a word as `utf8`,
+    `v2`, `x86`, rarely as a word and a number)."""
+    return any(_WORD_AND_NUMBER.fullmatch(p) for p in _NAME_SEPARATOR.split(value) if p)
 
 
 def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = False) -> bool:
@@ -178,8 +208,13 @@ def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = F
     for format strings; `bare` (unquoted) values must not be plain numbers either."""
     if not value or "\\" in value or any(c.isspace() for c in value):
         return False
-    if _is_placeholder(value) or _names_something(value):
+    if _is_placeholder(value):
         return False
+    password_shaped = kind is Kind.PASSWORD and _password_shaped(value)
+    if _names_something(value) and not password_shaped:
+        return False
+    if bare and identifier_like(value) and not password_shaped:
+        return False  # `#define hmac_set_key nettle_hmac_set_key`: an alias, not a key
     if _FORMAT.search(value):
         # `%s`, `user=%s`, `v%d.%d`, `{}:{}` hold nothing but a word around the conversions;
         # a password that happens to hold `%d` (`x9%dQm!`) still has more than a word left
@@ -192,7 +227,91 @@ def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = F
         return len(value) >= config.min_password_length
     if len(value) < config.min_key_length or not _KEY_CHARS.fullmatch(value):
         return False
-    return _shannon_entropy(value) >= config.min_key_entropy
+    return shannon_entropy(value) >= config.min_key_entropy
+
+
+_WORD_RUN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d{1,4}")
+_WORD_SEPARATORS = re.compile(r"[_-]+")
+
+
+def _single_letters(segment: str) -> int | None:
+    """One-letter pieces of a segment read as words and numbers, or None if it does not
+    read so: not made of such pieces, or a third number in it (`BuiltIn2BuiltIn`, `32x2`
+    read as words; `4lye4qk8igs` is random)."""
+    runs = _WORD_RUN.findall(segment)
+    if "".join(runs) != segment or sum(r.isdigit() for r in runs) > 2:
+        return None
+    return sum(len(r) == 1 and r.isalpha() for r in runs)
+
+
+def identifier_like(value: str) -> bool:
+    """`TYPEOF_MAKE_OBJ_unsignedchar`, `__boost_threefry_engine_32x2`,
+    `IndexedBidirectional1DIteratorConcept`: words and numbers, where random text falls
+    apart into one-letter pieces and digits everywhere."""
+    segments = [x for x in _WORD_SEPARATORS.split(value) if x]
+    singles = [_single_letters(x) for x in segments]
+    if not segments or any(n is None or n > 1 for n in singles):
+        return False
+    runs = [r for x in segments for r in _WORD_RUN.findall(x) if r.isalpha()]
+    letters = sum(len(r) for r in runs)
+    vowels = sum(c in "aeiouAEIOU" for r in runs for c in r)
+    # words are long (`unsignedchar`, `Iterator`; random text's letter runs average ~2)
+    # and pronounceable (a quarter or more vowels; random letters have a fifth)
+    return (
+        sum(n or 0 for n in singles) <= 1
+        and bool(runs)
+        and letters >= 3.5 * len(runs)
+        and vowels >= 0.25 * letters
+    )
+
+
+_ALL_HEX = re.compile(r"[0-9a-fA-F]+")
+# what sits where a random value might and is none: `postgres:16`, `db.local:5432`, an
+# address (`2a01:4f8::2`, `36.44.40.54`)
+_HOST_PORT_OR_TAG = re.compile(r"[a-z][a-z0-9._/-]*:(?:\d[\w.-]*|latest|stable|alpine|slim)")
+
+
+def _is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def character_classes(value: str) -> int:
+    """How many of lowercase, uppercase, digits and symbols the value mixes."""
+    return (
+        any(c.islower() for c in value)
+        + any(c.isupper() for c in value)
+        + any(c.isdigit() for c in value)
+        + any(not c.isalnum() for c in value)
+    )
+
+
+def random_looking(value: str, kind: Kind, config: ScrubConfig) -> bool:
+    """A secret with nothing around it to vouch for it (a positional argument, `password X`
+    in prose, a name that only says `key`): plausible, and random on its own account. Hex
+    is left out for keys: hashes, ids and test vectors are hex, and a hex key bound to a
+    credential name is still caught there."""
+    if not plausible_secret(value, kind, config, bare=True):
+        return False
+    if _HOST_PORT_OR_TAG.fullmatch(value) or _is_address(value):
+        return False
+    if identifier_like(value) and not (kind is Kind.PASSWORD and _password_shaped(value)):
+        return False
+    if kind is Kind.PASSWORD:
+        return (
+            len(value) >= config.min_random_password_length
+            and character_classes(value) >= config.min_random_password_classes
+        )
+    return (
+        len(value) >= config.min_random_key_length
+        and (any(c.isdigit() for c in value) or character_classes(value) >= 3)
+        and character_classes(value) >= 2
+        and not _ALL_HEX.fullmatch(value)
+        and shannon_entropy(value) >= config.min_random_key_entropy
+    )
 
 
 def folded(text: str) -> str:
