@@ -427,7 +427,10 @@ def deduplicate(
     bounds = np.array([s.first_doc for s in plan] + [n_docs], dtype=np.int64)
     area = WorkArea(store.fs, f"{out_dir}/_work-{uuid.uuid4().hex[:8]}")
     job = DedupJob(store, config, area, out_dir, n_docs, p, bounds, open_cache, ledger_stage)
-    stats: Counter[str] = Counter(shards=shards, files=n_docs)
+    # every counter recorded, zero included: an empty corpus reports the same keys
+    stats: Counter[str] = Counter(
+        shards=shards, files=n_docs, bytes=0, tokens=0, empty_signatures=0, cached_files=0
+    )
     try:
         order = StreamOrder()
         for signed in run(sign_task, job, plan):
