@@ -136,7 +136,13 @@ def serial(scale: int, engines: list[str], work: Path) -> dict[str, Any]:
             corpus.catalog, work / engine, f"{scale}x {engine}", args=("--engine", engine)
         )
         out[engine] = _summary(result, corpus)
+    baseline = {}
+    for repo in BASELINE:  # the same corpus, another checkout's code, default engine
+        result = _run(corpus.catalog, work / "baseline", f"{scale}x baseline {repo}", repo=repo)
+        baseline[str(repo)] = {"commit": _commit_of(repo), **_summary(result, corpus)}
     return {
+        "commit": _commit_of(REPO),
+        "baseline": baseline,
         "scale": scale,
         "cpus": len(os.sched_getaffinity(0)),
         "target": "driver CPU <= 5% of the run's CPU",
@@ -282,7 +288,7 @@ def main() -> None:
     if args.what == "workers":
         result = workers(args.scale, [int(n) for n in args.workers.split(",")], work)
     elif args.what == "serial":
-        result = serial(args.scale, args.engines.split(","), work)
+        result = serial(args.scale, [e for e in args.engines.split(",") if e], work)
     elif args.what == "memory":
         result = memory([int(n) for n in args.scales.split(",")], work)
     else:

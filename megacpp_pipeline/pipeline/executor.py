@@ -81,6 +81,8 @@ class Executor(Protocol):
 
     def map_timed(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[Timed]: ...
 
+    def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R: ...
+
     def describe(self) -> dict[str, Any]: ...
 
     stats: MapStats
@@ -143,6 +145,16 @@ class LocalExecutor:
         for timed in self.map_timed(task, job, items):
             yield timed.value
 
+    def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R:
+        """One task in a worker of its own even with one worker: a bounded step that would
+        otherwise load the driver (training the tokenizer on its sample)."""
+        if "fork" not in _start_methods():
+            return task(job, item)
+        for timed in self._map_forked(task, job, [item]):
+            value: R = timed.value
+            return value
+        raise TaskLost("the task gave no result")
+
     def map_timed(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[Timed]:
         items = list(items)
         if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
@@ -159,7 +171,7 @@ class LocalExecutor:
         next_out = 0
         attempts = 0
         while todo:
-            pool, futures, end = _start_pool(task, job, items, todo, self._workers)
+            pool, futures, end = _start_pool(task, job, items, todo, max(1, self._workers))
             broken = False
             try:
                 for i in todo:

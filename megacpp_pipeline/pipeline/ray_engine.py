@@ -93,6 +93,14 @@ class RayExecutor:
         for timed in self.map_timed(task, job, items):
             yield timed.value
 
+    def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R:
+        """One task on the cluster, not in the driver."""
+        connect(self.engine)
+        timed: Timed = ray.get(_run.remote(ray.put((task, job)), item))
+        self.stats.count(timed.node, timed.busy_s)
+        value: R = timed.value
+        return value
+
     def map_timed(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[Timed]:
         items = list(items)
         if len(items) < 2:  # one task is cheaper here than a round trip to the cluster

@@ -1,8 +1,8 @@
 """tokenizer: a pinned tokenizer.json (sha256 verified) or a byte-level BPE trained
 deterministically on a sample of the train split of the deduplicated files; special tokens
 (BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids. Tasks measure the train split and
-draw the hash-uniform sample slice by slice; the driver reads only the sample (bounded by
-max_train_bytes) and trains."""
+draw the hash-uniform sample slice by slice; one more task reads the sample (bounded by
+max_train_bytes) and trains: the driver holds neither the corpus nor the sample."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from tokenizers import Tokenizer
 
 from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
@@ -57,6 +58,27 @@ def _sample_task(job: _Job, task: tuple[int, tuple[slices.Piece, ...]]) -> tuple
     uploader = ShardUploader(job.store, job.work)
     uploader.write_parquet(f"sample-{index:05d}.parquet", pa.table({"text": drawn}))
     return len(drawn), sum(len(x.encode()) for x in drawn)
+
+
+def _train_task(job: _Job, drawn: list[int]) -> str:
+    """Train on the tasks' sample (their files read in stream order, up to max_train_bytes)
+    in a worker of its own: the driver only plans and commits. The tokenizer's JSON."""
+    config = job.config
+
+    def sample() -> Iterator[str]:
+        budget = config.max_train_bytes
+        for index, texts in enumerate(drawn):
+            if not texts:
+                continue
+            table = pq.read_table(f"{job.work}/sample-{index:05d}.parquet", filesystem=job.store.fs)
+            for text in table["text"].to_pylist():
+                budget -= len(text.encode())
+                if budget < 0:
+                    return
+                yield text
+
+    tok = tokenizer.train_tokenizer(sample(), config, None)
+    return str(tok.to_str())
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -102,7 +124,8 @@ def _train(
     work: str,
 ) -> tuple[Any, dict[str, Any]]:
     """A BPE trained on a hash-uniform sample of the train split that tasks draw slice by
-    slice; the driver reads only the sample, in stream order, up to max_train_bytes."""
+    slice, by a task of its own that reads the sample in stream order up to
+    max_train_bytes: the driver holds neither the corpus nor the sample."""
     executor = ctx.executor()
     inputs = [(source, name) for name in source.data_tables()]
     task_bytes = slices.task_bytes_for(
@@ -114,23 +137,11 @@ def _train(
     fraction = tokenizer.effective_fraction(config, total)
     job = replace(job, fraction=fraction)
     try:
-        drawn = list(executor.map(_sample_task, job, list(enumerate(plan))))
-
-        def sample() -> Iterator[str]:
-            budget = config.max_train_bytes
-            for index, (texts, _) in enumerate(drawn):
-                if not texts:
-                    continue
-                table = pq.read_table(f"{work}/sample-{index:05d}.parquet", filesystem=ctx.store.fs)
-                for text in table["text"].to_pylist():
-                    budget -= len(text.encode())
-                    if budget < 0:
-                        return
-                    yield text
-
-        tok = tokenizer.train_tokenizer(sample(), config, None)
+        drawn = [texts for texts, _ in executor.map(_sample_task, job, list(enumerate(plan)))]
+        trained = executor.run_apart(_train_task, job, drawn)
     finally:
         ctx.store.delete_dir(work)
+    tok = Tokenizer.from_str(trained)
     training = {
         "train_split_bytes": total,
         "sample_fraction": fraction,
