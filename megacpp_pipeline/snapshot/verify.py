@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.repository import document_files_problems
@@ -45,8 +46,11 @@ from megacpp_pipeline.snapshot.promote import (
 from megacpp_pipeline.snapshot.shard_checks import (
     Mapper,
     PlacedPieces,
+    RoundTripJob,
+    RoundTripShard,
     file_facts,
     inline,
+    round_trip_shard,
     row_problems,
     token_problems,
 )
@@ -225,10 +229,12 @@ def check_documents(
 
 
 def check_round_trip(
-    snap: Path, manifest: SnapshotManifest, sample: int, seed: int = 0
+    snap: Path, manifest: SnapshotManifest, sample: int, seed: int = 0, mapper: Mapper = inline
 ) -> CheckOutcome:
     """Rebuild documents from their pieces, strip BOS/EOS, decode with the snapshot's own
-    tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256)."""
+    tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256). A task of
+    `mapper` per rows shard rebuilds and decodes the sampled documents whose pieces all lie
+    in it (every one, when a packing window is a shard); any other is rebuilt here."""
     out = CheckOutcome("round_trip_decode", True)
     docs = pl.DataFrame(
         pq.read_table(snap / "documents.parquet", columns=["doc_id", "path", "content_sha256"])
@@ -238,7 +244,17 @@ def check_round_trip(
     sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
     path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
     checked = 0
-    for doc in document_texts(snap, manifest, sha_by_doc):
+    tasks, elsewhere = _round_trip_tasks(snap, manifest, sha_by_doc, path_by_doc)
+    special = manifest.tokenizer.get("special_tokens", {})
+    job = RoundTripJob(
+        snap, manifest.seq_len, int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
+    )
+    for n, problems, unresolved in mapper(round_trip_shard, job, tasks):
+        checked += n
+        elsewhere += unresolved
+        for problem in problems:
+            out.fail(problem)
+    for doc in document_texts(snap, manifest, elsewhere) if elsewhere else ():
         if doc.text is None:
             out.fail(f"doc {doc.doc_id} ({path_by_doc[doc.doc_id]}): {doc.problem}")
             continue
@@ -263,6 +279,89 @@ def check_round_trip(
         files_checked=files_checked,
         sampled=len(sha_by_doc) < manifest.documents,
     )
+    return out
+
+
+def _round_trip_tasks(
+    snap: Path,
+    manifest: SnapshotManifest,
+    sha_by_doc: dict[int, str],
+    path_by_doc: dict[int, str],
+) -> tuple[list[RoundTripShard], list[int]]:
+    """The sampled documents' pieces grouped by the rows shard that holds them (a shard's
+    pack_ids from its footer statistics), and the documents whose pieces span shards or
+    rows no shard holds (rebuilt by the driver's own reader)."""
+    wanted = pa.array(sorted(sha_by_doc), pa.int32())
+    pieces = pq.read_table(snap / "pieces.parquet")
+    pieces = pieces.filter(pc.is_in(pieces["doc_id"], wanted)).sort_by(
+        [("doc_id", "ascending"), ("piece_index", "ascending")]
+    )
+    pack = pieces["pack_id"].to_numpy()
+    doc = pieces["doc_id"].to_numpy().astype(np.int64)
+    shard_of = np.full(len(pack), -1, dtype=np.int64)
+    claims = np.zeros(len(pack), dtype=np.int64)  # shards whose pack_id range holds it
+    rels = [rel for s in manifest.splits.values() for rel in s.shards]
+    for i, rel in enumerate(rels):
+        lo, hi = _pack_id_range(snap / rel)
+        if lo is None:
+            claims += 2  # no statistics: nothing is known of where its rows are
+            continue
+        inside = (pack >= lo) & (pack <= hi)
+        shard_of[inside] = i
+        claims += inside
+    shard_of[claims != 1] = -1
+    first = np.r_[True, doc[1:] != doc[:-1]] if len(doc) else np.zeros(0, bool)
+    group = np.cumsum(first) - 1
+    ones = np.ones(len(doc), dtype=bool)
+    if len(doc):
+        lowest = np.minimum.reduceat(shard_of, np.flatnonzero(first))
+        highest = np.maximum.reduceat(shard_of, np.flatnonzero(first))
+        ones = (lowest[group] == highest[group]) & (shard_of >= 0)
+    elsewhere = sorted({int(d) for d in doc[~ones]} | (set(sha_by_doc) - set(doc.tolist())))
+    members = _member_starts(snap, manifest) if manifest.document_mode != "file" else {}
+    tasks = []
+    for i, rel in enumerate(rels):
+        mine = np.flatnonzero(ones & (shard_of == i))
+        if not len(mine):
+            continue
+        docs_here = {int(d) for d in doc[mine]}
+        tasks.append(
+            RoundTripShard(
+                rel,
+                doc[mine],
+                pieces["piece_index"].to_numpy()[mine],
+                pack[mine],
+                pieces["row_offset"].to_numpy()[mine],
+                pieces["length"].to_numpy()[mine],
+                {d: members[d] for d in docs_here if d in members},
+                {d: sha_by_doc[d] for d in docs_here},
+                {d: path_by_doc[d] for d in docs_here},
+            )
+        )
+    return tasks, elsewhere
+
+
+def _pack_id_range(path: Path) -> tuple[int | None, int | None]:
+    """The lowest and highest pack_id of a rows shard, from its footer's statistics."""
+    meta = pq.read_metadata(path)
+    column = meta.schema.names.index("pack_id")
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None, None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (min(lows), max(highs)) if lows else (None, None)
+
+
+def _member_starts(snap: Path, manifest: SnapshotManifest) -> dict[int, list[int]]:
+    files = read_document_files(snap, ["doc_id", "position", "start_token"])
+    out: dict[int, list[int]] = {}
+    for d, _, start in sorted(
+        zip(*(files[c].to_pylist() for c in files.column_names), strict=True)
+    ):
+        out.setdefault(d, []).append(start)
     return out
 
 
@@ -383,7 +482,7 @@ FROM_DISK: dict[
     "token_range_and_pads": lambda s, m, c, full, mapper: check_token_ranges(s, m, mapper),
     "document_consistency": lambda s, m, c, full, mapper: check_documents(s, m, mapper),
     "round_trip_decode": lambda s, m, c, full, mapper: check_round_trip(
-        s, m, m.documents if full else c.round_trip_sample, c.seed
+        s, m, m.documents if full else c.round_trip_sample, c.seed, mapper
     ),
     "ledger_completeness": lambda s, m, c, full, mapper: check_ledger(s, m),
     "dataset_card": lambda s, m, c, full, mapper: check_card(s, m),
