@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from megacpp_pipeline.core.row_runs import rows_where
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENT_TOKENS, DOCUMENTS
 from megacpp_pipeline.corpus import repository
 from megacpp_pipeline.corpus.repository import DocumentMode, DocumentsConfig
@@ -149,7 +150,7 @@ def _write(job: _Job, index: int, source: str, docs: pa.Table, files: pa.Table) 
     shards = []
     split = docs["split"]
     for name in SPLITS:
-        part = docs.filter(pc.equal(split, name))
+        part = rows_where(docs, pc.equal(split, name).to_numpy(zero_copy_only=False))
         if part.num_rows:
             table = split_table(source, name)
             rel = f"{table.replace(':', '-')}-{index:05d}.parquet"

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.row_runs import rows_where
 from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.dedup import decisions, grouping, signing
@@ -368,11 +369,11 @@ def apply_task(job: DedupJob, task: ApplyTask) -> ApplyResult:
     rows = decisions.decision_rows(
         table, piece.first_doc, task.member_doc, task.member_rep, task.member_exact, sim, names
     )
-    keep = pc.equal(rows["status"], "kept")
+    keep = pc.equal(rows["status"], "kept").to_numpy(zero_copy_only=False)
     uploader = ShardUploader(job.store, job.out_dir)
     shards: dict[str, tuple[pa.Schema, ShardInfo, WrittenSchema]] = {}
     outputs = [
-        (f"data:{piece.source}", table.filter(keep), DEDUPED_FILES),
+        (f"data:{piece.source}", rows_where(table, keep), DEDUPED_FILES),
         (
             "ledger",
             ledger.stamp(decisions.ledger_rows(rows), job.ledger_stage),
