@@ -339,6 +339,29 @@ def _scatter_shard(job: _Scatter, relpath: str) -> np.ndarray:
     return np.concatenate(placed) if placed else np.empty(0, np.int64)
 
 
+EXPORTED = "EXPORTED"  # written last into an export folder: the snapshot id it was made from
+
+
+def export_once(
+    snapshot_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], mapper: Mapper = inline
+) -> bool:
+    """Every split with rows exported to `out_dir/<split>`, unless the folder already holds
+    this snapshot's export (its EXPORTED marker names the snapshot id): the promotion check
+    exports once and the megatron stage takes that export. True when it exported now."""
+    root, out = Path(snapshot_dir), Path(out_dir)
+    manifest = read_snapshot_manifest(root)
+    marker = out / EXPORTED
+    if marker.is_file() and marker.read_text().strip() == manifest["snapshot_id"]:
+        return False
+    out.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    for split, entry in manifest["splits"].items():
+        if entry["rows"]:
+            export_snapshot(root, out / split, split=split, mapper=mapper)
+    marker.write_text(manifest["snapshot_id"] + "\n")
+    return True
+
+
 def _write_pieces(fd: int, values: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> None:
     """`values` (the pieces' tokens, one after another) written piece by piece at `dest`
     (in tokens) of the open .bin."""

@@ -441,19 +441,24 @@ def check_consumer_smoke(snap: Path, config: SnapshotConfig) -> CheckOutcome:
     return out
 
 
-def check_megatron(snap: Path, mapper: Mapper = inline) -> CheckOutcome:
+def check_megatron(
+    snap: Path, mapper: Mapper = inline, export_to: Path | None = None
+) -> CheckOutcome:
     """The .bin/.idx export read back by an independent reader: same documents and tokens
-    (splits without rows have no export: see megatron.export_snapshot)."""
+    (splits without rows have no export: see megatron.export_snapshot). With `export_to`,
+    the export is made there once (megatron.export_once) and kept for the megatron stage;
+    else in a temporary folder."""
     from megacpp_pipeline.snapshot import megatron
 
     out = CheckOutcome("megatron_read_back", True)
     manifest = read_manifest(snap)
     with tempfile.TemporaryDirectory(prefix="megacpp-megatron-") as tmp:
+        where = export_to or Path(tmp)
+        megatron.export_once(snap, where, mapper)
         for split, entry in manifest.splits.items():
             if entry.rows == 0:
                 continue
-            prefix = Path(tmp) / split
-            megatron.export_snapshot(snap, prefix, split=split, mapper=mapper)
+            prefix = where / split
             reader = megatron.IndexedDatasetReader(prefix)
             docs = len(reader)
             tokens = int(sum(len(reader[i]) for i in range(docs)))
@@ -493,7 +498,12 @@ ALL_CHECKS = [*FROM_DISK, "consumer_smoke_read", "megatron_read_back"]
 
 
 def run_check(
-    name: str, snap: Path, config: SnapshotConfig, full: bool = False, mapper: Mapper = inline
+    name: str,
+    snap: Path,
+    config: SnapshotConfig,
+    full: bool = False,
+    mapper: Mapper = inline,
+    megatron_dir: Path | None = None,
 ) -> CheckOutcome:
     """One promotion check; an exception becomes a failed outcome naming the snapshot. The
     per-shard work runs as tasks of `mapper` (an executor's map; default: this process)."""
@@ -501,7 +511,7 @@ def run_check(
         if name == "consumer_smoke_read":
             return check_consumer_smoke(snap, config)
         if name == "megatron_read_back":
-            return check_megatron(snap, mapper)
+            return check_megatron(snap, mapper, megatron_dir)
         manifest = read_manifest(snap)
         return FROM_DISK[name](snap, manifest, config, full, mapper)
     except Exception as e:  # a check that crashes is a failed check, reported as such

@@ -159,6 +159,12 @@ def upload_beside_snapshot(ctx: StageContext, local: Path, *parts: str) -> str |
     return store.uri_of(target)
 
 
+def megatron_dir(ctx: StageContext, snapshot_id: str) -> Path:
+    """Where a snapshot's Megatron export is built: the promotion check exports there once
+    and the megatron stage takes it."""
+    return ctx.store.local_root(ctx.cache_dir) / "megatron" / snapshot_id
+
+
 def snapshot_dir_of(ctx: StageContext) -> Path:
     """The directory of the snapshot the latest `snapshot` version promoted."""
     return Path(ctx.store.latest("snapshot", None).extra["snapshot_dir"])
@@ -216,8 +222,11 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
 
     def gate(build_dir: Path) -> list[str]:
         failures = []
+        exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
         for name in verify.ALL_CHECKS:
-            outcome = verify.run_check(name, build_dir, config, mapper=host.map)
+            outcome = verify.run_check(
+                name, build_dir, config, mapper=host.map, megatron_dir=exports
+            )
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
@@ -292,7 +301,11 @@ _DESCRIPTIONS = {
 def _promotion_check(name: str) -> Check:
     def evaluate(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
         mapper = ctx.host_executor().map
-        outcome = verify.run_check(name, snapshot_dir_of(ctx), ctx.config(stage), mapper=mapper)
+        snap = snapshot_dir_of(ctx)
+        exports = megatron_dir(ctx, read_manifest(snap).snapshot_id)
+        outcome = verify.run_check(
+            name, snap, ctx.config(stage), mapper=mapper, megatron_dir=exports
+        )
         return CheckOutcome(
             passed=outcome.passed,
             metadata={
