@@ -26,7 +26,7 @@ from assets.console import RunConsole
 from assets.defs import DEFAULT_CACHE_DIR, build_defs
 from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.engine import Engine
-from megacpp_pipeline.pipeline.parallel import polars_threads_run
+from megacpp_pipeline.pipeline.parallel import cpu_count, default_workers, polars_threads_run
 from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,6 +147,9 @@ def run_pipeline(
     sources = _sources(defs)
     if not sources:
         raise PipelineFailed(f"{config}: no operational source to materialize")
+    asked, cpus = workers or default_workers(), cpu_count()
+    if not chosen.distributed and asked > cpus:
+        print(f"megacpp run: {asked} workers asked, {cpus} CPUs here: {cpus} run", file=log)
     prepare_instance_home()
     instance = dg.DagsterInstance.get()
     # Dagster's event log always goes to the instance (the UI shows it); to the console only

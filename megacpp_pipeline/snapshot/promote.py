@@ -15,12 +15,14 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -28,11 +30,20 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENTS
 from megacpp_pipeline.corpus.repository import file_document_files
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
 from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
+from megacpp_pipeline.snapshot.streams import (
+    Cursor,
+    StreamWriter,
+    group_counts,
+    in_order,
+    read_back,
+    write_stream,
+)
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
     MANIFEST,
@@ -174,16 +185,20 @@ class SnapshotParts:
     tokenizer_json: bytes
     tokenizer_info: dict[str, Any]
     rows: dict[str, list[ShardSource | Path]]  # split -> packed-row shards, in order
-    documents: pa.Table  # schemas.DOCUMENTS rows, all of them (metadata only: small)
-    pieces: Iterable[pa.Table]
-    ledger: Iterable[pa.Table]  # ledger rows of every stage, in `ledger_stages` order
+    # schemas.DOCUMENTS rows in doc_id order (metadata only), as chunks or one table
+    documents: pa.Table | Iterable[pa.Table]
+    pieces: Iterable[pa.Table]  # PIECES_SCHEMA rows in (doc_id, piece_index) order
+    # the final ledger (final_ledger / final_ledger_chunks): every collected file, source by
+    # source in collection order
+    ledger: Iterable[pa.Table]
     ledger_stages: list[str]  # the stages that write ledgers, collect first (the registry's)
     inputs: dict[str, str]
     code_version: str
     config_hash: str
     sources: dict[str, SourceEntry] = field(default_factory=dict)  # with their revisions
-    # schemas.DOCUMENT_FILES rows; None: file mode, one file per document (derived)
-    document_files: pa.Table | None = None
+    # schemas.DOCUMENT_FILES rows in (doc_id, position) order; None: file mode, one file per
+    # document (derived from the documents)
+    document_files: Iterable[pa.Table] | None = None
     document_mode: str = "file"
     engine: dict[str, Any] = field(default_factory=lambda: {"engine": "local"})  # ran the gates
 
@@ -195,27 +210,136 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
         raise SnapshotError(f"{path}: did not read back ({e})") from e
 
 
+# documents.parquet: the documents stage's rows, `num_tokens` (the text's own tokens) as
+# `text_tokens`, then what the pieces hold of each: how many, and its packed tokens (BOS, text,
+# EOS, FIM sentinels)
+# (nullable: the file keeps what the documents stage had, nothing is refused here)
+_DOCUMENTS = pa.schema([f.with_nullable(True) for f in DOCUMENTS])
+SNAPSHOT_DOCUMENTS = pa.schema(
+    [
+        *(f.with_name("text_tokens") if f.name == "num_tokens" else f for f in _DOCUMENTS),
+        pa.field("num_pieces", pa.int32(), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),
+    ],
+    metadata={"megacpp.table": "snapshot_documents", "megacpp.schema_version": "2"},
+)
+
+
+def _write_documents_and_pieces(work: Path, parts: SnapshotParts, split_docs: Counter[str]) -> int:
+    """documents.parquet and pieces.parquet written side by side, a chunk of documents at a
+    time with the pieces up to its last doc_id (both streams come in doc_id order); each
+    document gets its pieces' count and tokens. The documents written."""
+    documents = StreamWriter(work / "documents.parquet", SNAPSHOT_DOCUMENTS)
+    pieces = StreamWriter(work / "pieces.parquet", PIECES_SCHEMA)
+    cursor = Cursor(
+        in_order((t.cast(PIECES_SCHEMA) for t in parts.pieces), "doc_id", "pieces"),
+        "doc_id",
+        PIECES_SCHEMA,
+    )
+    try:
+        for chunk in in_order(_tables(parts.documents), "doc_id", "documents"):
+            chunk = chunk.select(_DOCUMENTS.names).cast(_DOCUMENTS)
+            held = cursor.upto(chunk["doc_id"][-1].as_py())
+            pieces.add(held)
+            doc, count, tokens = group_counts(held["doc_id"].to_numpy(), held["length"].to_numpy())
+            ids = chunk["doc_id"].to_numpy()
+            at = np.minimum(np.searchsorted(doc, ids), max(len(doc) - 1, 0))
+            found = (doc[at] == ids) if len(doc) else np.zeros(len(ids), dtype=bool)
+            documents.add(
+                chunk.rename_columns(SNAPSHOT_DOCUMENTS.names[: chunk.num_columns])
+                .append_column("num_pieces", pa.array(np.where(found, count[at], 0), pa.int32()))
+                .append_column("num_tokens", pa.array(np.where(found, tokens[at], 0), pa.int32()))
+            )
+            split_docs.update(chunk["split"].to_pylist())
+        for rest in cursor.rest():  # pieces of no document: verify names them
+            pieces.add(rest)
+        pieces.close()
+        return documents.close()
+    except BaseException:
+        documents.abort()
+        pieces.abort()
+        raise
+
+
+def _tables(documents: pa.Table | Iterable[pa.Table]) -> Iterable[pa.Table]:
+    return [documents] if isinstance(documents, pa.Table) else documents
+
+
+def _documents_again(work: Path) -> Iterator[pa.Table]:
+    """documents.parquet read back with its text's own token counts as `num_tokens` (what
+    file mode's document_files are made of)."""
+    for chunk in read_back(work / "documents.parquet"):
+        yield chunk.drop_columns(["num_tokens", "num_pieces"]).rename_columns(DOCUMENTS.names)
+
+
+def _summed(ledger: Iterable[pa.Table], summary: dict[str, Counter[str]]) -> Iterator[pa.Table]:
+    """The final ledger's chunks as they are, counted per source on the way: collected,
+    kept, dropped (the manifest's ledger summary)."""
+    for chunk in ledger:
+        for source, status in zip(
+            chunk["source_id"].to_pylist(), chunk["status"].to_pylist(), strict=True
+        ):
+            counts = summary.setdefault(source, Counter(collected=0, kept=0, dropped=0))
+            counts["collected"] += 1
+            counts[status] += 1
+        yield chunk
+
+
 def final_ledger(
     ledger_parts: Iterable[pa.Table], document_files: pa.Table, collected_stage: str
 ) -> pa.Table:
     """One row per collected file: kept (it is in a document: document_files.parquet) or
     dropped at the stage that dropped it, with the reason and dup_of. The collect ledger
     (`collected_stage`'s) lists every file seen; later stages list only their drops, and the
-    first drop counts."""
+    first drop counts. In memory: final_ledger_chunks does the same a chunk at a time."""
     frames = [pl.DataFrame(t) for t in ledger_parts if t.num_rows]
     if not frames:
         return LEDGER_SCHEMA.empty_table()
     everything = pl.concat(frames, how="vertical_relaxed")
     collected = everything.filter(pl.col("stage") == collected_stage)
-    later = everything.filter(pl.col("stage") != collected_stage).unique(
-        subset=["source_id", "path"], keep="first", maintain_order=True
-    )
+    later = everything.filter(pl.col("stage") != collected_stage)
+    return _joined(collected, later, document_files)
+
+
+@dataclass
+class SourceLedgers:
+    """One source's ledgers for final_ledger_chunks, each sorted by path (the canonical
+    order every stage keeps): the collect ledger, the later stages' (in stage order), and
+    the source's document_files rows."""
+
+    collected: Iterable[pa.Table]
+    later: list[Iterable[pa.Table]]
+    files: Iterable[pa.Table]
+
+
+def final_ledger_chunks(sources: Iterable[SourceLedgers]) -> Iterator[pa.Table]:
+    """final_ledger a chunk of the collect ledger at a time: each later stage's and the
+    document files' rows up to the chunk's last path are taken from cursors, so memory
+    follows a chunk, not the corpus (every stream is in path order within its source)."""
+    for source in sources:
+        later = [Cursor(s, "path", LEDGER_SCHEMA) for s in source.later]
+        files = Cursor(source.files, "path", DOCUMENT_FILES)
+        for chunk in in_order(source.collected, "path", "the collect ledger"):
+            last = chunk["path"][-1].as_py()
+            drops = [c.upto(last) for c in later]
+            rows = [pl.DataFrame(d) for d in drops if d.num_rows]
+            later_rows = (
+                pl.concat(rows, how="vertical_relaxed")
+                if rows
+                else pl.DataFrame(LEDGER_SCHEMA.empty_table())
+            )
+            yield _joined(pl.DataFrame(chunk), later_rows, files.upto(last))
+
+
+def _joined(collected: pl.DataFrame, later: pl.DataFrame, document_files: pa.Table) -> pa.Table:
+    later = later.unique(subset=["source_id", "path"], keep="first", maintain_order=True)
     docs = pl.DataFrame(
         document_files.select(["source_id", "path", "license_expression"])
     ).with_columns(pl.lit(True).alias("in_documents"))
     merged = (
-        collected.join(later, on=["source_id", "path"], how="left", suffix="_later")
-        .join(docs, on=["source_id", "path"], how="left", suffix="_doc")
+        collected.join(later, on=["source_id", "path"], how="left", suffix="_later",
+                       maintain_order="left")
+        .join(docs, on=["source_id", "path"], how="left", suffix="_doc", maintain_order="left")
         .with_columns(
             pl.when(pl.col("stage_later").is_not_null())
             .then(pl.col("stage_later"))
@@ -236,7 +360,7 @@ def final_ledger(
                 "license_expression"
             ),
         )
-    )
+    )  # fmt: skip
     # a collected file that reached no document and no drop row: say so instead of hiding it
     merged = merged.with_columns(
         pl.when(
@@ -307,42 +431,25 @@ def build_snapshot(
         (work / "tokenizer.json").write_bytes(parts.tokenizer_json)
         add("tokenizer.json")
 
-        pieces = pa.concat_tables(
-            [PIECES_SCHEMA.empty_table()] + [t.cast(PIECES_SCHEMA) for t in parts.pieces]
-        )
-        pieces = pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
-        # num_tokens: the document's tokens as packed (BOS + text + EOS, FIM sentinels),
-        # i.e. what its pieces hold; text_tokens: what the tokenizer gave for the text alone.
-        counts = (
-            pl.DataFrame(pieces.select(["doc_id", "length"]))
-            .group_by("doc_id")
-            .agg(
-                pl.len().cast(pl.Int32).alias("num_pieces"),
-                pl.col("length").sum().cast(pl.Int32).alias("num_tokens"),
-            )
-        )
-        documents = (
-            pl.DataFrame(parts.documents)
-            .rename({"num_tokens": "text_tokens"})
-            .join(counts, on="doc_id", how="left")
-            .with_columns(pl.col("num_pieces").fill_null(0), pl.col("num_tokens").fill_null(0))
-            .sort("doc_id")
-            .to_arrow()
-        )
-        _write_parquet(documents, work / "documents.parquet")
-        add("documents.parquet", documents.num_rows)
-        _write_parquet(pieces, work / "pieces.parquet")
-        add("pieces.parquet", pieces.num_rows)
-        document_files = (
+        split_docs: Counter[str] = Counter()
+        documents = _write_documents_and_pieces(work, parts, split_docs)
+        add("documents.parquet", documents)
+        add("pieces.parquet", pq.read_metadata(work / "pieces.parquet").num_rows)
+        files_in = (
             parts.document_files
             if parts.document_files is not None
-            else file_document_files(parts.documents)
-        ).sort_by([("doc_id", "ascending"), ("position", "ascending")])
-        _write_parquet(document_files, work / DOCUMENT_FILES_PARQUET)
-        add(DOCUMENT_FILES_PARQUET, document_files.num_rows)
-        ledger = final_ledger(parts.ledger, document_files, parts.ledger_stages[0])
-        _write_parquet(ledger, work / "ledger.parquet")
-        add("ledger.parquet", ledger.num_rows)
+            else (file_document_files(d) for d in _documents_again(work))
+        )
+        written = write_stream(
+            in_order(files_in, "doc_id", DOCUMENT_FILES_PARQUET), work / DOCUMENT_FILES_PARQUET,
+            DOCUMENT_FILES,
+        )  # fmt: skip
+        add(DOCUMENT_FILES_PARQUET, written)
+        summary: dict[str, Counter[str]] = {}
+        written = write_stream(
+            _summed(parts.ledger, summary), work / "ledger.parquet", LEDGER_SCHEMA
+        )
+        add("ledger.parquet", written)
 
         splits: dict[str, SplitEntry] = {}
         copies = [
@@ -356,12 +463,9 @@ def build_snapshot(
         for split in SPLITS:
             shards = [rel for _, rel in copies if rel.startswith(f"{split}/")]
             files.extend(copied[rel].entry for rel in shards)
-            split_docs = int(
-                pa.compute.sum(pa.compute.equal(documents["split"], split)).as_py() or 0
-            )
             splits[split] = SplitEntry(
                 rows=sum(copied[rel].entry.rows or 0 for rel in shards),
-                documents=split_docs,
+                documents=split_docs[split],
                 tokens=sum(copied[rel].tokens for rel in shards),
                 shards=shards,
             )
@@ -381,10 +485,10 @@ def build_snapshot(
             vocab_size=parts.vocab_size,
             tokenizer=parts.tokenizer_info,
             splits=splits,
-            documents=documents.num_rows,
+            documents=documents,
             document_mode=parts.document_mode,
             engine=parts.engine,
-            ledger=ledger_summary(ledger),
+            ledger={s: dict(c) for s, c in sorted(summary.items())},
             ledger_stages=parts.ledger_stages,
             sources=parts.sources,
             inputs=parts.inputs,

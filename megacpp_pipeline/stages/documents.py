@@ -33,6 +33,7 @@ from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.executor import Executor
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.snapshot.streams import merge
 from megacpp_pipeline.stages.tokenize import load_artifact
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import (
@@ -308,6 +309,21 @@ def _commit(
 
 def _ignore(message: str) -> None:
     pass
+
+
+def documents_stream(ctx: StageContext) -> Iterator[pa.Table]:
+    """Every document's metadata (DOCUMENTS, no tokens) in doc_id order, a chunk at a time:
+    each source's train and validation tables merged (ids are in catalog order)."""
+    manifest = ctx.latest("documents")
+    for source in ctx.sources():
+        train, validation = (
+            ctx.store.iter_tables(manifest, t, columns=DOCUMENTS.names)
+            if (t := split_table(source, split)) in manifest.tables
+            else iter(())
+            for split in SPLITS
+        )
+        for chunk in merge(train, validation, "doc_id", DOCUMENTS):
+            yield chunk.cast(DOCUMENTS)
 
 
 def documents_table(ctx: StageContext) -> pa.Table:

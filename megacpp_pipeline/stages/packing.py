@@ -47,6 +47,11 @@ UTILIZATION_PNG = "utilization_train.png"
 _PACKED_COLUMNS = ["doc_id", "split", "member_starts", "token_ids", "chunk_kind"]
 
 
+def pieces_table(split: str) -> str:
+    """The packed version's table of one split's pieces, in (doc_id, piece_index) order."""
+    return f"pieces:{split}"
+
+
 @dataclass(frozen=True)
 class _Job:
     store: ShardStore
@@ -81,9 +86,12 @@ def _pack_task(job: _Job, task: _Block) -> _Packed:
     batches = packing.pack_block(docs, task.split, task.block, config, tokenizer.special_ids())
     for window, batch in enumerate(batches):
         name = f"{task.split}-{task.block:05d}-{window:04d}.parquet"
+        # a window's pieces in document order: each split's pieces tables then come sorted
+        # by (doc_id, piece_index), the order the snapshot streams them in
+        placed = batch.pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
         for table, rows, rows_schema in (
             (f"data:{task.split}", batch.rows, schema),
-            ("pieces", batch.pieces, rows_contract.PIECES_SCHEMA),
+            (pieces_table(task.split), placed, rows_contract.PIECES_SCHEMA),
         ):
             shard, written = uploader.write_parquet(f"{table.replace(':', '-')}-{name}", rows)
             out.shards.append((table, rows_schema, shard, written))
@@ -121,7 +129,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         schema = rows_contract.packed_rows_schema(config.seq_len)
         for split in packing.SPLITS:  # both exist even when a split has no document
             version.table(f"data:{split}", schema)
-        version.table("pieces", rows_contract.PIECES_SCHEMA)
+        for split in packing.SPLITS:
+            version.table(pieces_table(split), rows_contract.PIECES_SCHEMA)
         telemetry: dict[str, packing.PackingTelemetry] = {}
         whole: dict[str, repository.WholeDocumentRows] = {}
         stats: Counter[str] = Counter(documents=0, valid_tokens=0)

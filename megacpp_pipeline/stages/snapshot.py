@@ -6,12 +6,14 @@ is a time series per property."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from megacpp_pipeline.core.schemas import DOCUMENT_FILES
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -25,6 +27,7 @@ from megacpp_pipeline.pipeline.registry import (
 from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
+from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA
 from megacpp_pipeline.snapshot.promote import (
     REPORT_DIR,
     ShardSource,
@@ -32,21 +35,74 @@ from megacpp_pipeline.snapshot.promote import (
     SnapshotManifest,
     SnapshotParts,
     SourceEntry,
+    SourceLedgers,
     build_snapshot,
+    final_ledger_chunks,
     read_manifest,
 )
-from megacpp_pipeline.stages.documents import document_files_table, documents_table
+from megacpp_pipeline.snapshot.streams import merge
+from megacpp_pipeline.stages.documents import documents_stream
+from megacpp_pipeline.stages.packing import pieces_table
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import ShardStore, config_hash
 from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST
 
 
-def ledger_tables(ctx: StageContext) -> Iterator[pa.Table]:
-    """Every stage's ledger, in registry order; a per-source stage source by source."""
-    for name in ctx.registry.ledger_stages():
-        partitions = ctx.partitions(name)
-        for partition in partitions:
-            yield from ctx.store.iter_tables(ctx.store.latest(name, partition), "ledger")
+class SourceRows:
+    """A stream of tables ordered by source (catalog order), handed out a source at a time:
+    a corpus-wide version's ledger or document files, read once for all sources."""
+
+    def __init__(self, tables: Iterable[pa.Table]) -> None:
+        self._tables = iter(tables)
+        self._head: pa.Table | None = None
+
+    def of(self, source: str) -> Iterator[pa.Table]:
+        while True:
+            if self._head is None:
+                self._head = next((t for t in self._tables if t.num_rows), None)
+                if self._head is None:
+                    return
+            ids = self._head["source_id"].to_numpy(zero_copy_only=False)
+            mine = int(np.argmax(ids != source)) if (ids != source).any() else len(ids)
+            if mine:
+                yield self._head.slice(0, mine)
+            if mine < len(ids):
+                self._head = self._head.slice(mine)
+                return
+            self._head = None
+
+
+def final_ledger_stream(
+    ctx: StageContext, document_files: Iterable[pa.Table]
+) -> Iterator[pa.Table]:
+    """The snapshot's ledger a chunk at a time: each source's collect ledger joined with
+    every later stage's drops and the source's document files (promote.final_ledger_chunks);
+    every stream is read once, in source then path order."""
+    stages = ctx.registry.ledger_stages()
+    corpus_wide = {
+        name: SourceRows(ctx.store.iter_tables(ctx.store.latest(name, None), "ledger"))
+        for name in stages[1:]
+        if not ctx.registry.get(name).per_source
+    }
+    files = SourceRows(document_files)
+
+    def later(name: str, source: str) -> Iterable[pa.Table]:
+        if name in corpus_wide:
+            return corpus_wide[name].of(source)
+        return ctx.store.iter_tables(ctx.store.latest(name, source), "ledger")
+
+    def sources() -> Iterator[SourceLedgers]:
+        for source in ctx.sources():
+            collected = ctx.store.iter_tables(ctx.store.latest(stages[0], source), "ledger")
+            mine: Iterable[pa.Table] = files.of(source)
+            if str(ctx.latest("documents").extra.get("mode", "file")) != "file":
+                # repository documents list their files in include order: sort the source's
+                mine = [
+                    pa.concat_tables(list(mine) or [DOCUMENT_FILES.empty_table()]).sort_by("path")
+                ]
+            yield SourceLedgers(collected, [later(n, source) for n in stages[1:]], mine)
+
+    return final_ledger_chunks(sources())
 
 
 def collected_sources(ctx: StageContext) -> dict[str, SourceEntry]:
@@ -193,12 +249,17 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             for split in ("train", "validation")
             if (name := f"data:{split}") in packed.tables
         },
-        documents=documents_table(ctx),
-        document_files=document_files_table(ctx),
+        documents=documents_stream(ctx),
+        document_files=store.iter_tables(documents, "document_files"),
         document_mode=str(documents.extra.get("mode", "file")),
         engine=ctx.engine.describe(),
-        pieces=store.iter_tables(packed, "pieces"),
-        ledger=ledger_tables(ctx),
+        pieces=merge(
+            store.iter_tables(packed, pieces_table("train")),
+            store.iter_tables(packed, pieces_table("validation")),
+            "doc_id",
+            PIECES_SCHEMA,
+        ),
+        ledger=final_ledger_stream(ctx, store.iter_tables(documents, "document_files")),
         ledger_stages=ctx.registry.ledger_stages(),
         sources=collected_sources(ctx),
         inputs=ctx.upstream_hashes([packed, documents, tok]),

@@ -47,7 +47,7 @@ class KillingExecutor(LocalExecutor):
     """Forked workers, one of which dies at the start of every map that forks."""
 
     def __init__(self, workers: int, markers: Path) -> None:
-        super().__init__(workers)
+        super().__init__(workers, cap=False)
         self.markers = markers
 
     def map(self, task: Any, job: Any, items: Any) -> Any:
