@@ -3,6 +3,7 @@ the whole DAG through Dagster (this shell). `python -m assets.cli` is the same."
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,9 +13,9 @@ from megacpp_pipeline import cli
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from assets.runner import PipelineFailed, run_pipeline
-
     try:
+        from assets.runner import PipelineFailed, PipelineInterrupted, run_pipeline
+
         outcome = run_pipeline(
             Path(args.config),
             args.data_dir,
@@ -24,6 +25,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             engine=args.engine,
             ray_address=args.ray_address,
         )
+    except KeyboardInterrupt:  # before the run's own handlers were installed
+        print("megacpp run: interrupted before any stage started", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except PipelineInterrupted as e:
+        print(f"megacpp run: {e}", file=sys.stderr)
+        return 128 + (e.signal or signal.SIGINT)
     except PipelineFailed as e:
         print(f"megacpp run: FAILED: {e}", file=sys.stderr)
         return 1

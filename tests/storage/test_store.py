@@ -236,7 +236,9 @@ def test_a_flipped_bit_of_the_same_size_fails_the_read(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    with pytest.raises(ShardVerificationError, match=f"its sha256 is .*records sha256 {shard.sha256}"):
+    with pytest.raises(
+        ShardVerificationError, match=f"its sha256 is .*records sha256 {shard.sha256}"
+    ):
         next(store.iter_tables(m))
     path.unlink()
     with pytest.raises(ShardVerificationError, match="it is missing"):
