@@ -23,7 +23,13 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
-from megacpp_pipeline.storage.versions import pid_alive
+from megacpp_pipeline.storage.versions import (
+    COMPLETE,
+    MANIFEST,
+    pid_alive,
+    recorded_manifest_sha256,
+    sha256_file,
+)
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -69,6 +75,35 @@ class IndexedDatasetSummary:
     documents: int
     tokens: int
     bin_bytes: int
+
+
+def verify_inputs(root: Path, manifest: dict[str, Any], relpaths: Iterable[str]) -> None:
+    """The snapshot files an export reads are the promoted bytes: the manifest is the one
+    `_COMPLETE` recorded, and each file has the size and sha256 the manifest lists (the
+    export memory-maps only some columns, so each file is hashed once up front)."""
+    recorded = recorded_manifest_sha256((root / COMPLETE).read_bytes())
+    if recorded is not None and sha256_file(root / MANIFEST) != recorded:
+        raise MegatronExportError(
+            root / MANIFEST, "sha256", f"differs from the one {COMPLETE} recorded"
+        )
+    entries = {str(f.get("path")): f for f in manifest["files"] if isinstance(f, dict)}
+    for rel in relpaths:
+        path = root / rel
+        entry = entries.get(rel)
+        if entry is None:
+            raise MegatronExportError(path, "files", "not listed in the snapshot manifest")
+        size = path.stat().st_size if path.is_file() else None
+        digest = sha256_file(path) if size == entry.get("bytes") else None
+        if digest != entry.get("sha256"):
+            found = "missing" if size is None else f"{size} bytes, sha256 {digest or '?'}"
+            raise MegatronExportError(
+                path,
+                "sha256",
+                f"{found}; the snapshot manifest records {entry.get('bytes')} bytes, sha256 "
+                f"{entry.get('sha256')}: the file changed after promotion, so the export is "
+                "refused (`megacpp verify --full` names every changed file; re-run the "
+                "pipeline to promote the snapshot again)",
+            )
 
 
 def megatron_token_dtype(vocab_size: int | None) -> np.dtype[Any]:
@@ -205,6 +240,7 @@ def export_snapshot(
     dtype = np.dtype(dtype) if dtype is not None else megatron_token_dtype(manifest["vocab_size"])
     _dtype_code(dtype, prefix)
     shards = split_shards(manifest, split, root)
+    verify_inputs(root, manifest, ["documents.parquet", "pieces.parquet", *shards])
 
     docs = pq.read_table(root / "documents.parquet", columns=["doc_id", "num_tokens", "split"])
     docs = docs.filter(pc.equal(docs.column("split"), split)).sort_by("doc_id")
