@@ -353,6 +353,29 @@ def test_megacpp_run_names_the_edited_version_it_replaces_and_promotes_the_untou
     assert snapshot_files(snap) == snapshot_files(base.snapshot)
 
 
+def test_a_poisoned_result_cache_entry_is_discarded_named_and_the_snapshot_is_unchanged(
+    base: Baseline, tmp_path: Path
+) -> None:
+    """A few bytes of one file's text changed inside a scrub cache entry (the entry stays a
+    valid Arrow file): the run names the entry once, recomputes its files, and promotes the
+    snapshot an untouched cache gives."""
+    ws = new_workspace(tmp_path / "poisoned", base.catalog)
+    shutil.copytree(base.ws.root / "cache", ws.root / "cache")
+    shutil.copytree(base.ws.data, ws.data)
+    parts = sorted((ws.root / "cache" / "file-results" / "scrubbed_files").rglob("e-*.kept.arrow"))
+    part = next(p for p in parts if b"#include" in p.read_bytes())
+    data = part.read_bytes()
+    at = data.index(b"#include")
+    part.write_bytes(data[:at] + b"#exclude" + data[at + 8 :])
+    out = run(ws)
+    snap = completed_snapshot(out)
+    notices = [line for line in out.stderr.splitlines() if "result cache entry discarded" in line]
+    assert len(notices) == 1, out.stderr
+    index = str(part).replace(".kept.arrow", ".arrow")
+    assert notices[0].startswith(f"   ! {index}: result cache entry discarded"), notices
+    assert snapshot_files(snap) == snapshot_files(base.snapshot)
+
+
 # full disk, unwritable data dir -------------------------------------------------------------
 class _FullDisk(pafs.FileSystemHandler):
     """A local filesystem whose output streams raise ENOSPC once `budget` bytes are written."""
