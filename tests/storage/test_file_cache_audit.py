@@ -89,7 +89,8 @@ def test_prune_removes_what_is_broken_or_left_over_and_keeps_what_serves(
     assert any("an-old-code-version" in line for line in removed), removed
     assert not any("5678.tmp" in line for line in removed)  # young: its writer may be at work
     code, _, err = _megacpp("cache", "verify", "--cache-dir", str(cache_dir))
-    assert code == 0 and "1 entries for 5 files proved, 0 broken; 1 objects a writer left" in err, err
+    assert code == 0, err
+    assert "1 entries for 5 files proved, 0 broken; 1 objects a writer left" in err, err
     registry = default_registry()
     current = registry.code_version(
         registry.get(STAGE), load_catalog(tmp_path / "sources.yaml", registry)
