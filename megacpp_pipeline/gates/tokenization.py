@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -110,6 +112,51 @@ def align_chunk_kinds(
     return np.where(inside, span_kind[jc], 0).astype(np.uint8)
 
 
+# Above this many tokens in one batch (only a file of several MB makes that many), tokens
+# are aligned a document and a block at a time: the batch-wide arrays of the vectorized
+# path cost ~40 bytes per token at once.
+BLOCK_TOKENS = 1 << 22
+
+
+def _align_by_blocks(
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    byte_len: np.ndarray,
+    doc_bytes: np.ndarray,
+    chunks: pa.Table,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What `align_chunk_kinds` gives (each token's chunk kind) and the bytes each
+    document's tokens cover, one document at a time and BLOCK_TOKENS tokens at a time,
+    so the memory beyond the ids is a few bytes per token."""
+    kinds = np.zeros(flat.size, np.uint8)
+    covered = np.zeros(len(offsets) - 1, np.int64)
+    starts_col = chunks.column("chunk_starts").combine_chunks()
+    span_offsets = starts_col.offsets.to_numpy()
+    span_start = starts_col.values.to_numpy().astype(np.int64)
+    span_end = chunks.column("chunk_ends").combine_chunks().values.to_numpy().astype(np.int64)
+    span_kind = chunks.column("chunk_kinds").combine_chunks().values.to_numpy()
+    for doc in range(len(offsets) - 1):
+        s_lo, s_hi = int(span_offsets[doc]), int(span_offsets[doc + 1])
+        d_start = span_start[s_lo:s_hi]
+        d_end = np.minimum(span_end[s_lo:s_hi], doc_bytes[doc])
+        d_kind = span_kind[s_lo:s_hi]
+        carry = 0
+        for lo in range(int(offsets[doc]), int(offsets[doc + 1]), BLOCK_TOKENS):
+            hi = min(int(offsets[doc + 1]), lo + BLOCK_TOKENS)
+            token_len = byte_len[flat[lo:hi]].astype(np.int64)
+            token_start = np.cumsum(token_len)
+            token_start -= token_len
+            token_start += carry
+            carry += int(token_len.sum())
+            if d_start.size:
+                j = np.searchsorted(d_start, token_start, side="right") - 1
+                jc = np.maximum(j, 0)
+                inside = (j >= 0) & (token_start < d_end[jc])
+                kinds[lo:hi] = np.where(inside, d_kind[jc], 0)
+        covered[doc] = carry
+    return kinds, covered
+
+
 def _first_difference(a: str, b: str) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -118,46 +165,141 @@ def _first_difference(a: str, b: str) -> int:
     return n
 
 
+# A document longer than this (characters) is encoded a piece at a time when the tokenizer
+# allows it (`splits_exactly`): the Encoding of a whole file costs ~40 bytes of memory per
+# byte of text, so a file at the size policy's limit would otherwise need gigabytes.
+PIECE_CHARS = 1 << 20
+# A newline with a non-space character after it: a byte-level pre-tokenizer always ends a
+# token there (whitespace tokens never take a non-space character, other tokens never a
+# newline), so encoding the pieces gives exactly the ids of encoding the whole.
+_PIECE_CUT = re.compile(r"\n(?=\S)")
+
+
+def splits_exactly(tokenizer: Tokenizer) -> bool:
+    """Whether encoding a text cut after `\\n` before a non-space character gives the same
+    ids as encoding it whole: no normalizer, a ByteLevel pre-tokenizer with its regex and
+    no prefix space, no added token holding a newline."""
+    doc = json.loads(tokenizer.to_str())
+    pre = doc.get("pre_tokenizer") or {}
+    return (
+        doc.get("normalizer") is None
+        and pre.get("type") == "ByteLevel"
+        and bool(pre.get("use_regex", True))
+        and not pre.get("add_prefix_space", False)
+        and all("\n" not in t.content for t in tokenizer.get_added_tokens_decoder().values())
+    )
+
+
+def text_pieces(text: str, size: int) -> Iterator[str]:
+    """`text` cut into pieces of at most about `size` characters, each cut after a newline
+    that a non-space character follows (a piece runs longer only where there is none)."""
+    lo = 0
+    while len(text) - lo > size:
+        cut = -1
+        for m in _PIECE_CUT.finditer(text, lo + size // 2, lo + size):
+            cut = m.end()
+        if cut < 0:
+            later = _PIECE_CUT.search(text, lo + size)
+            cut = later.end() if later else len(text)
+        yield text[lo:cut]
+        lo = cut
+    if lo < len(text):
+        yield text[lo:]
+
+
+def _encode_long(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, int | None]:
+    """A long document's ids, a piece at a time, and where decoding first differs from the
+    text (None: it round-trips). Memory holds one piece's Encoding at a time."""
+    ids = []
+    at = 0
+    differs: int | None = None
+    for piece in text_pieces(text, PIECE_CHARS):
+        piece_ids = tokenizer.encode(piece, add_special_tokens=False).ids
+        back = tokenizer.decode(piece_ids, skip_special_tokens=False)
+        if differs is None and back != piece:
+            differs = at + _first_difference(piece, back)
+        ids.append(np.asarray(piece_ids, dtype=np.int32))
+        at += len(piece)
+        # gone before the next piece is encoded: a million int objects left alive while the
+        # next million are made pin the allocator's arenas, and memory grows piece by piece
+        del piece_ids, back
+    return (np.concatenate(ids) if ids else np.zeros(0, np.int32)), differs
+
+
+def _encode(
+    tokenizer: Tokenizer, texts: list[str], pieces: bool
+) -> tuple[pa.ListArray, list[int | None]]:
+    """Every text's ids as one list array, and per text where its decoding first differs
+    from it (None: it round-trips)."""
+    long = [i for i, t in enumerate(texts) if len(t) > PIECE_CHARS] if pieces else []
+    if not long:
+        encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        ids = [e.ids for e in encodings]
+        decoded = tokenizer.decode_batch(ids, skip_special_tokens=False)
+        whole: list[int | None] = [
+            None if back == text else _first_difference(text, back)
+            for text, back in zip(texts, decoded, strict=True)
+        ]
+        return pa.array(ids, type=pa.list_(pa.int32())), whole
+    short = [i for i in range(len(texts)) if i not in set(long)]
+    per_doc: list[np.ndarray] = [np.zeros(0, np.int32)] * len(texts)
+    differs: list[int | None] = [None] * len(texts)
+    if short:
+        short_ids, short_differs = _encode(tokenizer, [texts[i] for i in short], False)
+        for k, i in enumerate(short):
+            per_doc[i] = short_ids[k].values.to_numpy(zero_copy_only=False)
+            differs[i] = short_differs[k]
+    for i in long:
+        per_doc[i], differs[i] = _encode_long(tokenizer, texts[i])
+    offsets = np.zeros(len(texts) + 1, np.int32)
+    np.cumsum([len(a) for a in per_doc], out=offsets[1:])
+    values = pa.array(np.concatenate(per_doc), pa.int32())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values), differs
+
+
 def _tokenize_batch(
-    table: pa.Table, tokenizer: Tokenizer, byte_len: np.ndarray, config: TokenizeConfig
+    table: pa.Table,
+    tokenizer: Tokenizer,
+    byte_len: np.ndarray,
+    config: TokenizeConfig,
+    pieces: bool = False,
 ) -> GateResult:
     stats: Counter[str] = Counter()
     texts: list[str] = table.column("text").to_pylist()
-    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    ids = [e.ids for e in encodings]
-    decoded = tokenizer.decode_batch(ids, skip_special_tokens=False)
-
-    ids_arr = pa.array(ids, type=pa.list_(pa.int32()))
+    ids_arr, differs = _encode(tokenizer, texts, pieces)
+    n_docs = len(texts)
+    del texts  # a file at the size limit is its own batch: its text need not stay twice
     flat = ids_arr.values.to_numpy()
     offsets = ids_arr.offsets.to_numpy()
     n_tokens = np.diff(offsets)
     doc_bytes = pc.binary_length(table.column("text")).to_numpy().astype(np.int64)
 
-    token_doc = np.repeat(np.arange(len(texts)), n_tokens)
-    token_len = byte_len[flat]
-    # Exclusive cumulative bytes over the batch's tokens: a token's byte offset inside its
-    # document, and the bytes each document's tokens add up to (must equal the text's own
-    # byte length for the alignment to be trusted).
-    cum = np.zeros(flat.size + 1, dtype=np.int64)
-    np.cumsum(token_len, out=cum[1:])
-    token_start = cum[:-1] - cum[offsets[:-1]][token_doc]
-    covered = cum[offsets[1:]] - cum[offsets[:-1]]
-
-    doc_base = np.cumsum(doc_bytes) - doc_bytes
-    kinds = align_chunk_kinds(token_doc, token_start, doc_base, doc_bytes, table)
+    if flat.size > BLOCK_TOKENS:  # a file near the size limit: bounded, block by block
+        kinds, covered = _align_by_blocks(flat, offsets, byte_len, doc_bytes, table)
+    else:
+        token_doc = np.repeat(np.arange(n_docs), n_tokens)
+        token_len = byte_len[flat]
+        # Exclusive cumulative bytes over the batch's tokens: a token's byte offset inside
+        # its document, and the bytes each document's tokens add up to (must equal the
+        # text's own byte length for the alignment to be trusted).
+        cum = np.zeros(flat.size + 1, dtype=np.int64)
+        np.cumsum(token_len, out=cum[1:])
+        token_start = cum[:-1] - cum[offsets[:-1]][token_doc]
+        covered = cum[offsets[1:]] - cum[offsets[:-1]]
+        doc_base = np.cumsum(doc_bytes) - doc_bytes
+        kinds = align_chunk_kinds(token_doc, token_start, doc_base, doc_bytes, table)
 
     reasons: list[DropReason] = []
     details: list[str] = []
     dropped_rows: list[int] = []
-    keep = np.ones(len(texts), dtype=bool)
+    keep = np.ones(n_docs, dtype=bool)
     source_ids = table.column("source_id").to_pylist()
     paths = table.column("path").to_pylist()
-    for i, (text, back) in enumerate(zip(texts, decoded, strict=True)):
+    for i, at in enumerate(differs):
         reason: DropReason | None = None
         if n_tokens[i] == 0:
             reason, detail = DropReason.EMPTY_AFTER_TOKENIZE, "no tokens"
-        elif back != text:
-            at = _first_difference(text, back)
+        elif at is not None:
             reason = DropReason.ROUND_TRIP_FAILED
             detail = f"decode(encode(text)) != text from character {at}"
         elif covered[i] != doc_bytes[i]:
@@ -218,7 +360,7 @@ def _tokenize_batch(
         if dropped_rows
         else empty_ledger()
     )
-    stats["docs_in"] += len(texts)
+    stats["docs_in"] += n_docs
     stats["docs_kept"] += int(keep.sum())
     stats["bytes_in"] += int(doc_bytes.sum())
     stats["tokens_kept"] += int(n_tokens[keep].sum())
@@ -246,8 +388,9 @@ def run(table: pa.Table, tokenizer: Tokenizer, config: TokenizeConfig) -> GateRe
     # Literal "<|eos|>" in a source file is text, not a control token (not serialized).
     tokenizer.encode_special_tokens = True
     byte_len = token_byte_lengths(tokenizer)
+    pieces = splits_exactly(tokenizer)
     parts = [
-        _tokenize_batch(table.slice(lo, hi - lo), tokenizer, byte_len, config)
+        _tokenize_batch(table.slice(lo, hi - lo), tokenizer, byte_len, config, pieces)
         for lo, hi in _byte_batches(table, config.batch_bytes)
     ]
     if not parts:

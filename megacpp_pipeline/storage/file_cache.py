@@ -275,13 +275,8 @@ class FileResultCache:
         recorded: dict[str, dict[str, object]] = {}
         for kind, table in tables.items():
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
-            data = _ipc_bytes(keyed)
-            self._write(data, f"{self.dir}/{entry}.{kind}{ENTRY_SUFFIX}")
-            recorded[kind] = {
-                "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "rows": keyed.num_rows,
-            }
+            size, sha256 = self._write_table(keyed, f"{self.dir}/{entry}.{kind}{ENTRY_SUFFIX}")
+            recorded[kind] = {"bytes": size, "sha256": sha256, "rows": keyed.num_rows}
         # the index is written last: an entry exists only once all its parts do
         index = pa.table(
             {
@@ -315,12 +310,46 @@ class FileResultCache:
             f.write(data)
         self.fs.move(tmp, path)
 
+    def _write_table(self, table: pa.Table, path: str) -> tuple[int, str]:
+        """An entry's part, streamed to its object and hashed as it goes (a part the size
+        of a file at the size limit is never a second buffer in memory); (bytes, sha256)."""
+        target = path if not self._local else f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
+        with self.fs.open_output_stream(target) as out:
+            sink = _HashingSink(out)
+            with pa.ipc.new_file(pa.PythonFile(sink, mode="w"), table.schema) as writer:
+                writer.write_table(table)
+        if self._local:
+            self.fs.move(target, path)
+        return sink.size, sink.sha256.hexdigest()
+
 
 # Entries are Arrow IPC files: scratch that is written once and read whole, where parquet's
 # encoding and compression cost more than they save (a few ms an entry, and a stage writes
 # one entry per shard per source).
 ENTRY_SUFFIX = ".arrow"
 TMP_SUFFIX = ".tmp"
+
+
+class _HashingSink:
+    """A writable file object that hashes what passes through it to `out`."""
+
+    def __init__(self, out: pa.NativeFile) -> None:
+        self.out = out
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        self.out.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True  # `out` is closed by its owner
 
 
 def namespace_of(code_version: str, salt: str) -> str:
@@ -504,7 +533,8 @@ def cached_gate_call(
             ],
             dtype=np.int64,
         )
-        out[kind] = t.take(np.argsort(order, kind="stable")) if len(order) else t
+        in_order = len(order) < 2 or bool(np.all(order[:-1] <= order[1:]))
+        out[kind] = t if in_order else t.take(np.argsort(order, kind="stable"))  # no copy
     stats: Counter[str] = Counter(fresh.stats) if fresh is not None else Counter()
     result = GateResult(kept=out.pop("kept"), dropped=out.pop("dropped"), stats=stats, extra=out)
     return result, len(served)

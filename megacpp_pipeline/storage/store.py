@@ -667,10 +667,13 @@ class ShardStore:
                     h.update(view[got : got + n])
                     got += n
                 extra = len(f.read(1)) if got == shard.bytes else 0
-        except FileNotFoundError as e:
-            raise self._mismatch(path, shard, shard.sha256, None, None) from e
         except OSError as e:
-            if not self.exists(path):
+            if not bucket_exists(self.fs, path):
+                raise StoreError(
+                    f"{describe(self.fs, path)}: read failed: the bucket does not exist (was it "
+                    "deleted, or is this the wrong endpoint or account?)"
+                ) from e
+            if isinstance(e, FileNotFoundError) or not self.exists(path):
                 raise self._mismatch(path, shard, shard.sha256, None, None) from e
             raise StoreError(f"{describe(self.fs, path)}: read failed ({e})") from e
         if got != shard.bytes or extra:

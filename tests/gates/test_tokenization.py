@@ -236,3 +236,50 @@ def test_split_is_recorded_per_document(tokenizer: Tokenizer) -> None:
     expected = assign_split(["demo"] * 40, [p for p, _ in docs], config)
     assert result.kept.column("split").to_pylist() == expected
     assert result.stats["docs_train"] + result.stats["docs_validation"] == 40
+
+
+def test_a_long_document_is_encoded_a_piece_at_a_time_to_the_ids_of_the_whole(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file at the size policy's limit: its Encoding is never held whole, and the ids are
+    those of encoding it whole (byte-level pre-tokens never cross a newline before a
+    non-space character)."""
+    from megacpp_pipeline.gates import tokenization
+
+    text = (MULTIBYTE + "int main() {\n  return 0;\n}\n\n  // indented\n") * 200
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenization.splits_exactly(tokenizer)
+    monkeypatch.setattr(tokenization, "PIECE_CHARS", 500)
+    pieces = list(tokenization.text_pieces(text, 500))
+    assert len(pieces) > 20 and "".join(pieces) == text
+    assert all(p.endswith("\n") for p in pieces[:-1])
+    assert all(not p[0].isspace() for p in pieces[1:])
+    table = enriched([("big.h", text), ("small.h", "int y;\n")])
+    result = run(table, tokenizer, TokenizeConfig())
+    assert result.kept["token_ids"][0].as_py() == whole
+    assert result.kept["num_tokens"][0].as_py() == len(whole)
+    assert result.dropped.num_rows == 0
+
+
+def test_tokens_aligned_block_by_block_get_the_kinds_of_the_vectorized_alignment(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from megacpp_pipeline.gates import tokenization
+
+    docs = [("a.cc", MULTIBYTE), ("b.cc", MULTIBYTE * 3), ("c.cc", "int z;\n")]
+    spans = [spans_of(MULTIBYTE, MULTIBYTE_SPANS)]
+    spans.append(spans_of(MULTIBYTE * 3, MULTIBYTE_SPANS * 3))
+    spans.append(([0], [3], [FUNC_SIGNATURE]))
+    vectorized = run(enriched(docs, spans), tokenizer, TokenizeConfig())
+    monkeypatch.setattr(tokenization, "BLOCK_TOKENS", 7)
+    blocks = run(enriched(docs, spans), tokenizer, TokenizeConfig())
+    assert blocks.kept["chunk_kind"].to_pylist() == vectorized.kept["chunk_kind"].to_pylist()
+    assert blocks.kept.equals(vectorized.kept) and blocks.dropped.num_rows == 0
+
+
+def test_a_tokenizer_that_normalizes_is_never_split(tokenizer: Tokenizer) -> None:
+    from megacpp_pipeline.gates import tokenization
+
+    changed = Tokenizer.from_str(tokenizer.to_str())
+    changed.normalizer = normalizers.NFC()
+    assert not tokenization.splits_exactly(changed)
