@@ -504,7 +504,10 @@ def cached_gate_call(
     )
     served = set(proven.keys)
     misses = np.array([i for i, k in enumerate(keys) if k not in served], dtype=np.int64)
-    fresh = gate_call(table.take(misses)) if len(misses) else None
+    if len(misses) == len(keys):
+        fresh = gate_call(table)  # nothing cached: the table as it is, no copy of it
+    else:
+        fresh = gate_call(table.take(misses)) if len(misses) else None
     fresh_tables: dict[str, pa.Table] = {}
     if fresh is not None:
         fresh_tables = {"kept": fresh.kept, "dropped": fresh.dropped, **fresh.extra}
