@@ -202,6 +202,13 @@ class Scope:
         """A drop entry when the path is refused or not wanted; None when it is wanted."""
         if has_control_chars(path):
             return Entry(path, None, DropReason.UNSAFE_PATH, "control character in file name")
+        if "\\" in path:  # escaped: the name held a backslash (its non-UTF-8 bytes are refused)
+            return Entry(
+                path,
+                None,
+                DropReason.UNSAFE_PATH,
+                "backslash in file name (a path separator where the corpus may be unpacked)",
+            )
         if not (self.wanted(path) or self.keep_also(path)):
             return Entry(path, None, DropReason.NOT_INCLUDED, "outside include/exclude globs")
         return None

@@ -184,8 +184,8 @@ def render(journey: Journey) -> str:
     lines.append(f"  collected   at revision {journey.revision}, sha256 {journey.sha256}")
     if "\\" in journey.path:
         lines.append(
-            f"  on disk     {unescape_name(journey.path)!r} (the ledger escapes a name that is "
-            "not UTF-8 or holds a backslash)"
+            f"  on disk     {unescape_name(journey.path)!r} (the ledger path above is its "
+            "escaped spelling)"
         )
     if journey.passed:
         lines.append("  kept by     " + " -> ".join(journey.passed))

@@ -107,19 +107,21 @@ def _explain(run: HostileRun, file_id: str) -> tuple[int, str]:
 def test_explain_tells_a_name_that_is_not_utf8_from_one_spelled_with_its_escapes(
     run: HostileRun,
 ) -> None:
-    """`hostile/caf\\xe9.h` is two files: one named with the byte 0xE9 (not UTF-8, dropped),
-    one named with a backslash and `xe9` (kept). Each has its own ledger path, and explain
-    answers for the file it is asked about."""
+    """`hostile/caf\\xe9.h` is two files: one named with the byte 0xE9 (not UTF-8), one named
+    with a backslash and `xe9` (a separator on Windows). Both are refused, each under its own
+    ledger path and reason, and explain answers for the file it is asked about."""
     ledger = _ledger(run)
     not_utf8, literal = ("hdir", "hostile/caf\\xe9.h"), ("hdir", "hostile/caf\\\\xe9.h")
-    assert ledger[not_utf8]["reason"] == "unsafe_path" and ledger[literal]["status"] == "kept"
+    assert "not UTF-8" in ledger[not_utf8]["detail"]
+    assert "backslash" in ledger[literal]["detail"]
     code, out = _explain(run, "hdir:hostile/caf\\\\xe9.h")  # the literal name's ledger path
-    assert code == 0 and "dropped" not in out and "b'hostile/caf\\\\xe9.h'" in out, out
+    assert code == 1 and "backslash" in out and "not UTF-8" not in out, out
+    assert "b'hostile/caf\\\\xe9.h'" in out, out
     code, out = _explain(run, os.fsdecode(b"hdir:hostile/caf\xe9.h"))  # the bytes, as a shell
-    assert code == 1 and "dropped at  raw_files: unsafe_path" in out, out
-    assert "b'hostile/caf\\xe9.h'" in out and "kept by" not in out, out
+    assert code == 1 and "not UTF-8" in out and "backslash" not in out, out
+    assert "b'hostile/caf\\xe9.h'" in out, out
     code, out = _explain(run, "hdir:hostile/caf\\xe9.h")  # the non-UTF-8 name's ledger path
-    assert code == 1 and out.index("unsafe_path") < out.index("kept by"), out
+    assert code == 1 and out.index("not UTF-8") < out.index("backslash"), out
 
 
 def test_the_ledger_accounts_for_every_file_of_every_source(run: HostileRun) -> None:
