@@ -504,10 +504,11 @@ def cached_gate_call(
     )
     served = set(proven.keys)
     misses = np.array([i for i, k in enumerate(keys) if k not in served], dtype=np.int64)
-    if len(misses) == len(keys):
+    fresh: GateResult | None = None
+    if len(misses) == len(keys) and len(keys):
         fresh = gate_call(table)  # nothing cached: the table as it is, no copy of it
-    else:
-        fresh = gate_call(table.take(misses)) if len(misses) else None
+    elif len(misses):
+        fresh = gate_call(table.take(misses))
     fresh_tables: dict[str, pa.Table] = {}
     if fresh is not None:
         fresh_tables = {"kept": fresh.kept, "dropped": fresh.dropped, **fresh.extra}
