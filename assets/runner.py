@@ -4,13 +4,18 @@ wherever the grain changes (per source / global), so each run takes every partit
 per-source assets at once. Each run after the first is a forked process of its own, so what
 a stage group allocates goes back to the system when it ends and its peak is its own; every
 run is recorded in the instance under DAGSTER_HOME; the first failed step or blocking check
-stops the pipeline with one line naming it."""
+stops the pipeline with one line naming it, and so does SIGINT or SIGTERM (assets/interrupts.py:
+the running group's processes are stopped before the command exits). The library's warnings
+(a version replaced because it failed verification, a result-cache entry discarded) reach
+the console as one line each."""
 
 import gc
 import importlib.util
+import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -24,6 +29,7 @@ import dagster as dg
 
 from assets.console import RunConsole
 from assets.defs import DEFAULT_CACHE_DIR, build_defs
+from assets.interrupts import Interrupts, become_group_leader
 from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.engine import Engine
 from megacpp_pipeline.pipeline.parallel import cpu_count, default_workers, polars_threads_run
@@ -39,6 +45,19 @@ QUIET_CONSOLE: dict[str, Any] = {"loggers": {"console": {"config": {"log_level":
 
 class PipelineFailed(Exception):
     """A step or blocking check failed; the message names the asset, the check and why."""
+
+
+class PipelineInterrupted(PipelineFailed):
+    """SIGINT or SIGTERM stopped the run; `signal` is the first one (None: Dagster caught
+    it in this process and did not say which)."""
+
+    def __init__(self, message: str, signum: int | None) -> None:
+        super().__init__(message)
+        self.signal = signum
+
+
+# Dagster's error class when a signal interrupted a step it ran in this process.
+_DAGSTER_INTERRUPTED = "DagsterExecutionInterruptedError"
 
 
 @dataclass(frozen=True)
@@ -158,12 +177,22 @@ def run_pipeline(
     outcome = RunOutcome()
     console = RunConsole(log, live)
     progress.set_sink(console.event)
+    # the library's warnings become console lines, in forked runs and workers too
+    library_log = logging.getLogger("megacpp_pipeline")
+    notices, propagate = progress.NoticeHandler(), library_log.propagate
+    library_log.addHandler(notices)
+    library_log.propagate = False
     try:
         tags = {"megacpp/cli": "run"} | {
             f"megacpp/{k}": str(v) for k, v in chosen.describe().items()
         }
-        _run_groups(defs, instance, sources, run_config, console, outcome, stop_after, tags)
+        with Interrupts() as interrupts:
+            _run_groups(
+                defs, instance, sources, run_config, console, outcome, stop_after, tags, interrupts
+            )
     finally:
+        library_log.removeHandler(notices)
+        library_log.propagate = propagate
         progress.set_sink(None)
         console.close()
     console.summary()
@@ -180,8 +209,11 @@ def _run_groups(
     outcome: RunOutcome,
     stop_after: str | None,
     run_tags: dict[str, str],
+    interrupts: Interrupts | None = None,
 ) -> None:
     for group in run_plan(defs):
+        if interrupts is not None and interrupts.signal is not None:
+            raise _interrupted(interrupts.signal, console)
         keys = list(group.keys)
         if stop_after and stop_after in keys:
             keys = keys[: keys.index(stop_after) + 1]
@@ -196,11 +228,17 @@ def _run_groups(
         # polars' threads already run in this process (a caller's own queries), a forked run
         # would hang at its first polars query, so the run stays in this process.
         if outcome.runs and not polars_threads_run():
-            step = _materialize_in_child(defs, instance, keys, tags, run_config, console.event)
+            step = _materialize_in_child(
+                defs, instance, keys, tags, run_config, console.event, interrupts
+            )
         else:
             step = _materialize(defs, instance, keys, tags, run_config)
         if step.run_id:
             outcome.runs.append(step.run_id)
+        if interrupts is not None and interrupts.signal is not None:
+            raise _interrupted(interrupts.signal, console)
+        if any(_DAGSTER_INTERRUPTED in f for f in step.failures):
+            raise _interrupted(None, console)  # Dagster caught it in this process
         if step.failures:
             where = f"run {step.run_id}" if step.run_id else "no run recorded"
             url = ui_url()
@@ -210,6 +248,22 @@ def _run_groups(
         console.group_done(time.monotonic() - started, step.peak_rss_mb)
         if stop_after and stop_after in keys:
             break
+
+
+def _interrupted(signum: int | None, console: RunConsole) -> PipelineInterrupted:
+    """The one line an interrupted run ends with: what stopped and how to resume."""
+    what = f" by {signal.Signals(signum).name}" if signum else ""
+    stage = console.running_stage()
+    if stage is None:
+        where = "before any stage started"
+    else:
+        where = f"while {stage} was running; it and its processes are stopped and nothing more "
+        where += "is written"
+    return PipelineInterrupted(
+        f"interrupted{what} {where}. Run the same command again to resume: the stages that "
+        "finished are in the store, and the files already done come from the result cache",
+        signum,
+    )
 
 
 def ui_url(host: str = "127.0.0.1", port: int = 3000) -> str | None:
@@ -244,6 +298,7 @@ def _materialize_in_child(
     tags: dict[str, str],
     run_config: dict[str, Any],
     on_event: progress.Sink,
+    interrupts: Interrupts | None = None,
 ) -> StepOutcome:
     """One Dagster run in a forked child, as Dagster's multiprocess executor runs a step in
     its own process. Forking after the imports keeps the per-run cost at milliseconds. The
@@ -258,6 +313,9 @@ def _materialize_in_child(
         target=_child_main, args=(defs, instance, keys, tags, run_config, send), daemon=False
     )
     child.start()
+    assert child.pid is not None
+    if interrupts is not None:
+        interrupts.started(child.pid)
     send.close()
     try:
         while True:
@@ -273,7 +331,9 @@ def _materialize_in_child(
         return StepOutcome(None, [f"the run's process ended without a result ({why})"], 0.0)
     finally:
         receive.close()
-    child.join()
+        child.join()
+        if interrupts is not None:
+            interrupts.ended(child.pid)
     return outcome
 
 
@@ -285,13 +345,17 @@ def _child_main(
     run_config: dict[str, Any],
     send: Connection,
 ) -> None:
+    become_group_leader()
     progress.set_sink(send.send)
     try:
         outcome = _materialize(defs, instance, keys, tags, run_config)
     except BaseException as e:  # reported, never swallowed: the parent fails the pipeline
         outcome = StepOutcome(None, [f"{type(e).__name__}: {e}"], _peak_rss_mb())
-    send.send(outcome)
-    send.close()
+    try:
+        send.send(outcome)
+        send.close()
+    except OSError:
+        pass  # the parent is gone (killed): nobody is left to tell
 
 
 def _materialize(

@@ -26,9 +26,11 @@ from megacpp_pipeline.collect.source import (
     SourceFiles,
     glob_to_regex,
     safe_relpath,
+    too_large,
+    unescape_name,
 )
 from megacpp_pipeline.core import schemas
-from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
+from megacpp_pipeline.core.catalog import DEFAULT_MAX_FILE_BYTES, CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.core.schemas import git_blob_sha
 from megacpp_pipeline.storage.versions import sha256_file
@@ -47,6 +49,7 @@ __all__ = [
     "open_source",
     "resolve_branch",
     "safe_relpath",
+    "unescape_name",
 ]
 
 
@@ -56,26 +59,29 @@ def open_source(
     *,
     cache_dir: Path,
     limits: CollectLimits,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     keep_also: Callable[[str], bool] | None = None,
 ) -> SourceFiles:
     """The pinned revision and a re-iterable stream of every file in the source.
 
+    `max_file_bytes`: the size policy for this source (Catalog.file_limit); a larger file is
+    refused (TOO_LARGE, naming the setting) before more than that is read of it.
     `keep_also` names extra files to keep besides the include globs (REUSE metadata,
     compile_commands.json): the gates that need them read them from the collected rows.
     """
     scope = Scope(spec, keep_also)
     if spec.kind == "git":
-        return git_source(spec, uri, cache_dir, scope, limits)
+        return git_source(spec, uri, cache_dir, scope, limits, max_file_bytes)
     if spec.kind == "archive":
-        return archive_source(spec, uri, cache_dir, scope, limits)
+        return archive_source(spec, uri, cache_dir, scope, limits, max_file_bytes)
     if spec.kind == "dir":
-        return dir_source(spec, uri, scope, limits)
+        return dir_source(spec, uri, scope, limits, max_file_bytes)
     if spec.kind == "jsonl":
-        return _jsonl_source(spec, uri, scope)
+        return _jsonl_source(spec, uri, scope, max_file_bytes)
     raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
 
 
-def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope) -> SourceFiles:
+def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> SourceFiles:
     from megacpp_pipeline.collect import jsonl_stream
 
     path = Path(uri.removeprefix("file://"))
@@ -90,8 +96,10 @@ def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope) -> SourceFiles:
                 yield Entry(str(rec["path"]), None, DropReason.UNSAFE_PATH, "absolute or `..`")
             elif (drop := scope.classify(rel)) is not None:
                 yield drop
+            elif (size := len(content := str(rec["content"]).encode("utf-8"))) > max_file_bytes:
+                yield too_large(rel, size, max_file_bytes)
             else:
-                yield Entry(rel, str(rec["content"]).encode("utf-8"))
+                yield Entry(rel, content)
         for r in rejects:  # a malformed line has no usable path: name it by its line
             yield Entry(f"<line {r.line_no}>", None, DropReason.MALFORMED_RECORD, r.describe(path))
 

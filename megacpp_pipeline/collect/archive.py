@@ -23,7 +23,12 @@ from megacpp_pipeline.collect.source import (
     Entry,
     Scope,
     SourceFiles,
+    annex_link_key,
+    is_utf8,
+    link_drop,
+    name_of,
     safe_relpath,
+    too_large,
 )
 from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import DropReason
@@ -54,18 +59,25 @@ def fetch_archive(uri: str, sha256: str, cache_dir: Path) -> Path:
 
 
 class _Budget:
-    def __init__(self, limits: CollectLimits) -> None:
+    def __init__(self, limits: CollectLimits, max_file_bytes: int) -> None:
         self.limits = limits
+        self.max_file_bytes = max_file_bytes
         self.files = 0
         self.bytes = 0
 
-    def refuse(self, size: int) -> str | None:
+    def refuse(self, path: str, size: int) -> Entry | None:
+        """The ledger entry when the member would break a bound (read nothing of it then)."""
         if self.files + 1 > self.limits.max_files:
-            return f"archive holds more than {self.limits.max_files} files"
-        if size > self.limits.max_file_bytes:
-            return f"{size} bytes uncompressed > max_file_bytes {self.limits.max_file_bytes}"
+            why = f"archive holds more than collect.max_files {self.limits.max_files} files"
+            return Entry(path, None, DropReason.ARCHIVE_LIMIT, why)
+        if size > self.max_file_bytes:
+            return too_large(path, size, self.max_file_bytes)
         if self.bytes + size > self.limits.max_total_bytes:
-            return f"archive exceeds max_total_bytes {self.limits.max_total_bytes} uncompressed"
+            why = (
+                f"archive exceeds collect.max_total_bytes {self.limits.max_total_bytes} "
+                "uncompressed"
+            )
+            return Entry(path, None, DropReason.ARCHIVE_LIMIT, why)
         return None
 
     def take(self, size: int) -> None:
@@ -73,22 +85,27 @@ class _Budget:
         self.bytes += size
 
 
-def _zip_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[Entry]:
-    budget = _Budget(limits)
+def _zip_entries(
+    path: Path, scope: Scope, limits: CollectLimits, max_file_bytes: int
+) -> Iterator[Entry]:
+    budget = _Budget(limits, max_file_bytes)
     with zipfile.ZipFile(path) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             if info.is_dir():
                 continue
             rel = safe_relpath(info.filename)
             if rel is None:
-                yield Entry(info.filename, None, DropReason.UNSAFE_PATH, "absolute or `..` name")
+                yield Entry(
+                    name_of(info.filename), None, DropReason.UNSAFE_PATH, "absolute or `..` name"
+                )
                 continue
             rel2 = scope.relative(rel)
             if rel2 is None:
                 continue
+            rel2 = name_of(rel2)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
-                yield Entry(rel2, None, DropReason.SYMLINK, "symlinks are never followed")
+                yield link_drop(rel2, _zip_link_target(zf, info))
                 continue
             if (drop := scope.classify(rel2)) is not None:
                 yield drop
@@ -99,18 +116,18 @@ def _zip_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[En
                     rel2, None, DropReason.ARCHIVE_LIMIT, f"compression ratio {ratio:.0f} (bomb?)"
                 )
                 continue
-            if (why := budget.refuse(info.file_size)) is not None:
-                yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, why)
+            if (refused := budget.refuse(rel2, info.file_size)) is not None:
+                yield refused
                 continue
             try:
                 with zf.open(info) as f:
-                    data = f.read(limits.max_file_bytes + 1)
+                    data = f.read(max_file_bytes + 1)
             except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
                 # one corrupt member (bad CRC: its header lies about size or content, or an
                 # unsupported method) is that file's problem, not the whole source's
                 yield Entry(rel2, None, DropReason.UNREADABLE, f"corrupt zip member: {err}")
                 continue
-            if len(data) > limits.max_file_bytes:  # the header lied about the size
+            if len(data) > max_file_bytes:  # the header lied about the size
                 yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, "larger than its header says")
                 continue
             budget.take(len(data))
@@ -128,18 +145,29 @@ def _open_tar(path: Path) -> tarfile.TarFile:
     return tarfile.open(path, mode="r|*")
 
 
-def _tar_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[Entry]:
-    budget = _Budget(limits)
+def _tar_entries(
+    path: Path, scope: Scope, limits: CollectLimits, max_file_bytes: int
+) -> Iterator[Entry]:
+    budget = _Budget(limits, max_file_bytes)
     with _open_tar(path) as tf:
         for member in tf:
             if member.isdir():
                 continue
             rel = safe_relpath(member.name)
             if rel is None:
-                yield Entry(member.name, None, DropReason.UNSAFE_PATH, "absolute or `..` name")
+                yield Entry(
+                    name_of(member.name), None, DropReason.UNSAFE_PATH, "absolute or `..` name"
+                )
                 continue
             rel2 = scope.relative(rel)
             if rel2 is None:
+                continue
+            if not is_utf8(rel2):  # tarfile decodes names with surrogateescape
+                yield Entry(name_of(rel2), None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
+                continue
+            rel2 = name_of(rel2)
+            if member.issym() and annex_link_key(member.linkname) is not None:
+                yield link_drop(rel2, member.linkname)
                 continue
             if member.issym() or member.islnk():
                 target = safe_relpath(str(PurePosixPath(rel).parent / member.linkname))
@@ -153,17 +181,22 @@ def _tar_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[En
             if (drop := scope.classify(rel2)) is not None:
                 yield drop
                 continue
-            if (why := budget.refuse(member.size)) is not None:
-                yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, why)
+            if (refused := budget.refuse(rel2, member.size)) is not None:
+                yield refused
                 continue
             f = tf.extractfile(member)
-            data = f.read(limits.max_file_bytes + 1) if f else b""
+            data = f.read(max_file_bytes + 1) if f else b""
             budget.take(len(data))
             yield Entry(rel2, data)
 
 
 def archive_source(
-    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, limits: CollectLimits
+    spec: SourceSpec,
+    uri: str,
+    cache_dir: Path,
+    scope: Scope,
+    limits: CollectLimits,
+    max_file_bytes: int,
 ) -> SourceFiles:
     assert spec.sha256 is not None
     path = fetch_archive(uri, spec.sha256, cache_dir)
@@ -175,8 +208,20 @@ def archive_source(
     else:
         raise CollectError(f"{uri}: unknown archive type (zip, whl, tar, tar.gz/xz/zst)")
     return SourceFiles(
-        revision=spec.sha256, entries=lambda: _canonical_order(reader(path, scope, limits))
+        revision=spec.sha256,
+        entries=lambda: _canonical_order(reader(path, scope, limits, max_file_bytes)),
     )
+
+
+def _zip_link_target(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
+    """A zip symlink's target (its member's bytes), when it is a short path."""
+    if info.file_size > 4096:
+        return None
+    try:
+        with zf.open(info) as f:
+            return f.read(4096).decode("utf-8", "replace")
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError):
+        return None
 
 
 def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:

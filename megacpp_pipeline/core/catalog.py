@@ -37,6 +37,10 @@ DEFAULT_INCLUDE = [
     "**/*.ipp",
     "**/*.inl",
 ]
+# One size policy: the largest file (raw bytes) any stage takes. Collection refuses a larger
+# one before reading past the limit, so no later stage ever holds more of one file. A source
+# may set its own (`max_file_bytes:` in its entry).
+DEFAULT_MAX_FILE_BYTES = 1 << 20
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -63,6 +67,18 @@ class SourceSpec(BaseModel):
     # path prefixes inside the source that hold vendored copies of other projects (besides
     # the usual third_party/, vendor/, external/ ... folders); dedup keeps upstream copies first
     vendored_paths: list[str] = Field(default_factory=list)
+    max_file_bytes: int | None = Field(default=None, gt=0)  # this source's size policy
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _globs_inside(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            if pattern.startswith("/") or ".." in pattern.replace("\\", "/").split("/"):
+                raise ValueError(
+                    f"{pattern!r} reaches outside the source (`..` or an absolute path); "
+                    "patterns match paths relative to the source root"
+                )
+        return v
 
     @field_validator("sha256")
     @classmethod
@@ -201,10 +217,10 @@ class ShardConfig(BaseModel):
 
 
 class CollectLimits(BaseModel):
-    """Bounds that keep a hostile archive (zip bomb) from exhausting the machine."""
+    """Bounds that keep a hostile archive (zip bomb) from exhausting the machine. The size of
+    one file is the catalog's `max_file_bytes` (one size policy for every stage)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_file_bytes: int = Field(default=16 << 20, gt=0)
     max_total_bytes: int = Field(default=4 << 30, gt=0)
     max_files: int = Field(default=500_000, gt=0)
     max_compression_ratio: float = Field(default=200.0, gt=1)
@@ -233,6 +249,7 @@ class Catalog(BaseModel):
 
     snapshot: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     seq_len: int = Field(default=2048, ge=16, le=1 << 20)
+    max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, gt=0)
     sources: list[SourceSpec] = Field(min_length=1)
     shards: ShardConfig = Field(default_factory=ShardConfig)
     collect: CollectLimits = Field(default_factory=CollectLimits)
@@ -242,6 +259,24 @@ class Catalog(BaseModel):
     removals: list[RemovalSpec] = Field(default_factory=list)
     benchmarks: list[BenchmarkSpec] = Field(default_factory=list)
     base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_size_policy(cls, data: Any) -> Any:
+        """The per-stage size limits are gone: say where the one setting is."""
+        if not isinstance(data, dict):
+            return data
+        places = [("collect", (data.get("collect") or {}))]
+        stages = data.get("stages") or {}
+        if isinstance(stages, dict):
+            places += [(f"stages.{k}", stages.get(k) or {}) for k in ("normalize", "enrich")]
+        for where, section in places:
+            if isinstance(section, dict) and "max_file_bytes" in section:
+                raise ValueError(
+                    f"{where}.max_file_bytes: there is one size policy now: set max_file_bytes "
+                    "at the top of sources.yaml (or in a source's entry for that source)"
+                )
+        return data
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Catalog:
@@ -297,6 +332,14 @@ class Catalog(BaseModel):
         p = Path(spec.uri).expanduser()
         return str(p if p.is_absolute() else (self.base_dir / p).resolve())
 
+    def file_limit(self, spec: SourceSpec) -> int:
+        """The size policy for one source: its own max_file_bytes, else the catalog's."""
+        return spec.max_file_bytes or self.max_file_bytes
+
+    def size_policy(self) -> dict[str, int]:
+        """Every source's limit, for the versions of the stages that apply it."""
+        return {s.id: self.file_limit(s) for s in self.sources}
+
     def source_order(self) -> dict[str, int]:
         return {s.id: i for i, s in enumerate(self.sources)}
 
@@ -312,10 +355,12 @@ def _describe(error: dict[str, Any], data: Any) -> str:
             sid = src.get("id") if isinstance(src, dict) else None
         where.append(f"source {sid!r}" if sid else f"sources[{idx}]")
         loc = loc[2:]
-    field = ".".join(str(x) for x in loc) or "(the entry itself)"
     msg = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         msg = "unknown key (typo?)"
+    if not loc and not where:
+        return msg  # a rule over the whole file: the message names its fields itself
+    field = ".".join(str(x) for x in loc) or "(the entry itself)"
     return f"{' '.join(where) + ': ' if where else ''}field {field}: {msg}"
 
 

@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENTS
@@ -560,12 +560,47 @@ def _prune(snapshots: Path, name: str, keep: int, current: Path) -> None:
 
 
 def read_manifest(snapshot_dir: Path) -> SnapshotManifest:
-    if not (snapshot_dir / COMPLETE).exists():
-        raise SnapshotError(f"{snapshot_dir}: no {COMPLETE}; not a snapshot")
+    """The snapshot's manifest; SnapshotError (one line) for a folder that is not a
+    promoted snapshot (saying what it is when it can tell) or whose manifest is unreadable."""
+    if (why := not_a_snapshot(snapshot_dir)) is not None:
+        raise SnapshotError(why)
     try:
         return SnapshotManifest.model_validate_json((snapshot_dir / MANIFEST).read_bytes())
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(the manifest)"
+        raise SnapshotError(
+            f"{snapshot_dir / MANIFEST}: not a valid snapshot manifest ({e.error_count()} "
+            f"problems; first: {where}: {first['msg']})"
+        ) from e
     except (OSError, ValueError) as e:
-        raise SnapshotError(f"{snapshot_dir / MANIFEST}: unreadable manifest ({e})") from e
+        line = str(e).splitlines()[0]
+        raise SnapshotError(f"{snapshot_dir / MANIFEST}: unreadable manifest ({line})") from e
+
+
+def not_a_snapshot(snapshot_dir: Path) -> str | None:
+    """Why a folder is not a promoted snapshot at all (one line), or None when it claims to
+    be one: no folder, no `_COMPLETE`, or an asset version of the store."""
+    if not snapshot_dir.is_dir():
+        return f"{snapshot_dir}: no such directory; not a snapshot"
+    if not (snapshot_dir / COMPLETE).exists():
+        return (
+            f"{snapshot_dir}: no {COMPLETE}; not a snapshot (a promoted snapshot is a folder "
+            "under <data dir>/snapshots/; megacpp run prints its path last)"
+        )
+    try:
+        data = json.loads((snapshot_dir / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None  # a damaged snapshot: the checks name what is wrong
+    if isinstance(data, dict) and {"asset", "partition", "version"} <= data.keys():
+        part = "" if data["partition"] == "_" else f" [{data['partition']}]"
+        return (
+            f"{snapshot_dir}: an asset version of {data['asset']}{part} (version "
+            f"{data['version']}), not a snapshot: a promoted snapshot is a folder under "
+            "<data dir>/snapshots/ (megacpp run prints its path last); the store checks asset "
+            "versions itself (each asset's manifest_verifies_from_disk check)"
+        )
+    return None
 
 
 def latest_snapshot(root: Path, name: str | None = None) -> Path | None:

@@ -41,6 +41,7 @@ from megacpp_pipeline.snapshot.promote import (
     SnapshotManifest,
     manifest_sha256_recorded,
     manifest_summary,
+    not_a_snapshot,
     read_manifest,
 )
 from megacpp_pipeline.snapshot.shard_checks import (
@@ -539,6 +540,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     # a snapshot by URI is judged on a copy fetched now, never on an earlier cached one
     with tempfile.TemporaryDirectory(prefix="megacpp-verify-") as fresh:
         snap = local_snapshot(args.snapshot_dir, fresh)
+        if (why := not_a_snapshot(snap)) is not None:  # one line, not every check failing
+            raise SnapshotError(why)
         outcomes = verify_snapshot(snap, full=args.full)
     given = str(args.snapshot_dir)
     if "://" in given:  # name files by their place in the store, not the temporary copy
@@ -612,7 +615,7 @@ def _register_verify(p: argparse.ArgumentParser) -> None:
     p.description = "re-run the promotion checks and every file's sha256 from disk alone"
     p.add_argument("snapshot_dir")
     p.add_argument("--full", action="store_true", help="round-trip every document")
-    p.set_defaults(func=_cmd_verify)
+    p.set_defaults(func=_one_line_errors(_cmd_verify))
 
 
 def _register_inspect(p: argparse.ArgumentParser) -> None:

@@ -1,6 +1,7 @@
 """raw_files: every file of a source at its pinned revision (git commit, verified archive
 sha256, directory tree hash, JSONL export), each one seen in the ledger; the non-corpus
-files the later stages read (REUSE metadata, the compile database) in a metadata table."""
+files the later stages read (REUSE metadata, the compile database) in a metadata table. The
+one size policy (`max_file_bytes`) is applied here: no later stage sees a larger file."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
         cat.resolve_uri(spec),
         cache_dir=ctx.cache_dir,
         limits=cat.collect,
+        max_file_bytes=cat.file_limit(spec),
         keep_also=is_metadata,
     )
     version = ctx.store.begin(
@@ -98,10 +100,13 @@ STAGE = Stage(
     reads=("source_catalog",),
     code=(collect.__name__, __name__),
     schema=RAW_FILES,
+    # the one size policy is applied here, before a file is read past it
+    version_data=lambda catalog: {"max_file_bytes": catalog.size_policy()},
     drop_reasons=(
         DropReason.NOT_INCLUDED,
         DropReason.UNSAFE_PATH,
         DropReason.SYMLINK,
+        DropReason.POINTER_FILE,
         DropReason.ARCHIVE_LIMIT,
         DropReason.UNREADABLE,
         DropReason.TOO_LARGE,
@@ -127,7 +132,11 @@ def current_revisions(catalog: Catalog, cache_dir: Path) -> dict[str, str]:
     out = {}
     for spec in catalog.operational:
         files = collect.open_source(
-            spec, catalog.resolve_uri(spec), cache_dir=cache_dir, limits=catalog.collect
+            spec,
+            catalog.resolve_uri(spec),
+            cache_dir=cache_dir,
+            limits=catalog.collect,
+            max_file_bytes=catalog.file_limit(spec),
         )
         out[spec.id] = files.revision
     return out

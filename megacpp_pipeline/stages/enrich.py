@@ -159,7 +159,7 @@ STAGE = Stage(
     code=(enrich.__name__, build_context.__name__, __name__),
     schema=ENRICHED_FILES,
     content_column="content_sha256",
-    drop_reasons=(DropReason.TOO_LARGE, DropReason.PARSE_ERROR_RATIO, DropReason.PARSE_TIMEOUT),
+    drop_reasons=(DropReason.PARSE_ERROR_RATIO, DropReason.PARSE_TIMEOUT),
     writes_ledger=True,
     metadata_files=lambda spec, path: path == spec.compile_commands,
     gate=_gate,

@@ -1,5 +1,6 @@
-"""normalized_files: UTF-8, LF-normalized C/C++ text; binaries, oversized, minified,
-generated and non-C++ files dropped with a reason (the cheap filters, first)."""
+"""normalized_files: UTF-8, LF-normalized C/C++ text; binaries, Git LFS and git-annex
+pointers, minified, generated and non-C++ files dropped with a reason (the cheap filters,
+first). Oversized files never get here: collection applies the one size policy."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ STAGE = Stage(
     grain=Grain.PER_SOURCE,
     group="gates",
     description="UTF-8, LF-normalized C/C++ text with its original encoding recorded; binaries,"
-    " oversized, minified/data-like, generated and non-C++ files dropped with a reason.",
+    " LFS/annex pointers, minified/data-like, generated and non-C++ files dropped with a reason.",
     input="raw_files",
     config_key="normalize",
     config=normalize.NormalizeConfig,
@@ -31,7 +32,7 @@ STAGE = Stage(
         DropReason.BINARY,
         DropReason.UNDECODABLE,
         DropReason.EMPTY,
-        DropReason.TOO_LARGE,
+        DropReason.POINTER_FILE,
         DropReason.LONG_LINES,
         DropReason.MEAN_LINE_LENGTH,
         DropReason.LOW_ALNUM,

@@ -321,3 +321,68 @@ def test_the_gate_gives_the_same_rows_with_either_encoder(tokenizer: Tokenizer) 
     assert by_fast.dropped.equals(by_reference.dropped)
     assert by_fast.stats == by_reference.stats
     assert by_fast.kept.num_rows == 4  # the empty one is dropped both ways
+
+
+def test_a_long_document_is_encoded_a_piece_at_a_time_to_the_ids_of_the_whole(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file at the size policy's limit: its Encoding is never held whole, and the ids are
+    those of encoding it whole (byte-level pre-tokens never cross a newline before a
+    non-space character)."""
+    from megacpp_pipeline.gates import tokenization
+
+    text = (MULTIBYTE + "int main() {\n  return 0;\n}\n\n  // indented\n") * 200
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenization.splits_exactly(tokenizer)
+    monkeypatch.setattr(tokenization, "PIECE_CHARS", 500)
+    pieces = list(tokenization.text_pieces(text, 500))
+    assert len(pieces) > 20 and "".join(pieces) == text
+    assert all(p.endswith("\n") for p in pieces[:-1])
+    assert all(not p[0].isspace() for p in pieces[1:])
+    table = enriched([("big.h", text), ("small.h", "int y;\n")])
+    result = run(table, tokenizer, TokenizeConfig())
+    assert result.kept["token_ids"][0].as_py() == whole
+    assert result.kept["num_tokens"][0].as_py() == len(whole)
+    assert result.dropped.num_rows == 0
+
+
+def test_tokens_aligned_block_by_block_get_the_kinds_of_the_vectorized_alignment(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from megacpp_pipeline.gates import tokenization
+
+    docs = [("a.cc", MULTIBYTE), ("b.cc", MULTIBYTE * 3), ("c.cc", "int z;\n")]
+    spans = [spans_of(MULTIBYTE, MULTIBYTE_SPANS)]
+    spans.append(spans_of(MULTIBYTE * 3, MULTIBYTE_SPANS * 3))
+    spans.append(([0], [3], [FUNC_SIGNATURE]))
+    vectorized = run(enriched(docs, spans), tokenizer, TokenizeConfig())
+    monkeypatch.setattr(tokenization, "BLOCK_TOKENS", 7)
+    blocks = run(enriched(docs, spans), tokenizer, TokenizeConfig())
+    assert blocks.kept["chunk_kind"].to_pylist() == vectorized.kept["chunk_kind"].to_pylist()
+    assert blocks.kept.equals(vectorized.kept) and blocks.dropped.num_rows == 0
+
+
+def test_a_tokenizer_that_normalizes_is_never_split(tokenizer: Tokenizer) -> None:
+    from megacpp_pipeline.gates import tokenization
+
+    changed = Tokenizer.from_str(tokenizer.to_str())
+    changed.normalizer = normalizers.NFC()
+    assert not tokenization.splits_exactly(changed)
+
+
+def test_the_round_trip_check_decodes_a_long_document_a_piece_at_a_time_to_its_hash(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenized_docs check on a file near the size limit: pieces end after a newline
+    token, so multibyte characters are never cut and the hash is the whole text's."""
+    import numpy as np
+
+    from megacpp_pipeline.stages import tokenize as stage
+
+    text = MULTIBYTE * 300
+    ids = np.array(tokenizer.encode(text, add_special_tokens=False).ids, np.int64)
+    monkeypatch.setattr(stage, "LONG_DOCUMENT_TOKENS", 50)
+    newline_ids = stage._newline_ids(tokenizer)
+    assert newline_ids.size and np.isin(ids, newline_ids).sum() > 100
+    assert stage._decoded_sha256(tokenizer, ids, newline_ids) == schemas.text_sha256(text)
+    assert stage._decoded_sha256(tokenizer, ids[:-1], newline_ids) != schemas.text_sha256(text)

@@ -539,7 +539,9 @@ def find_duplicates(
         pq.write_table(shard, path)
         source = str(shard["source_id"][0])
         plan.append(
-            SliceOfSource(len(plan), source, (slices.Piece(str(path), 0, shard.num_rows),), first)
+            SliceOfSource(
+                len(plan), source, (slices.Piece("", None, 0, shard.num_rows, str(path)),), first
+            )
         )
         first += shard.num_rows
     out = str(workdir / "out")
