@@ -150,10 +150,6 @@ def check_token_ranges(
     return out
 
 
-def _pieces(snap: Path) -> pa.Table:
-    return pq.read_table(snap / "pieces.parquet")
-
-
 def check_documents(
     snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline
 ) -> CheckOutcome:
@@ -162,8 +158,17 @@ def check_documents(
     file is in one document, its members' token spans tiling it (document_files.parquet)."""
     out = CheckOutcome("document_consistency", True)
     seq = manifest.seq_len
-    docs = pl.DataFrame(pq.read_table(snap / "documents.parquet"))
-    pieces = pl.DataFrame(_pieces(snap))
+    # the columns the checks compare, labels dictionary-encoded: no path or hash per file
+    present = pq.read_schema(snap / "documents.parquet").names
+    wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens"]
+    docs = pl.DataFrame(
+        pq.read_table(
+            snap / "documents.parquet",
+            columns=[c for c in wanted if c in present],
+            read_dictionary=["source_id", "split"],
+        )
+    )
+    pieces = pl.DataFrame(pq.read_table(snap / "pieces.parquet", read_dictionary=["split"]))
     per_doc = pieces.group_by("doc_id").agg(
         pl.len().alias("n"),
         pl.col("piece_index").min().alias("lo"),
@@ -186,7 +191,11 @@ def check_documents(
     wrong_split = joined.filter(
         pl.col("n").is_not_null() & (pl.col("piece_split") != pl.col("split"))
     )
-    files = read_document_files(snap)
+    files = read_document_files(
+        snap,
+        ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"],
+        dictionary=True,
+    )
     kept = {src: counts["kept"] for src, counts in manifest.ledger.items()}
     if "num_files" not in docs.columns:  # schema version 1: a document was one file
         docs = docs.with_columns(pl.lit(1, pl.Int32).alias("num_files"))
@@ -237,11 +246,17 @@ def check_round_trip(
     `mapper` per rows shard rebuilds and decodes the sampled documents whose pieces all lie
     in it (every one, when a packing window is a shard); any other is rebuilt here."""
     out = CheckOutcome("round_trip_decode", True)
+    ids = pl.DataFrame(pq.read_table(snap / "documents.parquet", columns=["doc_id"]))
+    if ids.height > sample:  # the sample chosen from the ids alone; its rows read after
+        ids = ids.sample(n=sample, seed=seed)
+    chosen = pa.array(ids["doc_id"].to_numpy(), pa.int32())
     docs = pl.DataFrame(
-        pq.read_table(snap / "documents.parquet", columns=["doc_id", "path", "content_sha256"])
+        pq.read_table(
+            snap / "documents.parquet",
+            columns=["doc_id", "path", "content_sha256"],
+            filters=pc.field("doc_id").isin(chosen),
+        )
     )
-    if docs.height > sample:
-        docs = docs.sample(n=sample, seed=seed)
     sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
     path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
     checked = 0
@@ -370,8 +385,11 @@ def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     """Per source: collected == kept + dropped, kept == the files in documents (document_files
     .parquet), nothing unaccounted."""
     out = CheckOutcome("ledger_completeness", True)
-    ledger = pl.DataFrame(pq.read_table(snap / "ledger.parquet"))
-    files = pl.DataFrame(read_document_files(snap, ["source_id"]))
+    columns = ["source_id", "status", "reason"]
+    ledger = pl.DataFrame(
+        pq.read_table(snap / "ledger.parquet", columns=columns, read_dictionary=columns)
+    )
+    files = pl.DataFrame(read_document_files(snap, ["source_id"], dictionary=True))
     doc_counts = dict(files.group_by("source_id").len().iter_rows())
     per_source = ledger.group_by("source_id").agg(
         pl.len().alias("collected"),
