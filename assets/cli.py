@@ -83,7 +83,7 @@ def _cache_location(args: argparse.Namespace) -> tuple[pafs.FileSystem, str]:
 
 def _current_code_versions(config: str) -> dict[str, set[str]]:
     """Per-file stage -> the code version the catalog's sources run it at now."""
-    from megacpp_pipeline.core.catalog import load_catalog
+    from megacpp_pipeline.pipeline.catalog import load_catalog
     from megacpp_pipeline.stages import default_registry
 
     registry = default_registry()

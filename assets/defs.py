@@ -8,7 +8,7 @@ import dagster as dg
 
 from assets.factory import build_assets
 from assets.schedules import build_refresh
-from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.catalog import load_catalog
 from megacpp_pipeline.pipeline.parallel import default_workers
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.stages import default_registry

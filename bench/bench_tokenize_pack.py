@@ -29,12 +29,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.core import schemas
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.corpus import encoders
 from megacpp_pipeline.corpus.encoders import FastEncoder, select_encoder
 from megacpp_pipeline.corpus.packing import PackingConfig, merge_telemetry, pack
 from megacpp_pipeline.corpus.tokenizer import SpecialIds, TokenizerConfig, train_tokenizer
 from megacpp_pipeline.gates.tokenization import TokenizeConfig, run
+from megacpp_pipeline.pipeline.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.parallel import default_workers
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.scaleup import build
-from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.stages import default_registry

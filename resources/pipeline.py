@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.engine import Engine
 from megacpp_pipeline.pipeline.registry import Registry

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -22,9 +23,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-if TYPE_CHECKING:
-    from megacpp_pipeline.pipeline.registry import Registry
 
 DEFAULT_INCLUDE = [
     "**/*.h",
@@ -234,18 +232,9 @@ class RefreshConfig(BaseModel):
     timezone: str = "UTC"
 
 
-def _stage_configs(registry: Registry | None) -> dict[str, type[BaseModel]]:
-    """`stages:` section name -> config model, from the stage registry in use (the default
-    one unless the caller validates against another)."""
-    if registry is None:
-        from megacpp_pipeline.stages import default_registry
-
-        registry = default_registry()
-    return registry.config_models()
-
-
 class Catalog(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # frozen: every asset and check of a run shares the one parsed catalog
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     snapshot: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     seq_len: int = Field(default=2048, ge=16, le=1 << 20)
@@ -299,7 +288,9 @@ class Catalog(BaseModel):
     def _known_stages(
         cls, v: dict[str, dict[str, Any]], info: ValidationInfo
     ) -> dict[str, dict[str, Any]]:
-        models = _stage_configs((info.context or {}).get("registry"))
+        models: Mapping[str, type[BaseModel]] | None = (info.context or {}).get("stage_models")
+        if models is None:  # parsed alone: the pipeline checks the sections (load_catalog)
+            return v
         for stage, section in v.items():
             if stage not in models:
                 raise ValueError(f"unknown stage {stage!r} (known: {', '.join(models)})")
@@ -365,37 +356,22 @@ def _describe(error: dict[str, Any], data: Any) -> str:
 
 
 def parse_catalog(
-    data: Any, *, base_dir: Path, origin: str = "sources.yaml", registry: Registry | None = None
+    data: Any,
+    *,
+    base_dir: Path,
+    origin: str = "sources.yaml",
+    stage_models: Mapping[str, type[BaseModel]] | None = None,
 ) -> Catalog:
-    """The catalog in `data`; its `stages:` sections are validated against `registry`'s
-    config models (the default registry's when None)."""
+    """The catalog in `data`, relative paths against `base_dir`; its `stages:` sections are
+    validated against `stage_models` (section -> config model) when given."""
     try:
-        catalog = Catalog.model_validate(data, context={"registry": registry})
+        return Catalog.model_validate(
+            {**data, "base_dir": base_dir} if isinstance(data, dict) else data,
+            context={"stage_models": stage_models},
+        )
     except ValidationError as e:
         lines = [_describe(err, data) for err in e.errors()]  # type: ignore[arg-type]
         raise CatalogError(f"{origin}: " + "; ".join(lines)) from None
-    catalog.base_dir = base_dir
-    _check_files(catalog, origin)
-    return catalog
-
-
-def _check_files(catalog: Catalog, origin: str) -> None:
-    """What the entries point at, before any work: removal request files are read and every
-    line validated, benchmark files match their pins."""
-    from megacpp_pipeline.corpus.decontaminate import BenchmarkError, verify_benchmark
-    from megacpp_pipeline.gates.removals import RemovalError, load_removals
-
-    try:
-        load_removals(
-            catalog.removals,
-            catalog.base_dir,
-            known_sources={s.id for s in catalog.sources},
-            origin=origin,
-        )
-        for spec in catalog.benchmarks:
-            verify_benchmark(spec, catalog.base_dir)
-    except (RemovalError, BenchmarkError) as e:
-        raise CatalogError(str(e)) from None
 
 
 # libyaml's loader where PyYAML has it: the pure-Python one takes ~3 ms a source, which
@@ -403,24 +379,32 @@ def _check_files(catalog: Catalog, origin: str) -> None:
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def load_catalog(path: str | Path, registry: Registry | None = None) -> Catalog:
-    """The validated catalog at `path`. Parsed once per content: every asset and check of a
-    run asks for it, and the answer only changes when the file does (so callers share one
-    Catalog and must not change it)."""
+def read_catalog(
+    path: str | Path, stage_models: Mapping[str, type[BaseModel]] | None = None
+) -> Catalog:
+    """The catalog at `path`, parsed (see parse_catalog). Parsed once per content and
+    models: every asset and check of a run asks for it, and the answer only changes when
+    the file does (the Catalog is frozen, so sharing it is safe)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise CatalogError(f"{path}: no such file") from None
-    return _parsed(str(path.resolve()), str(path), raw, registry)
+    models = tuple(sorted(stage_models.items())) if stage_models is not None else None
+    return _parsed(str(path.resolve()), str(path), raw, models)
 
 
 @functools.lru_cache(maxsize=8)
-def _parsed(resolved: str, origin: str, raw: bytes, registry: Registry | None) -> Catalog:
+def _parsed(
+    resolved: str, origin: str, raw: bytes, models: tuple[tuple[str, type[BaseModel]], ...] | None
+) -> Catalog:
     try:
         data = yaml.load(raw.decode("utf-8"), Loader=_YAML_LOADER)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise CatalogError(f"{origin}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
         raise CatalogError(f"{origin}: expected a mapping with snapshot, seq_len and sources")
-    return parse_catalog(data, base_dir=Path(resolved).parent, origin=origin, registry=registry)
+    stage_models = dict(models) if models is not None else None
+    return parse_catalog(
+        data, base_dir=Path(resolved).parent, origin=origin, stage_models=stage_models
+    )

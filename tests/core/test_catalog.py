@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from megacpp_pipeline.core.catalog import CatalogError, load_catalog
+from megacpp_pipeline.core.catalog import CatalogError
+from tests.fixtures.catalogs import load_catalog
 
 GOOD = """
 snapshot: demo

@@ -36,7 +36,6 @@ try:
 except ImportError:  # the ray (or cluster) extra; deselected tests then report no skip
     ray = None
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.engine import Engine, EngineKind
@@ -44,6 +43,7 @@ from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Registry, St
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.s3_server import CREDENTIALS as S3_CREDENTIALS
 from tests.fixtures.s3_server import moto_bucket
@@ -323,7 +323,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {here!r})
 import test_ray_engine as t
-from megacpp_pipeline.core.catalog import load_catalog
+from tests.fixtures.catalogs import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.engine import Engine, EngineKind
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage

@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.corpus.encoders import FastEncoderRefusedError
 from megacpp_pipeline.corpus.tokenizer import (
     SPECIAL_TOKENS,
@@ -23,6 +22,7 @@ from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import checks_of, run_all, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.tokenizer_artifacts import improper_merges
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from assets import cli
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.file_cache import FileResultCache
+from tests.fixtures.catalogs import load_catalog
 from tests.storage.test_file_cache import CountingGate, _call, _corpus, _raw
 
 STAGE = "normalized_files"

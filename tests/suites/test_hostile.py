@@ -442,10 +442,10 @@ def test_a_git_pin_that_does_not_exist_fails_the_catalog_check_naming_the_revisi
 ) -> None:
     """The blocking check on source_catalog runs before any per-source asset; the slow
     variant drives it through `megacpp run`."""
-    from megacpp_pipeline.core.catalog import load_catalog
     from megacpp_pipeline.pipeline.context import StageContext
     from megacpp_pipeline.stages import default_registry
     from megacpp_pipeline.storage.store import ShardStore
+    from tests.fixtures.catalogs import load_catalog
 
     config, missing = _missing_pin_catalog(tmp_path)
     registry = default_registry()
