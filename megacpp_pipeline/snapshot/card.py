@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from megacpp_pipeline.snapshot.document_files import read_document_files
+from megacpp_pipeline.snapshot.document_files import read_document_files, read_labelled
 
 if TYPE_CHECKING:  # promote writes the card, so the card only names its manifest type
     from megacpp_pipeline.snapshot.promote import SnapshotManifest
@@ -97,14 +97,14 @@ def render_card(snapshot_dir: Path, manifest: SnapshotManifest, inputs: CardInpu
     # only the columns the card counts, low-cardinality strings dictionary-encoded: a few
     # bytes a file, counted by Arrow (no Python object per file)
     present = pq.read_schema(snap / "documents.parquet").names
-    documents = pq.read_table(
+    documents = read_labelled(
         snap / "documents.parquet",
-        columns=[c for c in ("source_id", "license_source", "scrub_kinds") if c in present],
-        read_dictionary=["source_id", "license_source"],
+        [c for c in ("source_id", "license_source", "scrub_kinds") if c in present],
+        ["source_id", "license_source"],
     )
     files = read_document_files(snap, ["license_expression"], dictionary=True)
     columns = ["source_id", "stage", "status", "reason"]
-    ledger = pq.read_table(snap / "ledger.parquet", columns=columns, read_dictionary=columns)
+    ledger = read_labelled(snap / "ledger.parquet", columns, columns)
     expressions = [e for e, _ in counts(files["license_expression"]).items()]
     front = {
         "pretty_name": f"{manifest.name} (C++ training snapshot)",

@@ -31,7 +31,11 @@ from megacpp_pipeline.core.packed_rows import (
 from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.loader.errors import LoaderError
 from megacpp_pipeline.snapshot.card import CARD, card_problems
-from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET, read_document_files
+from megacpp_pipeline.snapshot.document_files import (
+    DOCUMENT_FILES_PARQUET,
+    read_document_files,
+    read_labelled,
+)
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.promote import (
@@ -162,13 +166,11 @@ def check_documents(
     present = pq.read_schema(snap / "documents.parquet").names
     wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens"]
     docs = pl.DataFrame(
-        pq.read_table(
-            snap / "documents.parquet",
-            columns=[c for c in wanted if c in present],
-            read_dictionary=["source_id", "split"],
+        read_labelled(
+            snap / "documents.parquet", [c for c in wanted if c in present], ["source_id", "split"]
         )
     )
-    pieces = pl.DataFrame(pq.read_table(snap / "pieces.parquet", read_dictionary=["split"]))
+    pieces = pl.DataFrame(read_labelled(snap / "pieces.parquet", None, ["split"]))
     per_doc = pieces.group_by("doc_id").agg(
         pl.len().alias("n"),
         pl.col("piece_index").min().alias("lo"),
@@ -386,9 +388,7 @@ def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     .parquet), nothing unaccounted."""
     out = CheckOutcome("ledger_completeness", True)
     columns = ["source_id", "status", "reason"]
-    ledger = pl.DataFrame(
-        pq.read_table(snap / "ledger.parquet", columns=columns, read_dictionary=columns)
-    )
+    ledger = pl.DataFrame(read_labelled(snap / "ledger.parquet", columns, columns))
     files = pl.DataFrame(read_document_files(snap, ["source_id"], dictionary=True))
     doc_counts = dict(files.group_by("source_id").len().iter_rows())
     per_source = ledger.group_by("source_id").agg(
