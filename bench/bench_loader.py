@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.core.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.loader import PackedRowsLoader
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetReader, export_snapshot
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from tests.fixtures.snapshot_fixture import build_snapshot
 
 Pass = Callable[[], tuple[int, float, float]]  # tokens, wall seconds, CPU seconds

@@ -30,13 +30,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from megacpp_pipeline.core.packed_rows import (
+from megacpp_pipeline.corpus.tokenizer import SpecialIds
+from megacpp_pipeline.snapshot.packed_rows import (
     IGNORE_INDEX,
     PAD_DOC_ID,
     PIECES_SCHEMA,
     packed_rows_schema,
 )
-from megacpp_pipeline.corpus.tokenizer import SpecialIds
 
 SPLITS = ("train", "validation")
 PACK_ID_BASE = {"train": 0, "validation": 1 << 62}

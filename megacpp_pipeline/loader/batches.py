@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from megacpp_pipeline.core.packed_rows import OPTIONAL_TOKEN_COLUMNS, packed_rows_schema
 from megacpp_pipeline.loader.cache import RowGroupCache
 from megacpp_pipeline.loader.manifest import Shard
 from megacpp_pipeline.loader.planning import BlockLayout, EpochPlan, EpochPlanner, block_edges
 from megacpp_pipeline.loader.prefetch import Blocks, Progress
 from megacpp_pipeline.loader.receipts import BlockReceipts
+from megacpp_pipeline.snapshot.packed_rows import OPTIONAL_TOKEN_COLUMNS, packed_rows_schema
 
 # Batches are built and handed over in blocks: one hand-off between threads costs two
 # thread switches (tens of microseconds), as much as building a whole 8 x 2048 batch. A

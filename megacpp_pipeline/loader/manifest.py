@@ -14,13 +14,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.core.packed_rows import REQUIRED_COLUMNS, packed_rows_schema
 from megacpp_pipeline.loader.errors import (
     ShardChecksumError,
     ShardSchemaError,
     SnapshotIncompleteError,
     SnapshotManifestError,
 )
+from megacpp_pipeline.snapshot.packed_rows import REQUIRED_COLUMNS, packed_rows_schema
 from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
 
 COMPLETE_MARKER = COMPLETE

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from megacpp_pipeline.core.packed_rows import PACKED_SCHEMA_VERSION, packed_rows_schema
 from megacpp_pipeline.loader.batches import BatchBuilder
 from megacpp_pipeline.loader.cache import RowGroupCache, default_cache_dir
 from megacpp_pipeline.loader.errors import LoaderConfigError, LoaderStateError
@@ -36,6 +35,7 @@ from megacpp_pipeline.loader.receipts import (
     summarize_receipts,
 )
 from megacpp_pipeline.snapshot.fetch import local_snapshot
+from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, packed_rows_schema
 
 
 class _EpochIterator:

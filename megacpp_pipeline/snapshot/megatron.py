@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.core.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.snapshot.shard_checks import Mapper, file_facts, inline
 from megacpp_pipeline.storage.versions import (
     COMPLETE,

@@ -30,11 +30,11 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
-from megacpp_pipeline.core.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENTS
 from megacpp_pipeline.corpus.repository import file_document_files
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
+from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.snapshot.streams import (
     Cursor,

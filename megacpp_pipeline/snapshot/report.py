@@ -27,8 +27,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from pydantic import BaseModel, ConfigDict, Field
 
-from megacpp_pipeline.core.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.gates.enrich import KIND_NAMES
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.storage.versions import write_bytes_atomic
 
 # Dagster runs log at DEBUG; matplotlib's font lookup would add a "findfont" line per

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.core.packed_rows import IGNORE_INDEX, PAD_DOC_ID, fixed_list_to_numpy
+from megacpp_pipeline.snapshot.packed_rows import IGNORE_INDEX, PAD_DOC_ID, fixed_list_to_numpy
 
 Mapper = Callable[[Callable[..., Any], Any, Sequence[Any]], Iterator[Any]]
 _CHUNK = 1 << 20

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.core.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.corpus.packing import restore_fim_order
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
 from megacpp_pipeline.snapshot.document_files import read_document_files
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.snapshot.promote import SnapshotManifest
 
 DOCS_PER_PASS = 20_000

@@ -23,11 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.core.packed_rows import (
-    OPTIONAL_TOKEN_COLUMNS,
-    REQUIRED_COLUMNS,
-    packed_rows_schema,
-)
 from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.loader.errors import LoaderError
 from megacpp_pipeline.snapshot.card import CARD, card_problems
@@ -38,6 +33,11 @@ from megacpp_pipeline.snapshot.document_files import (
 )
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
+from megacpp_pipeline.snapshot.packed_rows import (
+    OPTIONAL_TOKEN_COLUMNS,
+    REQUIRED_COLUMNS,
+    packed_rows_schema,
+)
 from megacpp_pipeline.snapshot.promote import (
     REPORT_DIR,
     SnapshotConfig,

@@ -17,7 +17,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megacpp_pipeline.core import packed_rows as rows_contract
 from megacpp_pipeline.corpus import packing, repository, tokenizer
 from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows, nothing_left
 from megacpp_pipeline.pipeline.context import StageContext
@@ -31,6 +30,7 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
+from megacpp_pipeline.snapshot import packed_rows as rows_contract
 from megacpp_pipeline.stages.documents import split_tables
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import (

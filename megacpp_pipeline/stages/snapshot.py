@@ -13,7 +13,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from megacpp_pipeline.core.packed_rows import PIECES_SCHEMA
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
@@ -28,6 +27,7 @@ from megacpp_pipeline.pipeline.registry import (
 from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
+from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA
 from megacpp_pipeline.snapshot.promote import (
     REPORT_DIR,
     ShardSource,

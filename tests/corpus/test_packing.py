@@ -11,13 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megacpp_pipeline.core.packed_rows import (
-    IGNORE_INDEX,
-    PAD_DOC_ID,
-    fixed_list_to_numpy,
-    packed_rows_schema,
-    validate_rows,
-)
 from megacpp_pipeline.corpus.packing import (
     PACK_ID_BASE,
     PackedBatch,
@@ -29,6 +22,13 @@ from megacpp_pipeline.corpus.packing import (
 )
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
 from megacpp_pipeline.gates.enrich import CHUNK_KINDS
+from megacpp_pipeline.snapshot.packed_rows import (
+    IGNORE_INDEX,
+    PAD_DOC_ID,
+    fixed_list_to_numpy,
+    packed_rows_schema,
+    validate_rows,
+)
 
 SPECIAL = SpecialIds()
 VOCAB = 1000

@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megacpp_pipeline.core.packed_rows import TOKEN_COLUMNS, packed_rows_schema
 from megacpp_pipeline.loader import (
     CACHE_FORMAT,
     LoaderConfigError,
@@ -32,6 +31,7 @@ from megacpp_pipeline.loader import (
     SnapshotManifestError,
 )
 from megacpp_pipeline.loader.prefetch import CONSUMER_AWAY_S
+from megacpp_pipeline.snapshot.packed_rows import TOKEN_COLUMNS, packed_rows_schema
 from tests.fixtures.snapshot_fixture import SnapshotFixture, build_snapshot
 
 

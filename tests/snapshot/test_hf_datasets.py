@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megacpp_pipeline.core.packed_rows import REQUIRED_COLUMNS, TOKEN_COLUMNS
 from megacpp_pipeline.loader import PackedRowsLoader
+from megacpp_pipeline.snapshot.packed_rows import REQUIRED_COLUMNS, TOKEN_COLUMNS
 from tests.fixtures.snapshot_fixture import build_snapshot
 
 datasets = pytest.importorskip("datasets", reason="datasets is a dev dependency")

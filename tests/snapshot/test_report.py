@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
-from megacpp_pipeline.core.packed_rows import PAD_DOC_ID
 from megacpp_pipeline.gates.enrich import KIND_NAMES
+from megacpp_pipeline.snapshot.packed_rows import PAD_DOC_ID
 from megacpp_pipeline.snapshot.report import (
     PLOT_FILES,
     REPORT_HTML,

@@ -182,7 +182,7 @@ def test_the_other_snapshot_commands_refuse_a_directory_without_complete_in_one_
 
 # --- document_consistency: every row against the pieces that say what it holds -------------
 def _rewrite_first_train_shard(snap: Path, change) -> None:
-    from megacpp_pipeline.core.packed_rows import fixed_list_to_numpy
+    from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 
     path = sorted((snap / "train").glob("part-*.parquet"))[0]
     t = pq.read_table(path)
