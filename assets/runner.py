@@ -32,7 +32,7 @@ from assets.defs import DEFAULT_CACHE_DIR, build_defs
 from assets.interrupts import Interrupts, become_group_leader
 from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.engine import Engine
-from megacpp_pipeline.pipeline.parallel import cpu_count, default_workers, polars_threads_run
+from megacpp_pipeline.pipeline.parallel import cpu_count, polars_threads_run, workers_from
 from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -144,7 +144,7 @@ def run_pipeline(
     otherwise), the finished stages' table last. `engine`/`ray_address`: where per-file
     stages run (pipeline/engine.py; default MEGACPP_ENGINE / RAY_ADDRESS, else local)."""
     try:
-        chosen = Engine.choose(engine, ray_address)
+        chosen = Engine.choose(engine, ray_address, os.environ)
     except ValueError as e:
         raise PipelineFailed(str(e)) from e
     if chosen.distributed and importlib.util.find_spec("ray") is None:
@@ -166,7 +166,7 @@ def run_pipeline(
     sources = _sources(defs)
     if not sources:
         raise PipelineFailed(f"{config}: no operational source to materialize")
-    asked, cpus = workers or default_workers(), cpu_count()
+    asked, cpus = workers or workers_from(os.environ), cpu_count()
     if not chosen.distributed and asked > cpus:
         print(f"megacpp run: {asked} workers asked, {cpus} CPUs here: {cpus} run", file=log)
     prepare_instance_home()
@@ -176,7 +176,6 @@ def run_pipeline(
     run_config = {} if verbose else QUIET_CONSOLE
     outcome = RunOutcome()
     console = RunConsole(log, live)
-    progress.set_sink(console.event)
     # the library's warnings become console lines, in forked runs and workers too
     library_log = logging.getLogger("megacpp_pipeline")
     notices, propagate = progress.NoticeHandler(), library_log.propagate
@@ -186,14 +185,13 @@ def run_pipeline(
         tags = {"megacpp/cli": "run"} | {
             f"megacpp/{k}": str(v) for k, v in chosen.describe().items()
         }
-        with Interrupts() as interrupts:
+        with Interrupts() as interrupts, progress.sending_to(console.event):
             _run_groups(
                 defs, instance, sources, run_config, console, outcome, stop_after, tags, interrupts
             )
     finally:
         library_log.removeHandler(notices)
         library_log.propagate = propagate
-        progress.set_sink(None)
         console.close()
     console.summary()
     outcome.output = final_output(defs, data_dir)
@@ -346,9 +344,9 @@ def _child_main(
     send: Connection,
 ) -> None:
     become_group_leader()
-    progress.set_sink(send.send)
     try:
-        outcome = _materialize(defs, instance, keys, tags, run_config)
+        with progress.sending_to(send.send):  # back to the parent, which shows them
+            outcome = _materialize(defs, instance, keys, tags, run_config)
     except BaseException as e:  # reported, never swallowed: the parent fails the pipeline
         outcome = StepOutcome(None, [f"{type(e).__name__}: {e}"], _peak_rss_mb())
     try:

@@ -36,7 +36,7 @@ from megacpp_pipeline.corpus.tokenizer import SpecialIds, TokenizerConfig, train
 from megacpp_pipeline.gates.tokenization import TokenizeConfig, run
 from megacpp_pipeline.pipeline.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.parallel import workers_from
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
@@ -319,7 +319,7 @@ def main() -> None:
 
     reference = select_encoder(tok, "tokenizers")
     fast = select_encoder(tok, "fast", threads=1)
-    fast_threads = select_encoder(tok, "fast", threads=default_workers())
+    fast_threads = select_encoder(tok, "fast", threads=workers_from(os.environ))
     assert isinstance(fast, FastEncoder)
     encoding, allowed = fast.encoding, fast.matched
     config = TokenizeConfig()
@@ -370,7 +370,7 @@ def main() -> None:
         bare_encode_batch_fast_mb_s=round(mb / bare_fast, 2),
         gate_mb_s=round(mb / gate, 2),
         gate_tokenizers_mb_s=round(mb / timed["gate_tokenizers"], 2),
-        gate_threads=default_workers(),
+        gate_threads=workers_from(os.environ),
         gate_mtok_s=round(n_sample / gate / 1e6, 3),
         bare_mtok_s=round(n_sample / bare / 1e6, 3),
         gate_vs_bare=round(bare / gate, 3),

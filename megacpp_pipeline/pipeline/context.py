@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from megacpp_pipeline.core.catalog import Catalog, SourceSpec
 from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.parallel import cpu_count
 from megacpp_pipeline.pipeline.registry import Registry, Stage
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore
@@ -35,7 +35,7 @@ class StageContext:
     # source -> the revision the refresh that launched this run resolved (tracked branches)
     pins: Mapping[str, str] = field(default_factory=dict)
     log: Callable[[str], None] = _ignore
-    workers: int | None = None  # forked workers per shard for per-file gates (None: every CPU)
+    workers: int | None = None  # forked workers of this host (None: every CPU it may use)
     engine: Engine = LOCAL  # where per-file stages run (pipeline/engine.py)
 
     def executor(self) -> Executor:
@@ -44,13 +44,17 @@ class StageContext:
         if self.engine.distributed:
             from megacpp_pipeline.pipeline import ray_engine  # the optional extra
 
-            return ray_engine.RayExecutor(self.engine)
-        return LocalExecutor(self.workers if self.workers is not None else default_workers())
+            return ray_engine.RayExecutor(self.engine, self.host_workers)
+        return LocalExecutor(self.host_workers)
 
     def host_executor(self) -> Executor:
         """Forked workers of this host whatever the engine: for work on this host's own
         files (a snapshot being built, its Megatron export)."""
-        return LocalExecutor(self.workers if self.workers is not None else default_workers())
+        return LocalExecutor(self.host_workers)
+
+    @property
+    def host_workers(self) -> int:
+        return self.workers if self.workers is not None else cpu_count()
 
     def config(self, stage: Stage) -> Any:
         return self.registry.config_of(stage, self.catalog)

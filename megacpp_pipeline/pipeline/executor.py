@@ -103,14 +103,17 @@ def run_timed(task: Task[J, T, R], job: J, item: T, node: str) -> Timed:
     return Timed(value, node, time.perf_counter() - started)
 
 
-# Set in the parent right before a pool forks; the children read it, never the parent.
+# A forked worker's job, set by its initializer (never in the parent: the pool hands the job
+# to each worker it forks, as an argument the fork carries over without pickling).
 _JOB: tuple[Callable[..., Any], Any] | None = None
 _HOST = socket.gethostname()
 
 
-def _worker_init() -> None:
+def _worker_init(task: Callable[..., Any], job: Any) -> None:
+    global _JOB
     worker_init()
     bound_malloc()
+    _JOB = (task, job)
 
 
 def _run_in_worker(item: Any) -> Timed:
@@ -223,10 +226,8 @@ class LocalExecutor:
 def _start_pool(
     task: Callable[..., Any], job: Any, items: list[Any], todo: list[int], workers: int
 ) -> tuple[ProcessPoolExecutor, dict[int, Future[Timed]], multiprocessing.util.Finalize]:
-    """A pool forked now, with the job set for its workers to inherit, and every item of
+    """A pool forked now, the job handed to its workers through the fork, and every item of
     `todo` submitted to it (a fork-context pool forks all its workers at the first submit)."""
-    global _JOB
-    _JOB = (task, job)
     # the children's collector then never writes to (and so copies) the inherited objects;
     # no gc.collect() first: on a Dagster run's heap it costs more than the map it precedes
     gc.freeze()
@@ -235,6 +236,7 @@ def _start_pool(
             max_workers=min(workers, len(todo)),
             mp_context=multiprocessing.get_context("fork"),
             initializer=_worker_init,
+            initargs=(task, job),
         )
         # A map whose consumer failed and never closed it must not keep a process from
         # exiting: a forked process's exit joins its children (after the finalizers with an
@@ -242,7 +244,6 @@ def _start_pool(
         end = multiprocessing.util.Finalize(pool, _terminate, args=(pool,), exitpriority=10)
         futures = {i: pool.submit(_run_in_worker, items[i]) for i in todo}
     finally:
-        _JOB = None  # the workers are forked: the parent drops its reference
         gc.unfreeze()
     return pool, futures, end
 

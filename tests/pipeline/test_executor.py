@@ -16,7 +16,7 @@ import pytest
 
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.pipeline.executor import LocalExecutor, TaskLost
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
 from tests.gates.test_normalize import HEADER, raw_table
 
 
@@ -107,14 +107,12 @@ def test_no_more_workers_than_cpus_unless_asked():
     assert LocalExecutor(cpu_count() + 14, cap=False).workers == cpu_count() + 14
 
 
-def test_workers_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("MEGACPP_WORKERS", "3")
-    assert default_workers() == 3
-    monkeypatch.setenv("MEGACPP_WORKERS", "0")
-    assert default_workers() == 1
-    monkeypatch.setenv("MEGACPP_WORKERS", "many")
+def test_workers_come_from_the_environment_the_edge_hands_over():
+    assert workers_from({"MEGACPP_WORKERS": "3"}) == 3
+    assert workers_from({"MEGACPP_WORKERS": "0"}) == 1
+    assert workers_from({}) == cpu_count()
     with pytest.raises(ValueError, match="MEGACPP_WORKERS='many'"):
-        default_workers()
+        workers_from({"MEGACPP_WORKERS": "many"})
 
 
 def test_workers_end_even_when_the_parent_defers_sigterm_as_dagster_does():

@@ -212,10 +212,10 @@ def test_run_tags_name_the_engine(both_runs: dict) -> None:
 
 def test_an_unknown_engine_or_an_address_without_ray_is_refused() -> None:
     with pytest.raises(ValueError, match="engine 'spark': expected one of local, ray"):
-        Engine.choose("spark")
+        Engine.choose("spark", None, {})
     with pytest.raises(ValueError, match="with the local engine"):
-        Engine.choose("local", "127.0.0.1:6379")
-    assert Engine.choose("ray", "127.0.0.1:6379").kind is EngineKind.RAY
+        Engine.choose("local", "127.0.0.1:6379", {})
+    assert Engine.choose("ray", "127.0.0.1:6379", {}).kind is EngineKind.RAY
 
 
 # --- a worker node killed in the middle of a stage ------------------------------------------
