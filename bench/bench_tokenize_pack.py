@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.catalog import SplitConfig
 from megacpp_pipeline.corpus import encoders
 from megacpp_pipeline.corpus.encoders import FastEncoder, select_encoder
 from megacpp_pipeline.corpus.packing import PackingConfig, merge_telemetry, pack
@@ -322,17 +323,17 @@ def main() -> None:
     fast_threads = select_encoder(tok, "fast", threads=workers_from(os.environ))
     assert isinstance(fast, FastEncoder)
     encoding, allowed = fast.encoding, fast.matched
-    config = TokenizeConfig()
-    run(table, reference, config)  # warm-up
-    run(table, fast, config)
+    config, split = TokenizeConfig(), SplitConfig()
+    run(table, reference, config, split)  # warm-up
+    run(table, fast, config, split)
     # Wall clock, each as the stage runs it: tokenizers on its own threads, the fast encoder
     # on as many threads as workers.
     timed = best_seconds(
         {
             "bare": lambda: tok.encode_batch(texts, add_special_tokens=False),
             "bare_fast": lambda: tok.encode_batch_fast(texts, add_special_tokens=False),
-            "gate_tokenizers": lambda: run(table, reference, config),
-            "gate": lambda: run(table, fast_threads, config),
+            "gate_tokenizers": lambda: run(table, reference, config, split),
+            "gate": lambda: run(table, fast_threads, config, split),
         },
         repeat=args.repeat,
     )
@@ -350,14 +351,14 @@ def main() -> None:
             encoding.encode_to_numpy(t, allowed_special=allowed, disallowed_special=())
             for t in texts
         ],
-        "gate_tokenizers": lambda: run(table, reference, config),
-        "gate_tokenizers_1t": lambda: _one_thread(lambda: run(table, reference, config)),
-        "gate_fast": lambda: run(table, fast, config),
+        "gate_tokenizers": lambda: run(table, reference, config, split),
+        "gate_tokenizers_1t": lambda: _one_thread(lambda: run(table, reference, config, split)),
+        "gate_fast": lambda: run(table, fast, config, split),
     }
     cpu = best_cpu_seconds(cpu_fns, repeat=max(2, args.repeat))
     _mark("tokenization timed (CPU)")
-    result = run(table, fast, config)
-    same = result.kept.equals(run(table, reference, config).kept)
+    result = run(table, fast, config, split)
+    same = result.kept.equals(run(table, reference, config, split).kept)
     n_sample = int(result.stats["tokens_kept"])
     # Packing packs the sample's documents `every` times over (distinct doc ids): about the
     # demo's size and length mix without tokenizing the demo once more.

@@ -224,6 +224,19 @@ class CollectLimits(BaseModel):
     max_compression_ratio: float = Field(default=200.0, gt=1)
 
 
+class SplitConfig(BaseModel):
+    """Which documents are held out for validation: a file is `validation` when a keyed hash
+    of (source id, path) falls under the fraction. Its own section: the tokenizer trains on
+    the train split alone and the tokenize stage labels every file with it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    validation_fraction: float = Field(default=0.02, ge=0.0, le=1.0)
+    # Changing the salt reshuffles the split; keep it fixed across snapshots so a document
+    # never moves from validation into train.
+    salt: str = "megacpp-split-v1"
+
+
 class RefreshConfig(BaseModel):
     """The nightly refresh: when it runs (cron, in `timezone`)."""
 
@@ -243,6 +256,7 @@ class Catalog(BaseModel):
     shards: ShardConfig = Field(default_factory=ShardConfig)
     collect: CollectLimits = Field(default_factory=CollectLimits)
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-gate config sections
     # content that must not be in the corpus: removal requests and evaluation benchmarks
     removals: list[RemovalSpec] = Field(default_factory=list)
@@ -252,7 +266,7 @@ class Catalog(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_size_policy(cls, data: Any) -> Any:
-        """The per-stage size limits are gone: say where the one setting is."""
+        """Settings that moved out of a stage's section: say where the one setting is."""
         if not isinstance(data, dict):
             return data
         places = [("collect", (data.get("collect") or {}))]
@@ -264,6 +278,13 @@ class Catalog(BaseModel):
                 raise ValueError(
                     f"{where}.max_file_bytes: there is one size policy now: set max_file_bytes "
                     "at the top of sources.yaml (or in a source's entry for that source)"
+                )
+        tokenize = stages.get("tokenize") if isinstance(stages, dict) else None
+        for old, new in (("validation_fraction", "validation_fraction"), ("split_salt", "salt")):
+            if isinstance(tokenize, dict) and old in tokenize:
+                raise ValueError(
+                    f"stages.tokenize.{old}: the train/validation split has its own section "
+                    f"now: set split.{new} at the top of sources.yaml"
                 )
         return data
 

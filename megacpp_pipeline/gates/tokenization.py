@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.catalog import SplitConfig
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops, empty_ledger
 from megacpp_pipeline.corpus.encoders import (
@@ -44,10 +45,6 @@ SPLITS = ("train", "validation")
 class TokenizeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    validation_fraction: float = Field(default=0.02, ge=0.0, le=1.0)
-    # Changing the salt reshuffles the split; keep it fixed across snapshots so a document
-    # never moves from validation into train.
-    split_salt: str = "megacpp-split-v1"
     # Bytes of text encoded at once: the ids of one batch are what costs memory.
     batch_bytes: int = Field(default=1024 * 1024, ge=1)
     # auto: the fast encoder (tiktoken over the same artifact) when it reproduces the
@@ -60,15 +57,15 @@ class TokenizeConfig(BaseModel):
 def assign_split(
     source_ids: list[str] | pa.Array | pa.ChunkedArray,
     paths: list[str] | pa.Array | pa.ChunkedArray,
-    config: TokenizeConfig,
+    split: SplitConfig,
 ) -> list[str]:
     """`validation` when hash(salt, source id, path) falls under the fraction, else `train`."""
     if not isinstance(source_ids, list):
         source_ids = source_ids.to_pylist()
     if not isinstance(paths, list):
         paths = paths.to_pylist()
-    threshold = int(config.validation_fraction * (1 << 64))
-    key = config.split_salt.encode("utf-8")[:64]
+    threshold = int(split.validation_fraction * (1 << 64))
+    key = split.salt.encode("utf-8")[:64]
     out = []
     for source_id, path in zip(source_ids, paths, strict=True):
         digest = hashlib.blake2b(f"{source_id}\0{path}".encode(), digest_size=8, key=key).digest()
@@ -254,7 +251,7 @@ def _encode(encoder: TokenEncoder, texts: list[str]) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
-def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, config: TokenizeConfig) -> GateResult:
+def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, split: SplitConfig) -> GateResult:
     stats: Counter[str] = Counter()
     texts: list[str] = table.column("text").to_pylist()
     text_bytes, text_offsets = _utf8_buffer(table.column("text"))
@@ -325,7 +322,7 @@ def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, config: TokenizeConf
         "license_source": kept_src.column("license_source"),
         "structure_source": kept_src.column("structure_source"),
         "split": pa.array(
-            assign_split(kept_src.column("source_id"), kept_src.column("path"), config),
+            assign_split(kept_src.column("source_id"), kept_src.column("path"), split),
             pa.string(),
         ),
         "num_tokens": pa.array(n_tokens[keep].astype(np.int32), pa.int32()),
@@ -357,8 +354,8 @@ def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, config: TokenizeConf
     stats["docs_kept"] += int(keep.sum())
     stats["bytes_in"] += int(doc_bytes.sum())
     stats["tokens_kept"] += int(n_tokens[keep].sum())
-    for split in SPLITS:
-        stats[f"docs_{split}"] += int(pc.sum(pc.equal(kept.column("split"), split)).as_py() or 0)
+    for name in SPLITS:
+        stats[f"docs_{name}"] += int(pc.sum(pc.equal(kept.column("split"), name)).as_py() or 0)
     return GateResult(kept=kept, dropped=dropped, stats=stats)
 
 
@@ -376,8 +373,14 @@ def _byte_batches(table: pa.Table, batch_bytes: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def run(table: pa.Table, tokenizer: Tokenizer | TokenEncoder, config: TokenizeConfig) -> GateResult:
-    """schemas.ENRICHED_FILES rows in, schemas.TOKENIZED_DOCS rows out (no BOS/EOS here).
+def run(
+    table: pa.Table,
+    tokenizer: Tokenizer | TokenEncoder,
+    config: TokenizeConfig,
+    split: SplitConfig,
+) -> GateResult:
+    """schemas.ENRICHED_FILES rows in, schemas.TOKENIZED_DOCS rows out (no BOS/EOS here), each
+    labelled train or validation by `split`.
     `tokenizer` is the artifact (the encoder is then chosen per `config.encoder`, once per
     artifact) or an encoder already chosen (the stage's, built once per source)."""
     encoder = (
@@ -386,7 +389,7 @@ def run(table: pa.Table, tokenizer: Tokenizer | TokenEncoder, config: TokenizeCo
         else select_encoder(tokenizer, config.encoder)
     )
     parts = [
-        _tokenize_batch(table.slice(lo, hi - lo), encoder, config)
+        _tokenize_batch(table.slice(lo, hi - lo), encoder, split)
         for lo, hi in _byte_batches(table, config.batch_bytes)
     ]
     if not parts:

@@ -61,7 +61,7 @@ class _SinkHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.sink(record.event)  # type: ignore[attr-defined]
+            self.sink(record.event)  # type: ignore[attr-defined]  # set by progress.emit
         except Exception:
             self.handleError(record)
 
@@ -79,8 +79,10 @@ def sending_to(sink: Sink) -> Iterator[None]:
 
 
 def emit(event: Event) -> None:
-    if EVENTS.handlers:  # nobody watching: not even a record is made
-        EVENTS.info("%s", type(event).__name__, extra={"event": event})
+    # nobody watching: not even a record is made; any other handler of this logger (a test
+    # runner's capture) reads the event as its repr
+    if EVENTS.handlers:
+        EVENTS.info("%r", event, extra={"event": event})
 
 
 def partition_done(stage: str, partition: str | None, stats: Mapping[str, float]) -> PartitionDone:

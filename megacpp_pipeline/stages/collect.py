@@ -19,6 +19,7 @@ from megacpp_pipeline.core.schemas import RAW_FILES
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.stages import names
 
 
 def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
@@ -74,7 +75,7 @@ def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
 
 
 def _every_seen_file_in_ledger(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     seen = kept_in_ledger = 0
     for t in ctx.store.iter_tables(manifest, "ledger", columns=["status"]):
         seen += t.num_rows
@@ -92,12 +93,12 @@ def _every_seen_file_in_ledger(ctx: StageContext, stage: Stage, source: str | No
 
 
 STAGE = Stage(
-    name="raw_files",
+    name=names.RAW_FILES,
     grain=Grain.PER_SOURCE,
     group="collect",
     description="Every file of the source at its pinned revision (git commit, verified archive "
     "sha256 or directory tree hash); every file seen is in the ledger.",
-    reads=("source_catalog",),
+    reads=(names.SOURCE_CATALOG,),
     code=(collect.__name__, __name__),
     schema=RAW_FILES,
     # the one size policy is applied here, before a file is read past it

@@ -17,6 +17,7 @@ from megacpp_pipeline.pipeline.registry import (
 )
 from megacpp_pipeline.snapshot import megatron
 from megacpp_pipeline.snapshot.promote import read_manifest
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.snapshot import (
     megatron_dir,
     snapshot_dir_of,
@@ -66,12 +67,12 @@ def _matches_snapshot(ctx: StageContext, stage: Stage, partition: str | None) ->
 
 
 STAGE = Stage(
-    name="megatron_dataset",
+    name=names.MEGATRON_DATASET,
     grain=Grain.GLOBAL,
     group="snapshot",
     description="Megatron MMIDIDX .bin/.idx export of the promoted snapshot, one sequence "
     "per document, for trainers that read Megatron indexed datasets.",
-    input="snapshot",
+    input=names.SNAPSHOT,
     code=(megatron.__name__, __name__),
     body=_body,
     checks=(

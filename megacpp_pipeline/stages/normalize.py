@@ -9,6 +9,7 @@ from megacpp_pipeline.core.schemas import NORMALIZED_FILES
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.pipeline.context import SourceInputs
 from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Stage
+from megacpp_pipeline.stages import names
 
 
 def _gate(inputs: SourceInputs) -> PreparedGate:
@@ -17,12 +18,12 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
 
 
 STAGE = Stage(
-    name="normalized_files",
+    name=names.NORMALIZED_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="UTF-8, LF-normalized C/C++ text with its original encoding recorded; binaries,"
     " LFS/annex pointers, minified/data-like, generated and non-C++ files dropped with a reason.",
-    input="raw_files",
+    input=names.RAW_FILES,
     config_key="normalize",
     config=normalize.NormalizeConfig,
     code=(normalize.__name__, __name__),

@@ -31,6 +31,7 @@ from megacpp_pipeline.pipeline.registry import (
     Stage,
 )
 from megacpp_pipeline.snapshot import packed_rows as rows_contract
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.documents import split_tables
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import (
@@ -219,8 +220,8 @@ _ROWS = RowCheck(None, _row_problems)
 
 
 def _every_row_is_seq_len(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, None)
-    vocab = int(ctx.store.latest("tokenizer", None).extra["tokenizer"]["vocab_size"])
+    manifest = ctx.latest(stage.name, None)
+    vocab = int(ctx.latest(names.TOKENIZER, None).extra["tokenizer"]["vocab_size"])
     seq_len = int(manifest.extra["seq_len"])
     rows, problems = inspect_rows(ctx, manifest, _ROWS, (seq_len, vocab))
     return CheckOutcome(
@@ -231,14 +232,14 @@ def _every_row_is_seq_len(ctx: StageContext, stage: Stage, partition: str | None
 
 
 STAGE = Stage(
-    name="packed_rows",
+    name=names.PACKED_ROWS,
     grain=Grain.GLOBAL,
     group="tokens",
     description="BOS + tokens + EOS per document, cut into pieces of at most seq_len and "
     "packed best-fit into rows of exactly seq_len tokens (train and validation apart), with "
     "the pieces table that says where every piece of every document sits.",
-    input="documents",
-    reads=("tokenizer",),
+    input=names.DOCUMENTS,
+    reads=(names.TOKENIZER,),
     config_key="packing",
     config=packing.PackingConfig,
     catalog_defaults=lambda catalog: {"seq_len": catalog.seq_len},

@@ -41,6 +41,7 @@ from megacpp_pipeline.snapshot.promote import (
     read_manifest,
 )
 from megacpp_pipeline.snapshot.streams import merge
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.documents import documents_stream
 from megacpp_pipeline.stages.packing import pieces_table
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
@@ -80,7 +81,7 @@ def final_ledger_stream(
     every stream is read once, in source then path order."""
     stages = ctx.registry.ledger_stages()
     corpus_wide = {
-        name: SourceRows(ctx.store.iter_tables(ctx.store.latest(name, None), "ledger"))
+        name: SourceRows(ctx.store.iter_tables(ctx.latest(name, None), "ledger"))
         for name in stages[1:]
         if not ctx.registry.get(name).per_source
     }
@@ -89,13 +90,13 @@ def final_ledger_stream(
     def later(name: str, source: str) -> Iterable[pa.Table]:
         if name in corpus_wide:
             return corpus_wide[name].of(source)
-        return ctx.store.iter_tables(ctx.store.latest(name, source), "ledger")
+        return ctx.store.iter_tables(ctx.latest(name, source), "ledger")
 
     def sources() -> Iterator[SourceLedgers]:
         for source in ctx.sources():
-            collected = ctx.store.iter_tables(ctx.store.latest(stages[0], source), "ledger")
+            collected = ctx.store.iter_tables(ctx.latest(stages[0], source), "ledger")
             mine: Iterable[pa.Table] = files.of(source)
-            if str(ctx.latest("documents").extra.get("mode", "file")) != "file":
+            if str(ctx.latest(names.DOCUMENTS).extra.get("mode", "file")) != "file":
                 # repository documents list their files in include order: sort the source's
                 mine = [
                     pa.concat_tables(list(mine) or [DOCUMENT_FILES.empty_table()]).sort_by("path")
@@ -109,7 +110,7 @@ def collected_sources(ctx: StageContext) -> dict[str, SourceEntry]:
     """Each operational source's kind and the revision its latest collection read."""
     out = {}
     for source in ctx.sources():
-        raw = ctx.store.latest(ctx.registry.ledger_stages()[0], source)
+        raw = ctx.latest(ctx.registry.collection(), source)
         spec = ctx.catalog.source(source)
         out[source] = SourceEntry(
             kind=spec.kind,
@@ -124,15 +125,15 @@ def summed_stats(ctx: StageContext, stage: str, prefix: str) -> dict[str, float]
     total: Counter[str] = Counter()
     partitions = ctx.partitions(stage)
     for partition in partitions:
-        stats = ctx.store.latest(stage, partition).stats
+        stats = ctx.latest(stage, partition).stats
         total.update({k: v for k, v in stats.items() if k.startswith(prefix)})
     return dict(total)
 
 
 def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
     """The stage figures the dataset card reports besides the snapshot's own files."""
-    dedup = ctx.latest("deduped_files").stats
-    decontaminated = ctx.latest("decontaminated_files")
+    dedup = ctx.latest(names.DEDUPED_FILES).stats
+    decontaminated = ctx.latest(names.DECONTAMINATED_FILES)
     index_stats = decontaminated.extra.get("index_stats") or {}
     found = decontaminated.stats
     benchmarks = [
@@ -144,13 +145,13 @@ def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
         }
         for b in ctx.catalog.benchmarks
     ]
-    packed = ctx.latest("packed_rows").extra
+    packed = ctx.latest(names.PACKED_ROWS).extra
     telemetry = (packed.get("telemetry") or {}).get("train") or {}
     whole = (packed.get("whole_documents") or {}).get("train") or {}
     return CardInputs(
         scrub_kinds={
             k.removeprefix("kind:"): int(v)
-            for k, v in summed_stats(ctx, "scrubbed_files", "kind:").items()
+            for k, v in summed_stats(ctx, names.SCRUBBED_FILES, "kind:").items()
         },
         dedup={
             "exact": int(dedup.get("dropped_exact_duplicate", 0)),
@@ -160,19 +161,19 @@ def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
         benchmarks=benchmarks,
         removals={
             "entries": len(loaded_removals(ctx.catalog)),
-            "files": int(sum(summed_stats(ctx, "removed_files", "removed_by:").values())),
+            "files": int(sum(summed_stats(ctx, names.REMOVED_FILES, "removed_by:").values())),
             "near_remaining": int(removed.metadata.get("near_duplicates_remaining", 0)),
         },
         utilization=telemetry.get("utilization"),
         whole_document_rows=whole.get("one_whole_document_share"),
-        lengths=ctx.latest("documents").extra.get("lengths") or {},
+        lengths=ctx.latest(names.DOCUMENTS).extra.get("lengths") or {},
         checks=[f"{c.name}: {c.description}" for c in STAGE.checks],
     )
 
 
 def previous_snapshot(ctx: StageContext) -> Path | None:
     """The snapshot the latest `snapshot` version promoted, if it is still there."""
-    if not ctx.store.has_version("snapshot"):
+    if not ctx.store.has_version(names.SNAPSHOT):
         return None
     path = snapshot_dir_of(ctx)
     return path if (path / COMPLETE).exists() else None
@@ -223,7 +224,7 @@ def megatron_dir(ctx: StageContext, snapshot_id: str) -> Path:
 
 def snapshot_dir_of(ctx: StageContext) -> Path:
     """The directory of the snapshot the latest `snapshot` version promoted."""
-    return Path(ctx.store.latest("snapshot", None).extra["snapshot_dir"])
+    return Path(ctx.latest(names.SNAPSHOT, None).extra["snapshot_dir"])
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -231,8 +232,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     config = ctx.config(stage)
     store = ctx.store
     packed = ctx.latest(stage.input)
-    tok = ctx.latest("tokenizer")
-    documents = ctx.latest("documents")
+    tok = ctx.latest(names.TOKENIZER)
+    documents = ctx.latest(names.DOCUMENTS)
     vdir = store.version_dir(packed)
     info = tok.extra["tokenizer"]
     parts = SnapshotParts(
@@ -386,12 +387,12 @@ def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) 
 
     removed = removed_table(ctx)
     requested = {r.sha256 for r in ctx.catalog.removals if r.sha256}
-    near = ctx.config(ctx.registry.get("deduped_files"))
+    near = ctx.config(names.DEDUPED_FILES)
     findings = []
     if removed.num_rows or requested:
         for source in ctx.sources():
-            kept = ctx.store.latest("tokenized_docs", source)
-            texts = ctx.store.latest("enriched_files", source)
+            kept = ctx.latest(names.TOKENIZED_DOCS, source)
+            texts = ctx.latest(names.ENRICHED_FILES, source)
             documents = {
                 p
                 for t in ctx.store.iter_tables(kept, columns=["path"])
@@ -417,15 +418,26 @@ def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) 
 
 
 STAGE = Stage(
-    name="snapshot",
+    name=names.SNAPSHOT,
     grain=Grain.GLOBAL,
     group="snapshot",
     description="The promoted training snapshot: manifest.json, tokenizer.json, documents, "
     "document_files, pieces, ledger, train/ and validation/ packed rows, _COMPLETE last. "
     "Built beside its final place and renamed in only when schema, token range, document "
     "consistency, round-trip, ledger, loader and Megatron checks all pass.",
-    input="packed_rows",
-    reads=("tokenizer", "documents"),
+    input=names.PACKED_ROWS,
+    reads=(
+        names.TOKENIZER,
+        names.DOCUMENTS,
+        names.REMOVED_FILES,  # the removal check and the card
+        names.SCRUBBED_FILES,  # the card's scrub kinds
+        names.DEDUPED_FILES,  # the card's dedup figures
+        names.DECONTAMINATED_FILES,  # the card's benchmarks
+        names.ENRICHED_FILES,  # the removal check reads the kept texts
+        names.TOKENIZED_DOCS,
+    ),
+    reads_ledgers=True,  # the snapshot's ledger joins every stage's
+    config_reads=(names.DEDUPED_FILES,),  # near duplicates of removed files
     config_key="snapshot",
     config=SnapshotConfig,
     code=(

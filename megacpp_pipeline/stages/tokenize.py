@@ -22,14 +22,15 @@ from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
-from megacpp_pipeline.stages.tokenizer import ARTIFACT
+from megacpp_pipeline.stages import names
+from megacpp_pipeline.stages.tokenizer import ARTIFACT, split_version
 from megacpp_pipeline.storage.store import Manifest
 
 
 def load_artifact(ctx: StageContext) -> tuple[Tokenizer, Manifest]:
     """The tokenizer of the latest `tokenizer` version, its sha256 checked against the
     manifest (a mismatch is a clear error naming the file)."""
-    manifest = ctx.store.latest("tokenizer", None)
+    manifest = ctx.latest(names.TOKENIZER, None)
     entry = next(f for f in manifest.files if f.path == ARTIFACT)
     path = ctx.store.local_copy(
         f"{ctx.store.version_dir(manifest)}/{ARTIFACT}", entry.sha256, ctx.cache_dir
@@ -38,8 +39,8 @@ def load_artifact(ctx: StageContext) -> tuple[Tokenizer, Manifest]:
 
 
 def _gate(inputs: SourceInputs) -> PreparedGate:
-    config = inputs.config
-    path, sha256 = inputs.artifact("tokenizer", ARTIFACT)
+    config, split = inputs.config, inputs.catalog.split
+    path, sha256 = inputs.artifact(names.TOKENIZER, ARTIFACT)
     tok = tokenizer.load_tokenizer(path, sha256)
     # one thread: the executor's workers are the parallelism (a task per slice per core)
     encoder = encoders.select_encoder(tok, config.encoder, threads=1, artifact=path)
@@ -48,7 +49,7 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
     ):
         inputs.ctx.log(f"{inputs.stage.name} [{inputs.source.id}]: warning: {encoder.why}")
     return PreparedGate(
-        lambda table: tokenization.run(table, encoder, config),
+        lambda table: tokenization.run(table, encoder, config, split),
         # chunk kinds come from the enrich spans; ids from this exact tokenizer (the same
         # whichever encoder runs)
         salt=inputs.code_version(inputs.stage.input or "") + sha256,
@@ -106,7 +107,7 @@ def _every_document_round_trips(
     """decode(token_ids) against the sha256 of the enriched text each row carries, every
     slice of the partition in a task of its own."""
     tok, _ = load_artifact(ctx)
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     state = (tok, encoders.TokenBytes.of(tok))
     checked, failures = inspect_rows(ctx, manifest, _ROUND_TRIP, state)
     return CheckOutcome(
@@ -148,15 +149,16 @@ def _decoded_sha256(tok: Tokenizer, ids: np.ndarray, newline_ids: np.ndarray) ->
 
 
 STAGE = Stage(
-    name="tokenized_docs",
+    name=names.TOKENIZED_DOCS,
     grain=Grain.PER_SOURCE,
     group="tokens",
     description="Token ids per document with a per-token chunk_kind from one offline "
     "char-to-token alignment, and a deterministic train/validation split per document.",
-    input="enriched_files",
-    reads=("tokenizer",),
+    input=names.ENRICHED_FILES,
+    reads=(names.TOKENIZER,),
     config_key="tokenize",
     config=tokenization.TokenizeConfig,
+    version_data=split_version,
     code=(tokenization.__name__, encoders.__name__, __name__),
     schema=TOKENIZED_DOCS,
     content_column="content_sha256",

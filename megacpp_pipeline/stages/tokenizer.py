@@ -17,20 +17,28 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
+from megacpp_pipeline.core.catalog import Catalog, SplitConfig
 from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Materialized, PathValue, Stage
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, ShardStore, ShardUploader
 
 ARTIFACT = "tokenizer.json"
 
 
+def split_version(catalog: Catalog) -> Any:
+    """The split section versions the stages that use it: this one (it trains on the train
+    split alone) and the tokenize stage (it labels every file)."""
+    return catalog.split.model_dump(mode="json")
+
+
 @dataclass(frozen=True)
 class _Job:
     store: ShardStore
-    split: tokenization.TokenizeConfig
+    split: SplitConfig
     config: tokenizer.TokenizerConfig
     work: str  # where sample tasks put the texts they drew
     fraction: float = 1.0
@@ -84,7 +92,7 @@ def _train_task(job: _Job, drawn: list[int]) -> str:
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     assert stage.input is not None
     config = ctx.config(stage)
-    split_config = ctx.config(ctx.registry.get("tokenized_docs"))
+    split_config = ctx.catalog.split
     source = ctx.latest(stage.input)
     version = ctx.store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
@@ -120,7 +128,7 @@ def _train(
     ctx: StageContext,
     source: Manifest,
     config: tokenizer.TokenizerConfig,
-    split: tokenization.TokenizeConfig,
+    split: SplitConfig,
     work: str,
 ) -> tuple[Any, dict[str, Any]]:
     """A BPE trained on a hash-uniform sample of the train split that tasks draw slice by
@@ -151,14 +159,15 @@ def _train(
 
 
 STAGE = Stage(
-    name="tokenizer",
+    name=names.TOKENIZER,
     grain=Grain.GLOBAL,
     group="tokens",
     description="The tokenizer artifact: a pinned tokenizer.json (sha256 verified) or a "
     "byte-level BPE trained deterministically on the deduped train split; special tokens "
     "(BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids.",
-    input="decontaminated_files",
+    input=names.DECONTAMINATED_FILES,
     config_key="tokenizer",
+    version_data=split_version,
     config=tokenizer.TokenizerConfig,
     code=(tokenizer.__name__, __name__),
     body=_body,

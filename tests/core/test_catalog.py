@@ -162,3 +162,22 @@ def test_the_old_per_stage_size_limits_say_where_the_one_setting_is(
     message = str(caught.value)
     assert "max_file_bytes: there is one size policy now" in message, message
     assert "(the entry itself)" not in message
+
+
+@pytest.mark.parametrize(
+    ("section", "moved"),
+    [
+        ("stages: {tokenize: {validation_fraction: 0.2}}\n", "split.validation_fraction"),
+        ("stages: {tokenize: {split_salt: other}}\n", "split.salt"),
+    ],
+    ids=["fraction", "salt"],
+)
+def test_the_split_has_its_own_section_and_the_old_place_says_so(
+    tmp_path: Path, section: str, moved: str
+) -> None:
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(_write(tmp_path, DIR_SOURCE.format(top=section, field="")))
+    assert f"has its own section now: set {moved}" in str(caught.value)
+    top = "split: {validation_fraction: 0.2, salt: other}\n"
+    cat = load_catalog(_write(tmp_path, DIR_SOURCE.format(top=top, field="")))
+    assert (cat.split.validation_fraction, cat.split.salt) == (0.2, "other")
