@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.collect.jsonl_stream import output
 from megacpp_pipeline.collect.jsonl_stream.buffer import RowBuffer
 from megacpp_pipeline.collect.jsonl_stream.config import JsonlConverterConfig
 from megacpp_pipeline.collect.jsonl_stream.crash import CrashPlan
@@ -30,22 +31,6 @@ from megacpp_pipeline.collect.jsonl_stream.errors import (
     InputMissingError,
     OutputLockedError,
     ShardValidationError,
-)
-from megacpp_pipeline.collect.jsonl_stream.output import (
-    COMPLETE_FILE,
-    LOCK_FILE,
-    MANIFEST_FILE,
-    REJECTS_FILE,
-    STATE_FILE,
-    TRAIN_DIR,
-    VALIDATION_DIR,
-    ConversionReport,
-    JsonlManifest,
-    ResumeState,
-    ShardEntry,
-    check_input_matches_state,
-    conversion_report,
-    load_state,
 )
 from megacpp_pipeline.collect.jsonl_stream.reader import (
     JSONL_RECORDS,
@@ -69,7 +54,7 @@ class _Converter:
         self.config = config
         self.crash = crash
         self.buffer = RowBuffer()
-        self.state = ResumeState(
+        self.state = output.ResumeState(
             input=str(input_path.resolve()),
             rows_per_file=config.rows_per_file,
             validation_rows=config.validation_rows,
@@ -82,7 +67,7 @@ class _Converter:
 
     # ---- shards
 
-    def _write_shard(self, table: pa.Table, rel: str, start: int, end: int) -> ShardEntry:
+    def _write_shard(self, table: pa.Table, rel: str, start: int, end: int) -> output.ShardEntry:
         final = self.out / rel
         tmp = final.with_name(final.name + ".tmp")
         pq.write_table(table, tmp, compression=self.config.compression)
@@ -93,7 +78,7 @@ class _Converter:
         fsync_dir(final.parent)
         self._crash_point("after_promote")
         line_no = table.column("line_no")
-        return ShardEntry(
+        return output.ShardEntry(
             file=rel,
             rows=table.num_rows,
             bytes=final.stat().st_size,
@@ -125,7 +110,7 @@ class _Converter:
         if not rejects:
             return
         data = b"".join(r.model_dump_json().encode() + b"\n" for r in rejects)
-        append_synced(self.out / REJECTS_FILE, data)
+        append_synced(self.out / output.REJECTS_FILE, data)
         self.state.rejects += len(rejects)
         self.state.rejects_bytes += len(data)
 
@@ -139,13 +124,13 @@ class _Converter:
         self.state.tail_sha256 = hashlib.sha256(tail).hexdigest()
 
     def _save_state(self) -> None:
-        write_atomic(self.out / STATE_FILE, self.state.model_dump_json(indent=1).encode())
+        write_atomic(self.out / output.STATE_FILE, self.state.model_dump_json(indent=1).encode())
         self._crash_point("after_state")
 
     def _flush_train(self, n: int, input_file: io.FileIO) -> None:
         table, end = self.buffer.take(n)
         index = len(self.state.train)
-        rel = f"{TRAIN_DIR}/part-{index:05d}.parquet"
+        rel = f"{output.TRAIN_DIR}/part-{index:05d}.parquet"
         entry = self._write_shard(table, rel, self.state.offset, end)
         self._append_rejects(self.buffer.take_rejects_before(end))
         self.state.train.append(entry)
@@ -226,7 +211,7 @@ class _Converter:
         start = state.offset
         while len(buffer):
             table, end = buffer.take(min(len(buffer), self.config.rows_per_file))
-            rel = f"{VALIDATION_DIR}/part-{len(state.validation):05d}.parquet"
+            rel = f"{output.VALIDATION_DIR}/part-{len(state.validation):05d}.parquet"
             state.validation.append(self._write_shard(table, rel, start, end))
             start = end
         self._append_rejects(buffer.take_rejects_before(sys.maxsize))
@@ -238,11 +223,11 @@ class _Converter:
 
     def write_manifest_and_complete(self) -> None:
         state = self.state
-        rejects_path = self.out / REJECTS_FILE
+        rejects_path = self.out / output.REJECTS_FILE
         rejects_path.touch()
         train_rows = sum(e.rows for e in state.train)
         validation_rows = sum(e.rows for e in state.validation)
-        manifest = JsonlManifest(
+        manifest = output.JsonlManifest(
             input=state.input,
             consumed_bytes=state.offset,
             rows=train_rows + validation_rows,
@@ -253,13 +238,13 @@ class _Converter:
             rows_per_file=state.rows_per_file,
             train=state.train,
             validation=state.validation,
-            rejects_file=REJECTS_FILE,
+            rejects_file=output.REJECTS_FILE,
             rejects_sha256=sha256_file(rejects_path),
         )
         data = manifest.model_dump_json(indent=1).encode()
-        write_atomic(self.out / MANIFEST_FILE, data)
+        write_atomic(self.out / output.MANIFEST_FILE, data)
         self._crash_point("before_complete")
-        write_atomic(self.out / COMPLETE_FILE, complete_marker(self.out.name, data))
+        write_atomic(self.out / output.COMPLETE_FILE, complete_marker(self.out.name, data))
 
 
 def _open_input_waiting(input_path: Path, config: JsonlConverterConfig) -> io.FileIO:
@@ -280,7 +265,7 @@ def convert(
     config: JsonlConverterConfig,
     *,
     crash: CrashPlan | None = None,
-) -> ConversionReport:
+) -> output.ConversionReport:
     """Convert (and, with config.follow, tail) one JSONL file into validated parquet shards.
 
     Safe to re-run after any crash: it resumes from the last shard the state file records.
@@ -289,7 +274,7 @@ def convert(
     input_path = Path(input_path)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(out_dir / LOCK_FILE, "a+b")  # noqa: SIM115 - held for the whole conversion
+    lock = open(out_dir / output.LOCK_FILE, "a+b")  # noqa: SIM115 - held for the whole conversion
     try:
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -298,27 +283,27 @@ def convert(
                 f"{out_dir}: another converter is writing into this directory"
             ) from None
         converter = _Converter(input_path, out_dir, config, crash)
-        converter.state = load_state(out_dir, converter.state)
+        converter.state = output.load_state(out_dir, converter.state)
         state = converter.state
         resumed_from = state.offset
         with _open_input_waiting(input_path, config) as f:
             size = os.fstat(f.fileno()).st_size
-            check_input_matches_state(input_path, state, f, size)
+            output.check_input_matches_state(input_path, state, f, size)
             if state.finalized:
                 if size > state.input_bytes_at_end:
                     raise InputChangedError(
                         f"{input_path}: grew from {state.input_bytes_at_end} to {size} bytes "
                         f"after the conversion into {out_dir} was finalized"
                     )
-                already = (out_dir / COMPLETE_FILE).exists()
+                already = (out_dir / output.COMPLETE_FILE).exists()
                 if not already:
                     converter.write_manifest_and_complete()
-                return conversion_report(out_dir, input_path, state, resumed_from, already)
+                return output.conversion_report(out_dir, input_path, state, resumed_from, already)
             f.seek(state.offset)
             consumed_end, torn = converter.ingest(f, state.offset, state.next_line_no)
             size = os.fstat(f.fileno()).st_size
             converter.finalize(consumed_end, torn, size, f)
         converter.write_manifest_and_complete()
-        return conversion_report(out_dir, input_path, state, resumed_from, False)
+        return output.conversion_report(out_dir, input_path, state, resumed_from, False)
     finally:
         lock.close()
