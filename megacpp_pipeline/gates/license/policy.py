@@ -4,6 +4,8 @@ the decision (allowed / denied / invalid / unknown) it gives a parsed expression
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,26 +41,12 @@ class LicensePolicy(BaseModel):
     @field_validator("allowed_licenses")
     @classmethod
     def _real_license_ids(cls, value: list[str]) -> list[str]:
-        lists = spdx_lists()
-        out = []
-        for item in value:
-            canonical = lists.licenses.get(item.lower())
-            if canonical is None:
-                raise ValueError(f"{item!r} is not an SPDX licence id (list {lists.version})")
-            out.append(canonical)
-        return out
+        return _canonical_ids(value, spdx_lists().licenses, "licence")
 
     @field_validator("allowed_exceptions")
     @classmethod
     def _real_exception_ids(cls, value: list[str]) -> list[str]:
-        lists = spdx_lists()
-        out = []
-        for item in value:
-            canonical = lists.exceptions.get(item.lower())
-            if canonical is None and not ADDITION_REF.match(item):
-                raise ValueError(f"{item!r} is not an SPDX exception id (list {lists.version})")
-            out.append(canonical or item)
-        return out
+        return _canonical_ids(value, spdx_lists().exceptions, "exception", ADDITION_REF)
 
     @field_validator("allowed_licenserefs")
     @classmethod
@@ -67,6 +55,20 @@ class LicensePolicy(BaseModel):
             if not (LICENSE_REF.match(item) or ADDITION_REF.match(item)):
                 raise ValueError(f"{item!r} is not a LicenseRef-/AdditionRef- reference")
         return value
+
+
+def _canonical_ids(
+    values: list[str], ids: Mapping[str, str], what: str, reference: re.Pattern[str] | None = None
+) -> list[str]:
+    """Each id in its canonical SPDX spelling (`ids`: lower-case id -> canonical); one that is
+    neither in the list nor a `reference` fails, naming the list's version."""
+    out = []
+    for item in values:
+        canonical = ids.get(item.lower())
+        if canonical is None and not (reference is not None and reference.match(item)):
+            raise ValueError(f"{item!r} is not an SPDX {what} id (list {spdx_lists().version})")
+        out.append(canonical or item)
+    return out
 
 
 @dataclass(frozen=True)
