@@ -82,26 +82,41 @@ def open_source(
 
 
 def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> SourceFiles:
-    from megacpp_pipeline.collect import jsonl_stream
+    from megacpp_pipeline.collect.jsonl_stream import reader
 
     path = Path(uri.removeprefix("file://"))
     if not path.is_file():
         raise CollectError(f"source {spec.id!r}: {path} not found")
 
+    def entry(rec: dict[str, object]) -> Entry:
+        rel = safe_relpath(str(rec["path"]))
+        if rel is None:
+            return Entry(str(rec["path"]), None, DropReason.UNSAFE_PATH, "absolute or `..`")
+        if (drop := scope.classify(rel)) is not None:
+            return drop
+        if (size := len(content := str(rec["content"]).encode("utf-8"))) > max_file_bytes:
+            return too_large(rel, size, max_file_bytes)
+        return Entry(rel, content)
+
     def entries() -> Iterator[Entry]:
-        rejects: list[jsonl_stream.RecordReject] = []
-        for rec in jsonl_stream.iter_records(path, rejects):
-            rel = safe_relpath(str(rec["path"]))
-            if rel is None:
-                yield Entry(str(rec["path"]), None, DropReason.UNSAFE_PATH, "absolute or `..`")
-            elif (drop := scope.classify(rel)) is not None:
-                yield drop
-            elif (size := len(content := str(rec["content"]).encode("utf-8"))) > max_file_bytes:
-                yield too_large(rel, size, max_file_bytes)
-            else:
-                yield Entry(rel, content)
-        for r in rejects:  # a malformed line has no usable path: name it by its line
-            yield Entry(f"<line {r.line_no}>", None, DropReason.MALFORMED_RECORD, r.describe(path))
+        # Every source's files come out in path order (what the later stages and the
+        # snapshot's ledger merge keep), whatever order the export's lines are in: a first
+        # pass keeps each record's path and where its line is, a second reads them in path
+        # order (a line at a time: memory follows the number of records, not their text).
+        rejects: list[reader.RecordReject] = []
+        found: list[tuple[str, int, tuple[int, int] | reader.RecordReject]] = [
+            (safe_relpath(str(rec["path"])) or str(rec["path"]), int(rec["line_no"]), (at, size))
+            for rec, at, size in reader.iter_located_records(path, rejects)
+        ]
+        # a malformed line has no usable path: it is named by its line
+        found += [(f"<line {r.line_no}>", r.line_no, r) for r in rejects]
+        found.sort(key=lambda item: (item[0], item[1]))
+        with open(path, "rb") as f:
+            for name, line_no, where in found:
+                if isinstance(where, reader.RecordReject):
+                    yield Entry(name, None, DropReason.MALFORMED_RECORD, where.describe(path))
+                else:
+                    yield entry(reader.record_at(f, *where, line_no))
 
     return SourceFiles(revision=sha256_file(path), entries=entries)
 

@@ -262,11 +262,11 @@ def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: P
 
     export = tmp_path / "export.jsonl"
     lines = [
-        json.dumps({"path": "include/vector.h", "content": VECTOR_H.decode()}),
+        json.dumps({"path": "src/main.cc", "content": MAIN_CC.decode(), "license": "MIT"}),
         '{"path": "src/broken.cc", "content": 42}',
         "not json at all",
         json.dumps({"path": "../escape.h", "content": "int x;"}),
-        json.dumps({"path": "src/main.cc", "content": MAIN_CC.decode(), "license": "MIT"}),
+        json.dumps({"path": "include/vector.h", "content": VECTOR_H.decode()}),
     ]
     export.write_text("\n".join(lines) + "\n")
     spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
@@ -277,6 +277,9 @@ def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: P
     malformed = [e for e in files.values() if e.reason == DropReason.MALFORMED_RECORD]
     assert len(malformed) == 2
     assert any("export.jsonl:2: field 'content'" in (e.detail or "") for e in malformed)
+    # whatever order the export's lines are in, the files come out in path order
+    assert list(files) == sorted(files)
+    assert list(files) == ["../escape.h", "<line 2>", "<line 3>", "include/vector.h", "src/main.cc"]
 
 
 # odd files named in the ledger ------------------------------------------------------------

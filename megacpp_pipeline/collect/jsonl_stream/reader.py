@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
@@ -108,6 +109,15 @@ def torn_tail_reject(line_no: int, offset: int, size: int) -> RecordReject:
 def iter_records(path: Path, rejects: list[RecordReject] | None = None) -> Iterator[dict]:
     """Read a finished JSONL file once (no following). Yields records shaped like
     JSONL_RECORDS rows; bad lines, and an unterminated last line, go to `rejects`."""
+    for record, _, _ in iter_located_records(path, rejects):
+        yield record
+
+
+def iter_located_records(
+    path: Path, rejects: list[RecordReject] | None = None
+) -> Iterator[tuple[dict, int, int]]:
+    """iter_records, each record with its line's byte offset and length (record_at reads
+    it again from there)."""
     line_no = 0
     offset = 0
     with open(path, "rb") as f:
@@ -126,4 +136,13 @@ def iter_records(path: Path, rejects: list[RecordReject] | None = None) -> Itera
                 if rejects is not None:
                     rejects.append(parsed)
             else:
-                yield parsed
+                yield parsed, start, len(line)
+
+
+def record_at(f: BinaryIO, offset: int, size: int, line_no: int) -> dict:
+    """The record iter_located_records found at `offset` of the open file `f`."""
+    f.seek(offset)
+    parsed = parse_line(f.read(size), line_no, offset)
+    if isinstance(parsed, RecordReject):  # the file changed under the reader
+        raise ValueError(f"line {line_no}: no longer the record read before ({parsed.reason})")
+    return parsed
