@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.packed_rows import (
     IGNORE_INDEX,
     PAD_DOC_ID,
@@ -38,7 +39,7 @@ from megacpp_pipeline.snapshot.packed_rows import (
     packed_rows_schema,
 )
 
-SPLITS = ("train", "validation")
+SPLITS = layout.SPLITS
 PACK_ID_BASE = {"train": 0, "validation": 1 << 62}
 BLOCK_SHIFT = 32  # a block's rows are numbered from its base: fewer than 2**32 of them
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -3,9 +3,7 @@ no reader ever sees half of one; `_COMPLETE` is written last and its absence mea
 snapshot". The snapshot id is a hash of the content, so the same inputs, config and code give
 the same id (seed: a snapshot either survives promotion checks or it does not).
 
-Layout (DESIGN section 4): manifest.json, tokenizer.json, documents.parquet,
-document_files.parquet, pieces.parquet, ledger.parquet, train/part-*.parquet,
-validation/part-*.parquet, README.md (the dataset card), _COMPLETE.
+What a snapshot holds and what each file is called: snapshot/layout.py (DESIGN section 4).
 """
 
 from __future__ import annotations
@@ -32,9 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENTS
 from megacpp_pipeline.corpus.repository import file_document_files
-from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
-from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
-from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
+from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.card import CardInputs, render_card
+from megacpp_pipeline.snapshot.layout import (
+    COMPLETE,
+    MANIFEST,
+    SPLITS,
+    FileEntry,
+    SnapshotManifest,
+    SourceEntry,
+    SplitEntry,
+)
+from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.snapshot.streams import (
     Cursor,
@@ -45,8 +52,6 @@ from megacpp_pipeline.snapshot.streams import (
     write_stream,
 )
 from megacpp_pipeline.storage.versions import (
-    COMPLETE,
-    MANIFEST,
     complete_marker,
     pid_alive,
     recorded_manifest_sha256,
@@ -54,12 +59,6 @@ from megacpp_pipeline.storage.versions import (
     write_parquet_atomic,
 )
 
-# 2: document_files.parquet and document_mode (repository documents)
-SNAPSHOT_SCHEMA_VERSION = 2
-SPLITS = ("train", "validation")
-# The quality report is derived after promotion and is not part of the training contract:
-# it lives in this folder, outside the manifest's file list.
-REPORT_DIR = "report"
 _CHUNK = 1 << 20
 
 
@@ -75,58 +74,6 @@ class SnapshotConfig(BaseModel):
     smoke_batch_size: int = Field(default=8, ge=1)
     seed: int = 0
     keep_snapshots: int = Field(default=3, ge=1)
-
-
-class FileEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str
-    sha256: str
-    bytes: int
-    rows: int | None = None
-
-
-class SplitEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    rows: int
-    documents: int
-    tokens: int  # valid (non-pad) tokens in the split's rows
-    shards: list[str]
-
-
-class SourceEntry(BaseModel):
-    """A source as this snapshot collected it: what kind, at which revision."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: str
-    revision: str
-    declared_license: str | None = None
-
-
-class SnapshotManifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    schema_version: int = SNAPSHOT_SCHEMA_VERSION
-    packed_schema_version: str = PACKED_SCHEMA_VERSION
-    snapshot_id: str
-    name: str
-    created_at: str
-    code_version: str
-    config_hash: str
-    seq_len: int
-    vocab_size: int
-    tokenizer: dict[str, Any]
-    splits: dict[str, SplitEntry]
-    documents: int
-    # what a document is: "file" (one kept file) or "repository" (a source's files in
-    # #include order, each after a `// <path>` line); document_files.parquet lists the files
-    document_mode: str = "file"
-    # where the run that promoted it ran its per-file stages (pipeline/engine.py); not part
-    # of the content: the same files give the same snapshot id on any engine
-    engine: dict[str, Any] = Field(default_factory=lambda: {"engine": "local"})
-    ledger: dict[str, dict[str, int]]  # source -> {collected, kept, dropped}
-    ledger_stages: list[str] = Field(default_factory=list)  # the pipeline's stages, in order
-    sources: dict[str, SourceEntry] = Field(default_factory=dict)  # every operational source
-    inputs: dict[str, str]  # upstream asset manifests' sha256
-    files: list[FileEntry]  # every file but manifest.json and _COMPLETE
 
 
 @dataclass(frozen=True)
@@ -229,8 +176,8 @@ def _write_documents_and_pieces(work: Path, parts: SnapshotParts, split_docs: Co
     """documents.parquet and pieces.parquet written side by side, a chunk of documents at a
     time with the pieces up to its last doc_id (both streams come in doc_id order); each
     document gets its pieces' count and tokens. The documents written."""
-    documents = StreamWriter(work / "documents.parquet", SNAPSHOT_DOCUMENTS)
-    pieces = StreamWriter(work / "pieces.parquet", PIECES_SCHEMA)
+    documents = StreamWriter(work / layout.DOCUMENTS, SNAPSHOT_DOCUMENTS)
+    pieces = StreamWriter(work / layout.PIECES, PIECES_SCHEMA)
     cursor = Cursor(
         in_order((t.cast(PIECES_SCHEMA) for t in parts.pieces), "doc_id", "pieces"),
         "doc_id",
@@ -268,7 +215,7 @@ def _tables(documents: pa.Table | Iterable[pa.Table]) -> Iterable[pa.Table]:
 def _documents_again(work: Path) -> Iterator[pa.Table]:
     """documents.parquet read back with its text's own token counts as `num_tokens` (what
     file mode's document_files are made of)."""
-    for chunk in read_back(work / "documents.parquet"):
+    for chunk in read_back(work / layout.DOCUMENTS):
         yield chunk.drop_columns(["num_tokens", "num_pieces"]).rename_columns(DOCUMENTS.names)
 
 
@@ -428,32 +375,30 @@ def build_snapshot(
                 FileEntry(path=rel, sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows)
             )
 
-        (work / "tokenizer.json").write_bytes(parts.tokenizer_json)
-        add("tokenizer.json")
+        (work / layout.TOKENIZER).write_bytes(parts.tokenizer_json)
+        add(layout.TOKENIZER)
 
         split_docs: Counter[str] = Counter()
         documents = _write_documents_and_pieces(work, parts, split_docs)
-        add("documents.parquet", documents)
-        add("pieces.parquet", pq.read_metadata(work / "pieces.parquet").num_rows)
+        add(layout.DOCUMENTS, documents)
+        add(layout.PIECES, pq.read_metadata(work / layout.PIECES).num_rows)
         files_in = (
             parts.document_files
             if parts.document_files is not None
             else (file_document_files(d) for d in _documents_again(work))
         )
         written = write_stream(
-            in_order(files_in, "doc_id", DOCUMENT_FILES_PARQUET), work / DOCUMENT_FILES_PARQUET,
+            in_order(files_in, "doc_id", layout.DOCUMENT_FILES), work / layout.DOCUMENT_FILES,
             DOCUMENT_FILES,
         )  # fmt: skip
-        add(DOCUMENT_FILES_PARQUET, written)
+        add(layout.DOCUMENT_FILES, written)
         summary: dict[str, Counter[str]] = {}
-        written = write_stream(
-            _summed(parts.ledger, summary), work / "ledger.parquet", LEDGER_SCHEMA
-        )
-        add("ledger.parquet", written)
+        written = write_stream(_summed(parts.ledger, summary), work / layout.LEDGER, LEDGER_SCHEMA)
+        add(layout.LEDGER, written)
 
         splits: dict[str, SplitEntry] = {}
         copies = [
-            (src, f"{split}/part-{i:05d}.parquet")
+            (src, layout.shard(split, i))
             for split in SPLITS
             for i, src in enumerate(parts.rows.get(split, []))
         ]
@@ -497,7 +442,7 @@ def build_snapshot(
         raw = manifest.model_dump_json(indent=2).encode()
         (work / MANIFEST).write_bytes(raw)
         # the dataset card describes the contract and is not in its file list (see card.py)
-        (work / CARD).write_text(
+        (work / layout.CARD).write_text(
             card(work, manifest) if card is not None else render_card(work, manifest, CardInputs()),
             encoding="utf-8",
         )

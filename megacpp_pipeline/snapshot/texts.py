@@ -21,9 +21,10 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.packing import restore_fim_order
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
+from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
-from megacpp_pipeline.snapshot.promote import SnapshotManifest
 
 DOCS_PER_PASS = 20_000
 DECODE_BATCH_TOKENS = 1 << 20  # Python int lists cost ~36 bytes a token: decode in batches
@@ -39,7 +40,7 @@ class DocumentText:
 def _tokens(
     snap: Path, manifest: SnapshotManifest, wanted: set[int]
 ) -> dict[int, dict[int, np.ndarray]]:
-    pieces = pl.DataFrame(pq.read_table(snap / "pieces.parquet")).filter(
+    pieces = pl.DataFrame(pq.read_table(snap / layout.PIECES)).filter(
         pl.col("doc_id").is_in(list(wanted))
     )
     by_pack = pieces.partition_by("pack_id", as_dict=True)
@@ -92,9 +93,7 @@ def _restored(
     special = manifest.tokenizer.get("special_tokens", {})
     bos, eos = int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
     if doc_ids is None:
-        doc_ids = pq.read_table(snap / "documents.parquet", columns=["doc_id"])[
-            "doc_id"
-        ].to_pylist()
+        doc_ids = pq.read_table(snap / layout.DOCUMENTS, columns=["doc_id"])["doc_id"].to_pylist()
     ordered = sorted(set(doc_ids))
     for lo in range(0, len(ordered), DOCS_PER_PASS):
         group = ordered[lo : lo + DOCS_PER_PASS]
@@ -139,7 +138,7 @@ def document_texts(
     from tokenizers import Tokenizer
 
     snap = Path(snapshot_dir)
-    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
     pending: list[tuple[int, np.ndarray]] = []
 
     def decoded() -> Iterator[DocumentText]:
@@ -173,7 +172,7 @@ def file_texts(
     from tokenizers import Tokenizer
 
     snap = Path(snapshot_dir)
-    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
     files = read_document_files(snap, ["doc_id", "position", "source_id", "path"])
     where = {
         (d, p): (s, f)

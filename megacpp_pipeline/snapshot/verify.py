@@ -25,13 +25,14 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.loader.errors import LoaderError
-from megacpp_pipeline.snapshot.card import CARD, card_problems
+from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.card import card_problems
 from megacpp_pipeline.snapshot.document_files import (
-    DOCUMENT_FILES_PARQUET,
     read_document_files,
     read_labelled,
 )
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
+from megacpp_pipeline.snapshot.layout import CARD, COMPLETE, MANIFEST, REPORT_DIR, SnapshotManifest
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
     OPTIONAL_TOKEN_COLUMNS,
@@ -39,10 +40,8 @@ from megacpp_pipeline.snapshot.packed_rows import (
     packed_rows_schema,
 )
 from megacpp_pipeline.snapshot.promote import (
-    REPORT_DIR,
     SnapshotConfig,
     SnapshotError,
-    SnapshotManifest,
     manifest_sha256_recorded,
     manifest_summary,
     not_a_snapshot,
@@ -60,7 +59,7 @@ from megacpp_pipeline.snapshot.shard_checks import (
     token_problems,
 )
 from megacpp_pipeline.snapshot.texts import document_texts, file_texts
-from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
+from megacpp_pipeline.storage.versions import sha256_file
 
 
 @dataclass
@@ -163,14 +162,14 @@ def check_documents(
     out = CheckOutcome("document_consistency", True)
     seq = manifest.seq_len
     # the columns the checks compare, labels dictionary-encoded: no path or hash per file
-    present = pq.read_schema(snap / "documents.parquet").names
+    present = pq.read_schema(snap / layout.DOCUMENTS).names
     wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens"]
     docs = pl.DataFrame(
         read_labelled(
-            snap / "documents.parquet", [c for c in wanted if c in present], ["source_id", "split"]
+            snap / layout.DOCUMENTS, [c for c in wanted if c in present], ["source_id", "split"]
         )
     )
-    pieces = pl.DataFrame(read_labelled(snap / "pieces.parquet", None, ["split"]))
+    pieces = pl.DataFrame(read_labelled(snap / layout.PIECES, None, ["split"]))
     per_doc = pieces.group_by("doc_id").agg(
         pl.len().alias("n"),
         pl.col("piece_index").min().alias("lo"),
@@ -208,16 +207,16 @@ def check_documents(
         files,
         kept,
     ):
-        out.fail(f"{DOCUMENT_FILES_PARQUET}: {problem}")
+        out.fail(f"{layout.DOCUMENT_FILES}: {problem}")
     for frame, what in (
         (missing, "has no pieces"),
-        (orphan, "has pieces but is not in documents.parquet"),
+        (orphan, f"has pieces but is not in {layout.DOCUMENTS}"),
         (gaps, "pieces are not 0..n-1"),
-        (wrong_count, "num_pieces disagrees with pieces.parquet"),
+        (wrong_count, f"num_pieces disagrees with {layout.PIECES}"),
         (wrong_split, "pieces are in another split than the document"),
     ):
         for doc_id in frame["doc_id"].head(5).to_list():
-            out.fail(f"documents.parquet: doc {doc_id} {what}")
+            out.fail(f"{layout.DOCUMENTS}: doc {doc_id} {what}")
     # every row against the pieces that say what it holds, a shard at a time and vectorized
     # (a frame per pack_id would cost a few KB for each row of the snapshot)
     placed = pieces.sort(["pack_id", "row_offset"]).select(
@@ -248,13 +247,13 @@ def check_round_trip(
     `mapper` per rows shard rebuilds and decodes the sampled documents whose pieces all lie
     in it (every one, when a packing window is a shard); any other is rebuilt here."""
     out = CheckOutcome("round_trip_decode", True)
-    ids = pl.DataFrame(pq.read_table(snap / "documents.parquet", columns=["doc_id"]))
+    ids = pl.DataFrame(pq.read_table(snap / layout.DOCUMENTS, columns=["doc_id"]))
     if ids.height > sample:  # the sample chosen from the ids alone; its rows read after
         ids = ids.sample(n=sample, seed=seed)
     chosen = pa.array(ids["doc_id"].to_numpy(), pa.int32())
     docs = pl.DataFrame(
         pq.read_table(
-            snap / "documents.parquet",
+            snap / layout.DOCUMENTS,
             columns=["doc_id", "path", "content_sha256"],
             filters=pc.field("doc_id").isin(chosen),
         )
@@ -310,7 +309,7 @@ def _round_trip_tasks(
     pack_ids from its footer statistics), and the documents whose pieces span shards or
     rows no shard holds (rebuilt by the driver's own reader)."""
     wanted = pa.array(sorted(sha_by_doc), pa.int32())
-    pieces = pq.read_table(snap / "pieces.parquet")
+    pieces = pq.read_table(snap / layout.PIECES)
     pieces = pieces.filter(pc.is_in(pieces["doc_id"], wanted)).sort_by(
         [("doc_id", "ascending"), ("piece_index", "ascending")]
     )
@@ -388,7 +387,7 @@ def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     .parquet), nothing unaccounted."""
     out = CheckOutcome("ledger_completeness", True)
     columns = ["source_id", "status", "reason"]
-    ledger = pl.DataFrame(read_labelled(snap / "ledger.parquet", columns, columns))
+    ledger = pl.DataFrame(read_labelled(snap / layout.LEDGER, columns, columns))
     files = pl.DataFrame(read_document_files(snap, ["source_id"], dictionary=True))
     doc_counts = dict(files.group_by("source_id").len().iter_rows())
     per_source = ledger.group_by("source_id").agg(
@@ -401,20 +400,20 @@ def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     for row in per_source.iter_rows(named=True):
         src = row["source_id"]
         if row["collected"] != row["kept"] + row["dropped"]:
-            out.fail(f"ledger.parquet: {src}: collected {row['collected']} != kept + dropped")
+            out.fail(f"{layout.LEDGER}: {src}: collected {row['collected']} != kept + dropped")
         if row["kept"] != doc_counts.get(src, 0):
             out.fail(
-                f"ledger.parquet: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} files"
-                f" in {DOCUMENT_FILES_PARQUET}"
+                f"{layout.LEDGER}: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} files"
+                f" in {layout.DOCUMENT_FILES}"
             )
         if row["unaccounted"] or row["no_reason"]:
             out.fail(
-                f"ledger.parquet: {src}: {row['unaccounted'] + row['no_reason']} files "
+                f"{layout.LEDGER}: {src}: {row['unaccounted'] + row['no_reason']} files "
                 "dropped without a reason"
             )
         listed = manifest.ledger.get(src)
         if listed and listed != {k: row[k] for k in ("collected", "kept", "dropped")}:
-            out.fail(f"manifest.json: ledger summary for {src} disagrees with ledger.parquet")
+            out.fail(f"{layout.MANIFEST}: ledger summary for {src} disagrees with {layout.LEDGER}")
     out.metrics.update(
         collected=int(ledger.height),
         kept=int((ledger["status"] == "kept").sum()),
@@ -646,7 +645,7 @@ def _register_export(p: argparse.ArgumentParser) -> None:
     p.description = "write a Megatron MMIDIDX .bin/.idx pair, one sequence per document"
     p.add_argument("snapshot_dir")
     p.add_argument("--out", required=True, help="output prefix")
-    p.add_argument("--split", nargs="+", default=["train"], choices=["train", "validation"])
+    p.add_argument("--split", nargs="+", default=["train"], choices=list(layout.SPLITS))
     p.set_defaults(func=_one_line_errors(_cmd_export))
 
 

@@ -22,11 +22,10 @@ from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Materialized, PathValue, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, ShardStore, ShardUploader
-
-ARTIFACT = "tokenizer.json"
 
 
 def split_version(catalog: Catalog) -> Any:
@@ -104,8 +103,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         else:
             tok, training = _train(ctx, source, config, split_config, f"{version.dir}/_sample")
         with tempfile.TemporaryDirectory() as tmp:
-            info = tokenizer.save_tokenizer(tok, Path(tmp) / ARTIFACT)
-            version.write_file(ARTIFACT, (Path(tmp) / ARTIFACT).read_bytes())
+            info = tokenizer.save_tokenizer(tok, Path(tmp) / layout.TOKENIZER)
+            version.write_file(layout.TOKENIZER, (Path(tmp) / layout.TOKENIZER).read_bytes())
         manifest = version.commit(
             upstream=ctx.upstream_hashes([source]),
             extra={"tokenizer": info.model_dump(), "training": training},
@@ -162,7 +161,7 @@ STAGE = Stage(
     name=names.TOKENIZER,
     grain=Grain.GLOBAL,
     group="tokens",
-    description="The tokenizer artifact: a pinned tokenizer.json (sha256 verified) or a "
+    description=f"The tokenizer artifact: a pinned {layout.TOKENIZER} (sha256 verified) or a "
     "byte-level BPE trained deterministically on the deduped train split; special tokens "
     "(BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids.",
     input=names.DECONTAMINATED_FILES,
