@@ -43,7 +43,8 @@ def test_every_registry_stage_is_an_asset_with_its_checks_deps_and_grain(graph: 
         assert checks == blocking == {c.name for c in checks_of(stage)}, stage.name
         assert blocking, f"{stage.name} has no blocking check"
         assert node.description == stage.description and node.group_name == stage.group
-        assert {p.to_user_string() for p in node.parent_keys} == set(registry.reads_of(stage)), stage.name
+        parents = {p.to_user_string() for p in node.parent_keys}
+        assert parents == set(registry.reads_of(stage)), stage.name
         assert (node.partitions_def is not None) == stage.per_source, stage.name
         if stage.per_source:
             assert node.backfill_policy == dg.BackfillPolicy.single_run(), stage.name
