@@ -29,6 +29,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             verbose=args.verbose,
             engine=args.engine,
             ray_address=args.ray_address,
+            workers=args.workers,
         )
     except KeyboardInterrupt:  # before the run's own handlers were installed
         print("megacpp run: interrupted before any stage started", file=sys.stderr)
@@ -42,6 +43,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"{len(outcome.runs)} Dagster runs recorded; all blocking checks passed", file=sys.stderr)
     print(outcome.output)
     return 0
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of workers, at least 1")
+    return int(text)
 
 
 def _register_run(p: argparse.ArgumentParser) -> None:
@@ -66,6 +73,13 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the Ray cluster for --engine ray (default: RAY_ADDRESS, else a local Ray "
         "instance sized to this machine)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="forked workers and concurrent steps on this host (default: MEGACPP_WORKERS, "
+        "else every CPU this process may use; 1 runs everything in the step's process)",
     )
     p.add_argument("--stop-after", default=None, help="stop after this asset (debugging)")
     p.add_argument("--verbose", action="store_true", help="Dagster's event log on the console too")

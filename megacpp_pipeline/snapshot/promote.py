@@ -223,12 +223,11 @@ def _summed(ledger: Iterable[pa.Table], summary: dict[str, Counter[str]]) -> Ite
     """The final ledger's chunks as they are, counted per source on the way: collected,
     kept, dropped (the manifest's ledger summary)."""
     for chunk in ledger:
-        for source, status in zip(
-            chunk["source_id"].to_pylist(), chunk["status"].to_pylist(), strict=True
-        ):
-            counts = summary.setdefault(source, Counter(collected=0, kept=0, dropped=0))
-            counts["collected"] += 1
-            counts[status] += 1
+        pairs = chunk.select(["source_id", "status"]).group_by(["source_id", "status"])
+        for row in pairs.aggregate([([], "count_all")]).to_pylist():
+            counts = summary.setdefault(row["source_id"], Counter(collected=0, kept=0, dropped=0))
+            counts["collected"] += row["count_all"]
+            counts[row["status"]] += row["count_all"]
         yield chunk
 
 
