@@ -76,6 +76,8 @@ def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict
         "import_mb": round(base_mb, 1),
         "peak_mb": round(stage_mb, 1),
         "peak_with_checks_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # the largest resident set of any worker it forked (and reaped), checks included
+        "workers_peak_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
     }
 
 
