@@ -17,6 +17,7 @@ from megacpp_pipeline.core.catalog import Catalog, RemovalSpec
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import LICENSED_FILES
 from megacpp_pipeline.gates import removals
+from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
 from megacpp_pipeline.stages import names
@@ -55,20 +56,27 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
     return {k.replace(":", "_"): int(v) for k, v in stats.items() if k.startswith("removed_by:")}
 
 
+def _still_matching(state: tuple[Any, str, Any], rows: pa.Table) -> list[str]:
+    entries, source, near = state
+    again = removals.run(rows, entries, source, near)
+    return [
+        f"{p}: {d}"
+        for p, d in zip(
+            again.dropped["path"].to_pylist(), again.dropped["detail"].to_pylist(), strict=True
+        )
+    ]
+
+
+# the kept rows through the removal entries again, a task per slice
+_AGAIN = RowCheck(None, _still_matching)
+
+
 def _nothing_removed_continues(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
     """The kept output, run through the removal entries again, loses nothing."""
     assert source is not None
-    entries = loaded_removals(ctx.catalog)
     manifest = ctx.latest(stage.name, source)
-    left: list[str] = []
-    for t in ctx.store.iter_tables(manifest):
-        again = removals.run(t, entries, source, _near_config(ctx))
-        left += [
-            f"{p}: {d}"
-            for p, d in zip(
-                again.dropped["path"].to_pylist(), again.dropped["detail"].to_pylist(), strict=True
-            )
-        ]
+    state = (loaded_removals(ctx.catalog), source, _near_config(ctx))
+    _, left = inspect_rows(ctx, manifest, _AGAIN, state)
     return CheckOutcome(
         passed=not left,
         metadata={"kept": manifest.rows, "still_matching": len(left), "first": "; ".join(left[:5])},

@@ -396,3 +396,15 @@ def test_signatures_must_come_from_the_same_dedup_config() -> None:
             documents({"v:x.hpp": CLOCK}),
             DedupConfig.model_validate({"num_perm": 128, "bands": 16}),
         )
+
+
+def test_the_stage_rescan_names_a_kept_file_an_entry_still_matches() -> None:
+    from megacpp_pipeline.stages.removals import _AGAIN
+
+    table = licensed({"a.hpp": RING_BUFFER, "b.hpp": CLOCK})
+    entries = removals({"source": "kestrel", "path": "a.hpp"})
+    found = _AGAIN.inspect((entries, "kestrel", None), table)
+    assert len(found) == 1 and found[0].startswith("a.hpp: ")
+    assert _AGAIN.inspect((entries, "other", None), table) == []
+    kept = run(table, entries, "kestrel").kept
+    assert _AGAIN.inspect((entries, "kestrel", None), kept) == []

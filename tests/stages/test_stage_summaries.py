@@ -97,3 +97,14 @@ def test_span_problems_name_each_file_with_a_span_outside_its_text() -> None:
         "past.h: a chunk span lies outside the text",
         "back.h: a chunk span lies outside the text",
     ]
+
+
+def test_the_licence_rescan_names_every_kept_file_that_is_not_allowed() -> None:
+    from megacpp_pipeline.stages.license import _ALLOWED
+
+    rows = pa.table(
+        {"path": ["a.h", "b.h", "c.h"], "license_decision": ["allowed", "denied", "allowed"]}
+    )
+    assert _ALLOWED.columns == ("path", "license_decision")
+    assert _ALLOWED.inspect(None, rows) == ["b.h: denied"]
+    assert _ALLOWED.inspect(None, rows.slice(0, 1)) == []
