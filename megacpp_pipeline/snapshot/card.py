@@ -307,11 +307,36 @@ def _tokens(manifest: SnapshotManifest, inputs: CardInputs) -> list[str]:
         "",
         f"Tokenizer `tokenizer.json`: sha256 `{t.get('sha256', '')}`, vocabulary "
         f"{manifest.vocab_size:,}, special tokens {specials}.",
+        *_tokenizer_policy(manifest.tokenizer_policy),
         f"Rows of {manifest.seq_len:,} tokens, BOS-aligned best-fit packing; train row "
         f"utilization {util}.",
         "",
         *_table(("split", "rows", "documents", "tokens"), rows),
     ]
+
+
+def tokenizer_origin(policy: Mapping[str, Any]) -> str:
+    """Where a snapshot's tokenizer came from, in words (the card's and the diff's)."""
+    decision, mode = policy.get("decision"), policy.get("mode")
+    if decision == "reused":
+        return f"kept from `{policy.get('from_snapshot')}` (mode {mode})"
+    if decision == "pinned":
+        return f"pinned (`{policy.get('path')}`)"
+    if decision == "trained":
+        return f"trained for this snapshot (mode {mode}: {policy.get('reason')})"
+    return "not recorded"
+
+
+def _tokenizer_policy(policy: Mapping[str, Any]) -> list[str]:
+    if not policy:
+        return []
+    line = f"Tokenizer origin: {tokenizer_origin(policy)}."
+    if policy.get("decision") == "trained":
+        line += (
+            " A new vocabulary: a model trained on an earlier snapshot cannot continue on this "
+            "one without re-tokenizing."
+        )
+    return [line]
 
 
 def _reading(manifest: SnapshotManifest) -> list[str]:

@@ -10,9 +10,11 @@ import argparse
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.snapshot.card import tokenizer_origin
 from megacpp_pipeline.snapshot.promote import SnapshotManifest, read_manifest
 
 
@@ -42,6 +44,8 @@ class SnapshotDiff:
     licences: dict[str, tuple[int, int]]  # expression -> documents (old, new), changed only
     scrub: dict[str, tuple[int, int]]  # kind -> documents (old, new), changed only
     tokenizer_changed: bool
+    # where the new snapshot's tokenizer came from (its manifest's tokenizer_policy)
+    tokenizer_policy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -119,6 +123,7 @@ def diff_snapshots(old_dir: Path, new_dir: Path) -> SnapshotDiff:
         licences=_deltas(old_lic, new_lic),
         scrub=_deltas(old_scrub, new_scrub),
         tokenizer_changed=om.tokenizer.get("sha256") != nm.tokenizer.get("sha256"),
+        tokenizer_policy=dict(nm.tokenizer_policy),
     )
 
 
@@ -177,7 +182,8 @@ def render_markdown(d: SnapshotDiff, limit: int = 10) -> str:
             lines += ["", f"{title}:", ""] + [
                 f"- {k}: {_signed(a, b)}" for k, (a, b) in table.items()
             ]
-    lines += ["", f"Tokenizer changed: {'yes' if d.tokenizer_changed else 'no'}."]
+    origin = f" ({tokenizer_origin(d.tokenizer_policy)})" if d.tokenizer_policy else ""
+    lines += ["", f"Tokenizer changed: {'yes' if d.tokenizer_changed else 'no'}{origin}."]
     return "\n".join(lines)
 
 

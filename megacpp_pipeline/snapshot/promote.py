@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pyarrow as pa
@@ -42,6 +42,9 @@ from megacpp_pipeline.storage.versions import (
     sha256_file,
     write_parquet_atomic,
 )
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.storage.store import ShardStore
 
 # 2: document_files.parquet and document_mode (repository documents)
 SNAPSHOT_SCHEMA_VERSION = 2
@@ -103,6 +106,9 @@ class SnapshotManifest(BaseModel):
     seq_len: int
     vocab_size: int
     tokenizer: dict[str, Any]
+    # where the tokenizer came from: mode (reuse | train | pinned), decision (reused |
+    # trained | pinned), from_snapshot, reason; the card and `megacpp diff` say it
+    tokenizer_policy: dict[str, Any] = Field(default_factory=dict)
     splits: dict[str, SplitEntry]
     documents: int
     # what a document is: "file" (one kept file) or "repository" (a source's files in
@@ -186,6 +192,7 @@ class SnapshotParts:
     document_files: pa.Table | None = None
     document_mode: str = "file"
     engine: dict[str, Any] = field(default_factory=lambda: {"engine": "local"})  # ran the gates
+    tokenizer_policy: dict[str, Any] = field(default_factory=dict)  # the tokenizer stage's
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -380,6 +387,7 @@ def build_snapshot(
             seq_len=parts.seq_len,
             vocab_size=parts.vocab_size,
             tokenizer=parts.tokenizer_info,
+            tokenizer_policy=parts.tokenizer_policy,
             splits=splits,
             documents=documents.num_rows,
             document_mode=parts.document_mode,
@@ -462,6 +470,29 @@ def read_manifest(snapshot_dir: Path) -> SnapshotManifest:
         return SnapshotManifest.model_validate_json((snapshot_dir / MANIFEST).read_bytes())
     except (OSError, ValueError) as e:
         raise SnapshotError(f"{snapshot_dir / MANIFEST}: unreadable manifest ({e})") from e
+
+
+def promoted_in_store(store: ShardStore, name: str) -> list[tuple[str, SnapshotManifest]]:
+    """Every whole snapshot named `name` in the store's snapshots/ (a local data dir's or a
+    bucket's), oldest first by the `created_at` its manifest records (an object store has no
+    trustworthy folder times), as (its folder in the store, its manifest). A folder without
+    `_COMPLETE` (being uploaded or removed) or with an unreadable manifest is not one."""
+    found: list[tuple[str, str, SnapshotManifest]] = []
+    root = store.join("snapshots")
+    for info in store.fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.type != pafs.FileType.Directory or not info.base_name.startswith(f"{name}-"):
+            continue
+        raw = store.read_bytes_if_exists(f"{info.path}/{MANIFEST}")
+        if raw is None or not store.exists(f"{info.path}/{COMPLETE}"):
+            continue
+        try:
+            manifest = SnapshotManifest.model_validate_json(raw)
+        except ValueError:
+            continue
+        if manifest.name == name:
+            found.append((manifest.created_at, info.path, manifest))
+    found.sort(key=lambda item: (item[0], item[1]))
+    return [(path, manifest) for _, path, manifest in found]
 
 
 def latest_snapshot(root: Path, name: str | None = None) -> Path | None:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
@@ -33,12 +32,13 @@ from megacpp_pipeline.snapshot.promote import (
     SnapshotParts,
     SourceEntry,
     build_snapshot,
+    promoted_in_store,
     read_manifest,
 )
 from megacpp_pipeline.stages.documents import document_files_table, documents_table
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import ShardStore, config_hash
-from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST
+from megacpp_pipeline.storage.versions import COMPLETE
 
 
 def ledger_tables(ctx: StageContext) -> Iterator[pa.Table]:
@@ -127,21 +127,12 @@ def prune_store_snapshots(store: ShardStore, current: SnapshotManifest, keep: in
     (the current one counts), by the `created_at` their manifests record (an object store
     has no trustworthy folder times); each loses `_COMPLETE` first, so no reader ever sees
     a partly deleted snapshot as whole. The removed folders."""
-    root = store.join("snapshots")
-    done: list[tuple[str, str]] = []
-    for info in store.fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-        name = info.base_name
-        if name == current.snapshot_id or not name.startswith(f"{current.name}-"):
-            continue
-        raw = store.read_bytes_if_exists(f"{info.path}/{MANIFEST}")
-        if raw is None or not store.exists(f"{info.path}/{COMPLETE}"):
-            continue  # not a whole snapshot: a concurrent upload, or one being removed
-        try:
-            done.append((SnapshotManifest.model_validate_json(raw).created_at, info.path))
-        except ValueError:
-            continue
-    done.sort()
-    removed = [path for _, path in done[: max(0, len(done) - (keep - 1))]]
+    done = [
+        path
+        for path, manifest in promoted_in_store(store, current.name)
+        if manifest.snapshot_id != current.snapshot_id
+    ]
+    removed = done[: max(0, len(done) - (keep - 1))]
     for path in removed:
         store.delete_file(f"{path}/{COMPLETE}")
         store.delete_dir(path)
@@ -179,6 +170,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         vocab_size=int(info["vocab_size"]),
         tokenizer_json=store.read_bytes(f"{store.version_dir(tok)}/tokenizer.json"),
         tokenizer_info=info,
+        tokenizer_policy=dict(tok.extra.get("policy") or {}),
         rows={
             split: [
                 ShardSource(store.fs, f"{vdir}/{s.path}", s.sha256, s.bytes)
