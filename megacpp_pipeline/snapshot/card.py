@@ -152,17 +152,38 @@ def _sources(manifest: SnapshotManifest, documents: Any, ledger: Any) -> list[st
     docs = Counter(documents["source_id"].to_pylist())
     collected = Counter(ledger["source_id"].to_pylist())
     rows = [
-        (sid, s.kind, f"`{s.revision}`", s.declared_license or "", collected[sid], docs[sid])
+        (
+            sid,
+            s.kind,
+            f"`{s.revision}`",
+            s.declared_license or "",
+            collected[sid],
+            docs[sid],
+            s.weight,
+            s.sequences if s.sequences is not None else docs[sid],
+        )
         for sid, s in manifest.sources.items()
     ]
+    header = (
+        "source",
+        "kind",
+        "pinned revision",
+        "declared licence",
+        "collected",
+        "documents",
+        "weight",
+        "in the rows",
+    )
     return [
         "",
         "## Sources",
         "",
-        *_table(
-            ("source", "kind", "pinned revision", "declared licence", "collected", "documents"),
-            rows,
-        ),
+        *_table(header, rows),
+        "",
+        "A source's weight is how many times each of its documents is packed on average "
+        "(0.5: about half of them once; 2.5: each twice and about half three times, by a "
+        f"seeded hash of the document, seed {manifest.draw_seed}); `in the rows` counts the "
+        "copies packed, what one epoch over the rows trains on (`draws` in documents.parquet).",
     ]
 
 

@@ -28,10 +28,16 @@ class SourceChange:
     changed: list[str] = field(default_factory=list)
     old_documents: int = 0
     new_documents: int = 0
+    old_weight: float | None = None  # None: not in that snapshot
+    new_weight: float | None = None
 
     @property
     def moved(self) -> bool:
         return self.old_revision != self.new_revision
+
+    @property
+    def reweighted(self) -> bool:
+        return None not in (self.old_weight, self.new_weight) and self.old_weight != self.new_weight
 
 
 @dataclass
@@ -50,7 +56,9 @@ class SnapshotDiff:
     @property
     def empty(self) -> bool:
         return (
-            not any(s.moved or s.added or s.removed or s.changed for s in self.sources)
+            not any(
+                s.moved or s.reweighted or s.added or s.removed or s.changed for s in self.sources
+            )
             and self.documents[0] == self.documents[1]
             and not self.tokenizer_changed
         )
@@ -106,6 +114,8 @@ def diff_snapshots(old_dir: Path, new_dir: Path) -> SnapshotDiff:
                 changed=sorted(p for p in set(before) & set(after) if before[p] != after[p]),
                 old_documents=old_docs[sid],
                 new_documents=new_docs[sid],
+                old_weight=om.sources[sid].weight if sid in om.sources else None,
+                new_weight=nm.sources[sid].weight if sid in nm.sources else None,
             )
         )
     return SnapshotDiff(
@@ -147,6 +157,11 @@ def render_markdown(d: SnapshotDiff, limit: int = 10) -> str:
     if moved:
         lines += ["| source | old revision | new revision |", "|---|---|---|"]
         lines += [f"| {s.source_id} | `{s.old_revision}` | `{s.new_revision}` |" for s in moved]
+        lines.append("")
+    weights = [s for s in d.sources if s.reweighted or (s.new_weight or 1.0) != 1.0]
+    if weights:
+        lines += ["| source | old weight | new weight |", "|---|---:|---:|"]
+        lines += [f"| {s.source_id} | {s.old_weight} | {s.new_weight} |" for s in weights]
         lines.append("")
     touched = [
         s

@@ -31,7 +31,11 @@ from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.corpus.repository import file_document_files
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
-from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION, PIECES_SCHEMA
+from megacpp_pipeline.snapshot.packed_rows import (
+    PACKED_SCHEMA_VERSION,
+    PIECES_SCHEMA,
+    with_copy_column,
+)
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
@@ -47,7 +51,9 @@ if TYPE_CHECKING:
     from megacpp_pipeline.storage.store import ShardStore
 
 # 2: document_files.parquet and document_mode (repository documents)
-SNAPSHOT_SCHEMA_VERSION = 2
+# 3: source weights: pieces.copy, documents.draws, sources' weight, documents and sequences,
+#    splits' sequences, draw_seed; tokenizer_policy
+SNAPSHOT_SCHEMA_VERSION = 3
 SPLITS = ("train", "validation")
 # The quality report is derived after promotion and is not part of the training contract:
 # it lives in this folder, outside the manifest's file list.
@@ -83,15 +89,23 @@ class SplitEntry(BaseModel):
     documents: int
     tokens: int  # valid (non-pad) tokens in the split's rows
     shards: list[str]
+    # document copies packed into the rows (the sum of the documents' draws): what an epoch
+    # over the rows trains on and what the Megatron export holds; None before source weights
+    # (then every document once: `documents`)
+    sequences: int | None = None
 
 
 class SourceEntry(BaseModel):
-    """A source as this snapshot collected it: what kind, at which revision."""
+    """A source as this snapshot collected it: what kind, at which revision, and its share of
+    the mixture: its weight, its documents and the copies of them packed (`sequences`)."""
 
     model_config = ConfigDict(extra="forbid")
     kind: str
     revision: str
     declared_license: str | None = None
+    weight: float = 1.0
+    documents: int | None = None
+    sequences: int | None = None
 
 
 class SnapshotManifest(BaseModel):
@@ -114,6 +128,9 @@ class SnapshotManifest(BaseModel):
     # what a document is: "file" (one kept file) or "repository" (a source's files in
     # #include order, each after a `// <path>` line); document_files.parquet lists the files
     document_mode: str = "file"
+    # the seed of the weighted draws (corpus/packing.py: document_draws), with each source's
+    # weight: verify recomputes every document's draws from them
+    draw_seed: int = 0
     # where the run that promoted it ran its per-file stages (pipeline/engine.py); not part
     # of the content: the same files give the same snapshot id on any engine
     engine: dict[str, Any] = Field(default_factory=lambda: {"engine": "local"})
@@ -193,6 +210,7 @@ class SnapshotParts:
     document_mode: str = "file"
     engine: dict[str, Any] = field(default_factory=lambda: {"engine": "local"})  # ran the gates
     tokenizer_policy: dict[str, Any] = field(default_factory=dict)  # the tokenizer stage's
+    draw_seed: int = 0  # the packer's seed, which the weighted draws used
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -259,6 +277,55 @@ def final_ledger(
     return out.cast(LEDGER_SCHEMA)
 
 
+def documents_with_draws(documents: pa.Table, pieces: pa.Table) -> pa.Table:
+    """documents.parquet: the documents stage's rows, each with how it was packed: `draws`
+    (the copies of it in the rows; 0 for a document its source's weight left out),
+    `num_pieces` and `num_tokens` of one copy (BOS + text + EOS and FIM sentinels, what the
+    copy's pieces hold; every copy is packed the same), and `text_tokens`, what the tokenizer
+    gave for the text alone."""
+    frame = pl.DataFrame(pieces.select(["doc_id", "copy", "length"]))
+    copies = frame.group_by("doc_id").agg(pl.col("copy").n_unique().cast(pl.Int32).alias("draws"))
+    first = (
+        frame.filter(pl.col("copy") == 0)
+        .group_by("doc_id")
+        .agg(
+            pl.len().cast(pl.Int32).alias("num_pieces"),
+            pl.col("length").sum().cast(pl.Int32).alias("num_tokens"),
+        )
+    )
+    return (
+        pl.DataFrame(documents)
+        .rename({"num_tokens": "text_tokens"})
+        .join(first, on="doc_id", how="left")
+        .join(copies, on="doc_id", how="left")
+        .with_columns(
+            pl.col("num_pieces").fill_null(0),
+            pl.col("num_tokens").fill_null(0),
+            pl.col("draws").fill_null(0),
+        )
+        .sort("doc_id")
+        .to_arrow()
+    )
+
+
+def sources_with_mixture(
+    sources: dict[str, SourceEntry], documents: pa.Table
+) -> dict[str, SourceEntry]:
+    """Each source's entry with its documents and the copies of them packed."""
+    frame = pl.DataFrame(documents.select(["source_id", "draws"]))
+    counts = {
+        row["source_id"]: (int(row["documents"]), int(row["sequences"]))
+        for row in frame.group_by("source_id")
+        .agg(pl.len().alias("documents"), pl.col("draws").sum().alias("sequences"))
+        .iter_rows(named=True)
+    }
+    out = {}
+    for sid, entry in sources.items():
+        documents_of, sequences = counts.get(sid, (0, 0))
+        out[sid] = entry.model_copy(update={"documents": documents_of, "sequences": sequences})
+    return out
+
+
 def ledger_summary(ledger: pa.Table) -> dict[str, dict[str, int]]:
     df = pl.DataFrame(ledger)
     summary: dict[str, dict[str, int]] = {}
@@ -315,27 +382,14 @@ def build_snapshot(
         add("tokenizer.json")
 
         pieces = pa.concat_tables(
-            [PIECES_SCHEMA.empty_table()] + [t.cast(PIECES_SCHEMA) for t in parts.pieces]
+            [PIECES_SCHEMA.empty_table()]
+            + [with_copy_column(t).select(PIECES_SCHEMA.names).cast(PIECES_SCHEMA)
+               for t in parts.pieces]
+        )  # fmt: skip
+        pieces = pieces.sort_by(
+            [("doc_id", "ascending"), ("copy", "ascending"), ("piece_index", "ascending")]
         )
-        pieces = pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
-        # num_tokens: the document's tokens as packed (BOS + text + EOS, FIM sentinels),
-        # i.e. what its pieces hold; text_tokens: what the tokenizer gave for the text alone.
-        counts = (
-            pl.DataFrame(pieces.select(["doc_id", "length"]))
-            .group_by("doc_id")
-            .agg(
-                pl.len().cast(pl.Int32).alias("num_pieces"),
-                pl.col("length").sum().cast(pl.Int32).alias("num_tokens"),
-            )
-        )
-        documents = (
-            pl.DataFrame(parts.documents)
-            .rename({"num_tokens": "text_tokens"})
-            .join(counts, on="doc_id", how="left")
-            .with_columns(pl.col("num_pieces").fill_null(0), pl.col("num_tokens").fill_null(0))
-            .sort("doc_id")
-            .to_arrow()
-        )
+        documents = documents_with_draws(parts.documents, pieces)
         _write_parquet(documents, work / "documents.parquet")
         add("documents.parquet", documents.num_rows)
         _write_parquet(pieces, work / "pieces.parquet")
@@ -363,14 +417,15 @@ def build_snapshot(
         for split in SPLITS:
             shards = [rel for _, rel in copies if rel.startswith(f"{split}/")]
             files.extend(copied[rel].entry for rel in shards)
-            split_docs = int(
-                pa.compute.sum(pa.compute.equal(documents["split"], split)).as_py() or 0
-            )
+            in_split = pa.compute.equal(documents["split"], split)
+            split_docs = int(pa.compute.sum(in_split).as_py() or 0)
+            draws = pa.compute.filter(documents["draws"], in_split)
             splits[split] = SplitEntry(
                 rows=sum(copied[rel].entry.rows or 0 for rel in shards),
                 documents=split_docs,
                 tokens=sum(copied[rel].tokens for rel in shards),
                 shards=shards,
+                sequences=int(pa.compute.sum(draws).as_py() or 0),
             )
 
         content = hashlib.sha256()
@@ -391,10 +446,11 @@ def build_snapshot(
             splits=splits,
             documents=documents.num_rows,
             document_mode=parts.document_mode,
+            draw_seed=parts.draw_seed,
             engine=parts.engine,
             ledger=ledger_summary(ledger),
             ledger_stages=parts.ledger_stages,
-            sources=parts.sources,
+            sources=sources_with_mixture(parts.sources, documents),
             inputs=parts.inputs,
             files=files,
         )

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from megacpp_pipeline.corpus.packing import restore_fim_order
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
 from megacpp_pipeline.snapshot.document_files import read_document_files
-from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy, with_copy_column
 from megacpp_pipeline.snapshot.promote import SnapshotManifest
 
 DOCS_PER_PASS = 20_000
@@ -39,8 +39,9 @@ class DocumentText:
 def _tokens(
     snap: Path, manifest: SnapshotManifest, wanted: set[int]
 ) -> dict[int, dict[int, np.ndarray]]:
-    pieces = pl.DataFrame(pq.read_table(snap / "pieces.parquet")).filter(
-        pl.col("doc_id").is_in(list(wanted))
+    # a weighted document packed more than once has identical copies: its first one will do
+    pieces = pl.DataFrame(with_copy_column(pq.read_table(snap / "pieces.parquet"))).filter(
+        pl.col("doc_id").is_in(list(wanted)) & (pl.col("copy") == 0)
     )
     by_pack = pieces.partition_by("pack_id", as_dict=True)
     parts: dict[int, dict[int, np.ndarray]] = {}
@@ -84,6 +85,15 @@ def _members(snap: Path, wanted: Iterable[int] | None) -> dict[int, list[tuple[i
     return out
 
 
+def packed_doc_ids(snap: Path) -> list[int]:
+    """The documents that are in the rows: all of them, but for those their source's weight
+    drew no copy of (`draws` 0 in documents.parquet)."""
+    docs = pq.read_table(snap / "documents.parquet")
+    if "draws" in docs.column_names:
+        docs = docs.filter(pc.greater(docs["draws"], 0))
+    return [int(d) for d in docs["doc_id"].to_pylist()]
+
+
 def _restored(
     snap: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None
 ) -> Iterator[tuple[int, np.ndarray | str, list[tuple[int, int]]]]:
@@ -92,9 +102,7 @@ def _restored(
     special = manifest.tokenizer.get("special_tokens", {})
     bos, eos = int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
     if doc_ids is None:
-        doc_ids = pq.read_table(snap / "documents.parquet", columns=["doc_id"])[
-            "doc_id"
-        ].to_pylist()
+        doc_ids = packed_doc_ids(snap)
     ordered = sorted(set(doc_ids))
     for lo in range(0, len(ordered), DOCS_PER_PASS):
         group = ordered[lo : lo + DOCS_PER_PASS]

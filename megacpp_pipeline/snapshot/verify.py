@@ -32,6 +32,7 @@ from megacpp_pipeline.snapshot.packed_rows import (
     OPTIONAL_TOKEN_COLUMNS,
     REQUIRED_COLUMNS,
     packed_rows_schema,
+    with_copy_column,
 )
 from megacpp_pipeline.snapshot.promote import (
     REPORT_DIR,
@@ -50,7 +51,7 @@ from megacpp_pipeline.snapshot.shard_checks import (
     row_problems,
     token_problems,
 )
-from megacpp_pipeline.snapshot.texts import document_texts, file_texts
+from megacpp_pipeline.snapshot.texts import document_texts, file_texts, packed_doc_ids
 from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
 
 
@@ -146,41 +147,76 @@ def check_token_ranges(
 
 
 def _pieces(snap: Path) -> pa.Table:
-    return pq.read_table(snap / "pieces.parquet")
+    return with_copy_column(pq.read_table(snap / "pieces.parquet"))
+
+
+def draw_problems(docs: pl.DataFrame, manifest: SnapshotManifest) -> list[str]:
+    """Documents whose copies in the rows are not the draws their source's weight and the
+    snapshot's draw seed give (corpus/packing.py: document_draws)."""
+    from megacpp_pipeline.corpus.packing import document_draws, draw_keys
+
+    out: list[str] = []
+    for (source,), part in docs.group_by(["source_id"], maintain_order=True):
+        entry = manifest.sources.get(str(source))
+        weight = entry.weight if entry is not None else 1.0
+        keys = draw_keys(part["source_id"].to_list(), part["path"].to_list())
+        want = document_draws(keys, weight, manifest.draw_seed)
+        got = part["draws"].to_numpy()
+        for i in np.flatnonzero(got != want)[:5].tolist():
+            out.append(
+                f"documents.parquet: doc {part['doc_id'][i]} ({source}:{part['path'][i]}) is "
+                f"packed {got[i]} times; weight {weight} draws it {want[i]} times"
+            )
+    return out
 
 
 def check_documents(
     snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline
 ) -> CheckOutcome:
-    """doc_ids in the rows agree with pieces.parquet and documents.parquet; every document's
-    pieces are all present, in order; no target crosses a document boundary; every kept
-    file is in one document, its members' token spans tiling it (document_files.parquet)."""
+    """doc_ids in the rows agree with pieces.parquet and documents.parquet; every copy of
+    every document has all its pieces, in order, and a document has exactly the copies its
+    source's weight draws; no target crosses a document boundary; every kept file is in one
+    document, its members' token spans tiling it (document_files.parquet)."""
     out = CheckOutcome("document_consistency", True)
     seq = manifest.seq_len
     docs = pl.DataFrame(pq.read_table(snap / "documents.parquet"))
+    if "draws" not in docs.columns:  # before source weights: every document packed once
+        docs = docs.with_columns(pl.lit(1, pl.Int32).alias("draws"))
     pieces = pl.DataFrame(_pieces(snap))
-    per_doc = pieces.group_by("doc_id").agg(
+    per_copy = pieces.group_by(["doc_id", "copy"]).agg(
         pl.len().alias("n"),
         pl.col("piece_index").min().alias("lo"),
         pl.col("piece_index").max().alias("hi"),
         pl.col("piece_index").n_unique().alias("distinct"),
         pl.col("split").first().alias("piece_split"),
     )
-    joined = docs.join(per_doc, on="doc_id", how="full", coalesce=True)
-    missing = joined.filter(pl.col("n").is_null())
-    orphan = joined.filter(pl.col("source_id").is_null())
-    gaps = joined.filter(
-        pl.col("n").is_not_null()
+    per_doc = per_copy.group_by("doc_id").agg(
+        pl.len().alias("copies"),
+        pl.col("copy").min().alias("first_copy"),
+        pl.col("copy").max().alias("last_copy"),
+    )
+    joined_docs = docs.join(per_doc, on="doc_id", how="full", coalesce=True)
+    missing = joined_docs.filter(pl.col("copies").is_null() & (pl.col("draws") > 0))
+    orphan = joined_docs.filter(pl.col("source_id").is_null())
+    wrong_copies = joined_docs.filter(
+        pl.col("copies").is_not_null()
         & (
-            (pl.col("lo") != 0)
-            | (pl.col("hi") != pl.col("n") - 1)
-            | (pl.col("distinct") != pl.col("n"))
+            (pl.col("copies") != pl.col("draws"))
+            | (pl.col("first_copy") != 0)
+            | (pl.col("last_copy") != pl.col("copies") - 1)
         )
     )
-    wrong_count = joined.filter(pl.col("n").is_not_null() & (pl.col("n") != pl.col("num_pieces")))
-    wrong_split = joined.filter(
-        pl.col("n").is_not_null() & (pl.col("piece_split") != pl.col("split"))
+    joined = docs.join(per_copy, on="doc_id", how="inner")
+    gaps = joined.filter(
+        (pl.col("lo") != 0)
+        | (pl.col("hi") != pl.col("n") - 1)
+        | (pl.col("distinct") != pl.col("n"))
     )
+    wrong_count = joined.filter(pl.col("n") != pl.col("num_pieces"))
+    wrong_split = joined.filter(pl.col("piece_split") != pl.col("split"))
+    if "path" in docs.columns and manifest.schema_version >= 3:
+        for problem in draw_problems(docs, manifest):
+            out.fail(problem)
     files = read_document_files(snap)
     kept = {src: counts["kept"] for src, counts in manifest.ledger.items()}
     if "num_files" not in docs.columns:  # schema version 1: a document was one file
@@ -196,6 +232,7 @@ def check_documents(
     for frame, what in (
         (missing, "has no pieces"),
         (orphan, "has pieces but is not in documents.parquet"),
+        (wrong_copies, "copies in pieces.parquet are not 0..draws-1"),
         (gaps, "pieces are not 0..n-1"),
         (wrong_count, "num_pieces disagrees with pieces.parquet"),
         (wrong_split, "pieces are in another split than the document"),
@@ -220,7 +257,13 @@ def check_documents(
         rows += n
         for problem in problems:
             out.fail(problem)
-    out.metrics.update(documents=docs.height, files=files.num_rows, pieces=pieces.height, rows=rows)
+    out.metrics.update(
+        documents=docs.height,
+        sequences=int(docs["draws"].sum()),
+        files=files.num_rows,
+        pieces=pieces.height,
+        rows=rows,
+    )
     return out
 
 
@@ -232,7 +275,7 @@ def check_round_trip(
     out = CheckOutcome("round_trip_decode", True)
     docs = pl.DataFrame(
         pq.read_table(snap / "documents.parquet", columns=["doc_id", "path", "content_sha256"])
-    )
+    ).filter(pl.col("doc_id").is_in(packed_doc_ids(snap)))
     if docs.height > sample:
         docs = docs.sample(n=sample, seed=seed)
     sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
@@ -358,8 +401,10 @@ def check_megatron(snap: Path, mapper: Mapper = inline) -> CheckOutcome:
             reader = megatron.IndexedDatasetReader(prefix)
             docs = len(reader)
             tokens = int(sum(len(reader[i]) for i in range(docs)))
-            if docs != entry.documents:
-                out.fail(f"{prefix}.idx: {docs} sequences, snapshot {split} has {entry.documents}")
+            # every copy of a weighted document is a sequence (before weights: each once)
+            want = entry.sequences if entry.sequences is not None else entry.documents
+            if docs != want:
+                out.fail(f"{prefix}.idx: {docs} sequences, snapshot {split} packs {want}")
             if tokens != entry.tokens:
                 out.fail(f"{prefix}.bin: {tokens} tokens, snapshot {split} has {entry.tokens}")
             out.metrics[f"{split}_documents"] = docs

@@ -186,7 +186,13 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         pieces=store.iter_tables(packed, "pieces"),
         ledger=ledger_tables(ctx),
         ledger_stages=ctx.registry.ledger_stages(),
-        sources=collected_sources(ctx),
+        sources={
+            sid: entry.model_copy(
+                update={"weight": float((packed.extra.get("source_weights") or {}).get(sid, 1.0))}
+            )
+            for sid, entry in collected_sources(ctx).items()
+        },
+        draw_seed=int(packed.extra.get("draw_seed", 0)),
         inputs=ctx.upstream_hashes([packed, documents, tok]),
         code_version=ctx.code_version(stage),
         config_hash=config_hash(ctx.catalog),
