@@ -73,6 +73,11 @@ class SnapshotConfig(BaseModel):
     smoke_batch_size: int = Field(default=8, ge=1)
     seed: int = 0
     keep_snapshots: int = Field(default=3, ge=1)
+    # write the text release (snapshot/text_release.py) into the snapshot's text/ folder,
+    # checked with the rest before promotion
+    text: bool = False
+    # documents the text_release check re-tokenizes (a seeded sample; all of them when fewer)
+    text_sample: int = Field(default=1000, ge=1)
 
 
 class FileEntry(BaseModel):

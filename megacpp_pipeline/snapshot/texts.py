@@ -94,7 +94,7 @@ def packed_doc_ids(snap: Path) -> list[int]:
     return [int(d) for d in docs["doc_id"].to_pylist()]
 
 
-def _restored(
+def document_tokens(
     snap: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None
 ) -> Iterator[tuple[int, np.ndarray | str, list[tuple[int, int]]]]:
     """(doc_id, the document's own tokens in reading order, its members) per document, in
@@ -158,7 +158,7 @@ def document_texts(
         pending.clear()
 
     size = 0
-    for doc_id, tokens, _ in _restored(snap, manifest, doc_ids):
+    for doc_id, tokens, _ in document_tokens(snap, manifest, doc_ids):
         if isinstance(tokens, str):
             yield from decoded()
             size = 0
@@ -190,7 +190,7 @@ def file_texts(
     marked = manifest.document_mode == "repository"
 
     def spans() -> Iterator[tuple[tuple[int, int], np.ndarray]]:
-        for doc_id, tokens, members in _restored(snap, manifest, doc_ids):
+        for doc_id, tokens, members in document_tokens(snap, manifest, doc_ids):
             if isinstance(tokens, str):
                 continue
             for position, (start, n) in enumerate(members):

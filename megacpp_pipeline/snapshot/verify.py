@@ -51,6 +51,13 @@ from megacpp_pipeline.snapshot.shard_checks import (
     row_problems,
     token_problems,
 )
+from megacpp_pipeline.snapshot.text_release import (
+    TEXT_DIR,
+    ReleaseConfig,
+    TextReleaseError,
+    check_release,
+    write_release,
+)
 from megacpp_pipeline.snapshot.texts import document_texts, file_texts, packed_doc_ids
 from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
 
@@ -91,7 +98,7 @@ def check_files(snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline)
             out.fail(f"{p}: sha256 mismatch")
     for p in snap.rglob("*"):
         rel = p.relative_to(snap).as_posix()
-        if rel.startswith(f"{REPORT_DIR}/"):
+        if rel.startswith((f"{REPORT_DIR}/", f"{TEXT_DIR}/")):  # derived, with their own
             continue
         if p.is_file() and rel not in listed and rel not in (MANIFEST, COMPLETE, CARD):
             out.fail(f"{p}: not listed in the manifest")
@@ -412,6 +419,25 @@ def check_megatron(snap: Path, mapper: Mapper = inline) -> CheckOutcome:
     return out
 
 
+def check_text_release(
+    snap: Path, release: Path | None, sample: int, seed: int = 0
+) -> CheckOutcome:
+    """A text release (the snapshot's own `text/`, or one given) is whole and re-tokenizes
+    to the snapshot's tokens (snapshot/text_release.py); a snapshot without one passes."""
+    out = CheckOutcome("text_release", True)
+    folder = release if release is not None else snap / TEXT_DIR
+    if release is None and not (folder / COMPLETE).exists():
+        out.metrics["released"] = "no"
+        return out
+    found = check_release(folder, snap, sample=sample, seed=seed)
+    for problem in found.problems:
+        out.fail(problem)
+    out.metrics.update(
+        released="yes", documents_checked=found.documents_checked, files_checked=found.files_checked
+    )
+    return out
+
+
 def check_card(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     """README.md is there, in the dataset-card format, and its figures are the manifest's."""
     out = CheckOutcome("dataset_card", True)
@@ -432,6 +458,9 @@ FROM_DISK: dict[
     ),
     "ledger_completeness": lambda s, m, c, full, mapper: check_ledger(s, m),
     "dataset_card": lambda s, m, c, full, mapper: check_card(s, m),
+    "text_release": lambda s, m, c, full, mapper: check_text_release(
+        s, None, m.documents if full else c.text_sample, c.seed
+    ),
 }
 
 
@@ -476,6 +505,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="megacpp-verify-") as fresh:
         snap = local_snapshot(args.snapshot_dir, fresh)
         outcomes = verify_snapshot(snap, full=args.full)
+        if args.text is not None:  # a release written elsewhere (megacpp export-text)
+            config = SnapshotConfig()
+            sample = read_manifest(snap).documents if args.full else config.text_sample
+            outcomes.append(check_text_release(snap, Path(args.text), sample, config.seed))
     given = str(args.snapshot_dir)
     if "://" in given:  # name files by their place in the store, not the temporary copy
         where = given.split("?", 1)[0].rstrip("/")
@@ -495,6 +528,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 # file, field and rule, exit 2 (the format of megacpp_pipeline.cli for its known errors).
 _SNAPSHOT_ERRORS = (
     SnapshotError,
+    TextReleaseError,
     SnapshotFetchError,
     LoaderError,
     MegatronExportError,
@@ -547,7 +581,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _register_verify(p: argparse.ArgumentParser) -> None:
     p.description = "re-run the promotion checks and every file's sha256 from disk alone"
     p.add_argument("snapshot_dir")
-    p.add_argument("--full", action="store_true", help="round-trip every document")
+    p.add_argument(
+        "--full", action="store_true", help="round-trip (and re-tokenize) every document"
+    )
+    p.add_argument(
+        "--text",
+        default=None,
+        metavar="DIR",
+        help="also check a text release written by export-text: whole, of this snapshot, and "
+        "its texts re-tokenized give the snapshot's tokens (the snapshot's own text/ is "
+        "always checked)",
+    )
     p.set_defaults(func=_cmd_verify)
 
 
@@ -565,8 +609,39 @@ def _register_export(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_one_line_errors(_cmd_export))
 
 
+def _cmd_export_text(args: argparse.Namespace) -> int:
+    snap = local_snapshot(args.snapshot_dir)
+    config = ReleaseConfig(max_rows=args.max_rows, max_bytes=args.max_bytes)
+    release = write_release(snap, Path(args.out), config)
+    for split, entry in release.splits.items():
+        print(
+            f"{split:<10} {entry.documents} documents, {entry.text_bytes} bytes of text, "
+            f"{len(entry.shards)} shards"
+        )
+    if release.not_in_rows:
+        print(f"not in the rows (their source's weight drew them 0 times): {release.not_in_rows}")
+    print(Path(args.out))
+    return 0
+
+
+def _register_export_text(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "write every document in the snapshot's rows as text with its metadata (source, path, "
+        "revision, licence, language, scrub kinds, split, doc id): parquet shards per split, a "
+        "manifest and _COMPLETE; datasets.load_dataset('parquet', data_dir=OUT) reads it"
+    )
+    p.add_argument("snapshot_dir")
+    p.add_argument("--out", required=True, help="a new folder")
+    p.add_argument("--max-rows", type=int, default=ReleaseConfig().max_rows, help="per shard")
+    p.add_argument(
+        "--max-bytes", type=int, default=ReleaseConfig().max_bytes, help="of text per shard"
+    )
+    p.set_defaults(func=_one_line_errors(_cmd_export_text))
+
+
 COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "verify": _register_verify,
+    "export-text": _register_export_text,
     "inspect": _register_inspect,
     "export-megatron": _register_export,
 }

@@ -35,6 +35,7 @@ from megacpp_pipeline.snapshot.promote import (
     promoted_in_store,
     read_manifest,
 )
+from megacpp_pipeline.snapshot.text_release import TEXT_DIR, write_release
 from megacpp_pipeline.stages.documents import document_files_table, documents_table
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import ShardStore, config_hash
@@ -213,6 +214,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     host = ctx.host_executor()  # the build is a folder of this host
 
     def gate(build_dir: Path) -> list[str]:
+        if config.text:  # the text release beside the rows, checked with everything else
+            release = write_release(build_dir, build_dir / TEXT_DIR)
+            ctx.log(f"snapshot: text release of {release.documents} documents in {TEXT_DIR}/")
         failures = []
         for name in verify.ALL_CHECKS:
             outcome = verify.run_check(name, build_dir, config, mapper=host.map)
@@ -284,6 +288,9 @@ _DESCRIPTIONS = {
     "snapshot's document count and tokens.",
     "dataset_card": "README.md is a Hugging Face dataset card whose figures (documents, rows, "
     "tokens, tokenizer) and data files are the manifest's.",
+    "text_release": "The text release in text/ (the snapshot stage's `text` option) lists every "
+    "document in the rows once, its files' sha256 match, and a sample of its texts "
+    "re-tokenized with the snapshot's tokenizer gives the snapshot's tokens; none: passes.",
 }
 
 
@@ -345,7 +352,8 @@ STAGE = Stage(
     grain=Grain.GLOBAL,
     group="snapshot",
     description="The promoted training snapshot: manifest.json, tokenizer.json, documents, "
-    "document_files, pieces, ledger, train/ and validation/ packed rows, _COMPLETE last. "
+    "document_files, pieces, ledger, train/ and validation/ packed rows (and with `text: "
+    "true` the text release in text/), _COMPLETE last. "
     "Built beside its final place and renamed in only when schema, token range, document "
     "consistency, round-trip, ledger, loader and Megatron checks all pass.",
     input="packed_rows",
@@ -354,6 +362,7 @@ STAGE = Stage(
     config=SnapshotConfig,
     code=(
         "megacpp_pipeline.snapshot.promote",
+        "megacpp_pipeline.snapshot.text_release",
         verify.__name__,
         __name__,
     ),
