@@ -9,9 +9,32 @@ from pathlib import Path
 
 from assets.defs import DEFAULT_CACHE_DIR
 from megacpp_pipeline import cli
+from megacpp_pipeline.plan import forecast
+from megacpp_pipeline.plan.rates import RatesError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if not args.no_plan:  # the same check as `megacpp plan`, before any work
+        try:
+            plan = forecast.plan_from_args(args)
+        except RatesError as e:  # no rates to plan with: say so, and run unchecked
+            print(f"plan: not checked ({e})", file=sys.stderr)
+            return _run(args)
+        problems = plan.problems()
+        if problems:
+            print(forecast.render(plan), file=sys.stderr)
+            print(f"megacpp run: does not fit, not started: {problems[0]}", file=sys.stderr)
+            return forecast.EXIT_DOES_NOT_FIT
+        print(
+            f"plan: {plan.files:,} files, {plan.mb_in:,.1f} MB; about {plan.wall_s:,.0f} s on "
+            f"{plan.workers} workers, peak {plan.peak_mb:,.0f} of {plan.memory_mb:,.0f} MB, "
+            f"{plan.local_mb:,.0f} MB of disk: fits (megacpp plan for the table)",
+            file=sys.stderr,
+        )
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from assets.runner import PipelineFailed, run_pipeline
 
     try:
@@ -23,6 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             verbose=args.verbose,
             engine=args.engine,
             ray_address=args.ray_address,
+            workers=args.workers,
         )
     except PipelineFailed as e:
         print(f"megacpp run: FAILED: {e}", file=sys.stderr)
@@ -54,6 +78,13 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the Ray cluster for --engine ray (default: RAY_ADDRESS, else a local Ray "
         "instance sized to this machine)",
+    )
+    forecast.add_arguments(p)
+    p.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="start without the pre-flight check (megacpp plan) that refuses a run which "
+        "would not fit the memory or disk it has",
     )
     p.add_argument("--stop-after", default=None, help="stop after this asset (debugging)")
     p.add_argument("--verbose", action="store_true", help="Dagster's event log on the console too")

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from megacpp_pipeline.collect.source import (
     CollectError,
     Entry,
+    Listed,
     Scope,
     SourceFiles,
     safe_relpath,
@@ -202,3 +203,32 @@ def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
             else:
                 spool.seek(offset)
                 yield replace(entry, content=spool.read(size))
+
+
+def archive_listing(spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope) -> Listed:
+    """The wanted members of the (verified) archive and their sizes, from its member list: a
+    zip's central directory, a tar's headers (a compressed tar is decompressed to walk them,
+    but no member is kept)."""
+    assert spec.sha256 is not None
+    path = fetch_archive(uri, spec.sha256, cache_dir)
+    files = size = 0
+    members: list[tuple[str, int]] = []
+    if path.name.lower().endswith((".zip", ".whl")):
+        with zipfile.ZipFile(path) as zf:
+            members = [
+                (i.filename, i.file_size)
+                for i in zf.infolist()
+                if not i.is_dir() and not stat.S_ISLNK(i.external_attr >> 16)
+            ]
+        how = "zip central directory"
+    else:
+        with _open_tar(path) as tf:
+            members = [(m.name, m.size) for m in tf if m.isreg()]
+        how = "tar member headers"
+    for name, n in members:
+        rel = safe_relpath(name)
+        rel2 = scope.relative(rel) if rel is not None else None
+        if rel2 is not None and scope.classify(rel2) is None:
+            files += 1
+            size += n
+    return Listed(spec.sha256, files, size, how)

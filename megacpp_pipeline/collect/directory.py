@@ -12,6 +12,7 @@ from pathlib import Path
 from megacpp_pipeline.collect.source import (
     CollectError,
     Entry,
+    Listed,
     Scope,
     SourceFiles,
     has_control_chars,
@@ -89,3 +90,24 @@ def dir_source(spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits) 
         digest = hashlib.sha256(entry.content).hexdigest() if entry.content is not None else "-"
         tree.update(f"{entry.path}\x00{digest}\n".encode("utf-8", "backslashreplace"))
     return SourceFiles(revision=tree.hexdigest(), entries=entries)
+
+
+def dir_listing(spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits) -> Listed:
+    """The wanted files under the root and their sizes, from a directory walk (stat only:
+    the revision, a hash of the contents, is left to collection)."""
+    root = Path(uri.removeprefix("file://"))
+    if spec.subdir:
+        root = root / spec.subdir
+    if not root.is_dir():
+        raise CollectError(f"source {spec.id!r}: {root} is not a directory")
+    scope = Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
+    files = size = 0
+    for rel, e in _walk(root):
+        if e.is_symlink() or not e.is_file(follow_symlinks=False) or has_control_chars(rel):
+            continue
+        if scope.classify(rel) is None:
+            n = e.stat(follow_symlinks=False).st_size
+            if n <= limits.max_file_bytes:
+                files += 1
+                size += n
+    return Listed(None, files, size, "directory walk")

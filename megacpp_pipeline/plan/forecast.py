@@ -1,0 +1,418 @@
+"""The forecast of one run: for every stage group (the registry's run groups, what `megacpp
+run` materializes in one Dagster run each) its CPU seconds, its wall on the given number of
+workers, the peak memory of its driver, of its largest worker and of all its processes
+together, and the disk it writes, locally and to a bucket; then whether the run fits. A
+group that needs more memory than the host has, or a run whose writes outgrow the free disk
+of the filesystem they land on, is refused by name and figure (`megacpp plan` exits 3, and
+`megacpp run` does not start).
+
+How figures move off the calibration host: CPU seconds and memory follow the MB collected
+(rates.py); wall keeps its serial part (the driver's CPU and what is not CPU: start-up, I/O)
+and divides its parallel part, the workers' CPU, by the workers; all-process memory adds or
+removes one calibration worker's share per worker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megacpp_pipeline.core.catalog import Catalog, load_catalog
+from megacpp_pipeline.pipeline.registry import Registry
+from megacpp_pipeline.plan.rates import Calibration, Rates, load_rates
+from megacpp_pipeline.plan.sizing import (
+    MB,
+    SourceSize,
+    StoreUsage,
+    free_disk_mb,
+    host_memory_mb,
+    size_sources,
+    store_usage,
+)
+
+EXIT_DOES_NOT_FIT = 3
+
+
+class PlanRefused(Exception):
+    """The run will not fit; the message names the stage group and the figure."""
+
+
+@dataclass
+class GroupForecast:
+    stages: tuple[str, ...]
+    cpu_s: float
+    driver_cpu_s: float
+    wall_s: float  # on `workers`
+    driver_peak_mb: float
+    worker_peak_mb: float  # the largest single process
+    peak_mb: float  # every process of the group's run at once, at `workers`
+    local_mb: float  # written to local disk (data dir and cache, or the cache only)
+    bucket_mb: float  # written to the object store (0 for a local data dir)
+    unmeasured: list[str] = field(default_factory=list)  # stages no calibration group holds
+
+    @property
+    def label(self) -> str:
+        if len(self.stages) <= 3:
+            return ", ".join(self.stages)
+        return f"{self.stages[0]} .. {self.stages[-1]} ({len(self.stages)} stages)"
+
+
+@dataclass
+class Forecast:
+    name: str
+    sources: list[SourceSize]
+    data_dir: str
+    workers: int
+    engine: str
+    startup_s: float
+    groups: list[GroupForecast]
+    memory_mb: float  # what a group may use
+    memory_from: str
+    disk: dict[str, float]  # where the run writes locally -> free MB there
+    store_now: StoreUsage
+    calibration: Calibration
+
+    @property
+    def files(self) -> int:
+        return sum(s.listed.files for s in self.sources)
+
+    @property
+    def mb_in(self) -> float:
+        return sum(s.listed.bytes for s in self.sources) / MB
+
+    @property
+    def wall_s(self) -> float:
+        return self.startup_s + sum(g.wall_s for g in self.groups)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(g.cpu_s for g in self.groups)
+
+    @property
+    def peak_mb(self) -> float:
+        return max((g.peak_mb for g in self.groups), default=0.0)
+
+    @property
+    def local_mb(self) -> float:
+        return sum(g.local_mb for g in self.groups)
+
+    @property
+    def bucket_mb(self) -> float:
+        return sum(g.bucket_mb for g in self.groups)
+
+    def problems(self) -> list[str]:
+        """Why the run does not fit, one line per group or disk that does not: [] if it
+        fits."""
+        out = []
+        for g in self.groups:
+            if g.peak_mb > self.memory_mb:
+                out.append(
+                    f"stage group {g.label}: {g.peak_mb:,.0f} MB of memory at {self.workers} "
+                    f"workers (driver {g.driver_peak_mb:,.0f} MB, largest worker "
+                    f"{g.worker_peak_mb:,.0f} MB); {self.memory_mb:,.0f} MB {self.memory_from}"
+                )
+        if self.disk:
+            written = 0.0
+            free = min(self.disk.values())
+            where = min(self.disk, key=lambda k: self.disk[k])
+            for g in self.groups:
+                written += g.local_mb
+                if written > free:
+                    out.append(
+                        f"stage group {g.label}: the run has written {written:,.0f} MB of local "
+                        f"disk by its end; {free:,.0f} MB free at {where}"
+                    )
+                    break
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "sources": [
+                {"source": s.source, "kind": s.kind, **asdict(s.listed)} for s in self.sources
+            ],
+            "files": self.files,
+            "mb_in": round(self.mb_in, 3),
+            "data_dir": self.data_dir,
+            "workers": self.workers,
+            "engine": self.engine,
+            "startup_s": round(self.startup_s, 2),
+            "groups": [
+                {"stages": list(g.stages), **{k: v for k, v in asdict(g).items() if k != "stages"}}
+                for g in self.groups
+            ],
+            "wall_s": round(self.wall_s, 2),
+            "cpu_s": round(self.cpu_s, 2),
+            "peak_mb": round(self.peak_mb, 1),
+            "local_mb": round(self.local_mb, 1),
+            "bucket_mb": round(self.bucket_mb, 1),
+            "memory_mb": round(self.memory_mb, 1),
+            "disk_free_mb": {k: round(v, 1) for k, v in self.disk.items()},
+            "store_now": asdict(self.store_now),
+            "problems": self.problems(),
+            "calibration": self.calibration.model_dump(),
+        }
+
+
+def _device(path: str | Path) -> int:
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p.stat().st_dev
+
+
+def forecast(
+    catalog: Catalog,
+    registry: Registry,
+    sources: list[SourceSize],
+    *,
+    data_dir: str,
+    cache_dir: Path,
+    workers: int,
+    engine: str = "local",
+    rates: Rates | None = None,
+    memory_mb: float | None = None,
+    disk_mb: float | None = None,
+    store_now: StoreUsage | None = None,
+) -> Forecast:
+    """The run's figures from the sources' sizes and the rates (the shipped ones unless
+    given). `memory_mb` / `disk_mb`: what the run may use (default: this host's memory, the
+    free space where it writes)."""
+    rates = rates or load_rates()
+    cal = rates.calibration
+    mb = sum(s.listed.bytes for s in sources) / MB
+    store_now = store_now or store_usage(data_dir)
+    workers = max(1, workers)
+    groups = []
+    for stages in registry.run_groups():
+        rated, unmeasured = rates.for_group(stages)
+        if rated is None:  # a group of stages nothing measured: say so, count it as free
+            groups.append(GroupForecast(stages, 0, 0, 0, 0, 0, 0, 0, 0, list(stages)))
+            continue
+        cpu, driver_cpu = rated.cpu_s.at(mb), rated.driver_cpu_s.at(mb)
+        wall_cal = rated.wall_s.at(mb)
+        parallel = min(wall_cal, max(0.0, cpu - driver_cpu) / cal.workers)
+        wall = wall_cal - parallel + parallel * cal.workers / workers
+        driver_peak = rated.driver_peak_mb.at(mb)
+        tree = rated.tree_peak_mb.at(mb)
+        per_worker = max(0.0, tree - driver_peak) / cal.workers
+        peak = max(driver_peak, tree + (workers - cal.workers) * per_worker)
+        written = rated.store_mb.at(mb)
+        local = written if store_now.local else rated.local_build_mb.at(mb)
+        groups.append(
+            GroupForecast(
+                stages=stages,
+                cpu_s=cpu,
+                driver_cpu_s=driver_cpu,
+                wall_s=wall,
+                driver_peak_mb=driver_peak,
+                worker_peak_mb=rated.largest_process_mb.at(mb),
+                peak_mb=peak,
+                local_mb=local,
+                bucket_mb=0.0 if store_now.local else written,
+                unmeasured=unmeasured,
+            )
+        )
+    if disk_mb is not None:
+        disk = {"(given)": disk_mb}
+    else:  # the data dir (when local) and the cache: once if they share a filesystem
+        places = [str(cache_dir)] + ([data_dir] if store_now.local else [])
+        by_device = {_device(p): p for p in places}
+        disk = {p: free_disk_mb(p) for p in by_device.values()}
+    return Forecast(
+        name=catalog.snapshot,
+        sources=sources,
+        data_dir=data_dir,
+        workers=workers,
+        engine=engine,
+        startup_s=rates.startup_wall_s.at(mb),
+        groups=groups,
+        memory_mb=memory_mb if memory_mb is not None else host_memory_mb(),
+        memory_from="given" if memory_mb is not None else "on this host",
+        disk=disk,
+        store_now=store_now,
+        calibration=cal,
+    )
+
+
+def plan_run(
+    catalog: Catalog,
+    registry: Registry,
+    *,
+    data_dir: str,
+    cache_dir: Path,
+    workers: int,
+    engine: str = "local",
+    rates: Rates | None = None,
+    memory_mb: float | None = None,
+    disk_mb: float | None = None,
+) -> Forecast:
+    """Size every operational source (listing, not collecting) and forecast the run."""
+    sources = size_sources(catalog, cache_dir)
+    return forecast(
+        catalog,
+        registry,
+        sources,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        workers=workers,
+        engine=engine,
+        rates=rates,
+        memory_mb=memory_mb,
+        disk_mb=disk_mb,
+    )
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(
+        c.ljust(w) if i == 0 else c.rjust(w)
+        for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+    )
+
+
+def render(f: Forecast) -> str:
+    """The plan as one table (sources above it, the verdict below)."""
+    lines = [
+        f"plan for {f.name}: {len(f.sources)} sources, {f.files:,} files, {f.mb_in:,.1f} MB "
+        f"(listed, not collected); {f.workers} workers, engine {f.engine}"
+    ]
+    for s in f.sources:
+        lines.append(
+            f"  {s.source:<20} {s.kind:<8} {s.listed.files:>9,} files {s.listed.bytes / MB:>10,.1f}"
+            f" MB   {s.listed.how}"
+        )
+    header = ["stage group", "CPU s", "wall s", "driver MB", "worker MB", "peak MB",
+              "local MB", "bucket MB"]  # fmt: skip
+    body = [
+        [
+            g.label + (" *" if g.unmeasured else ""),
+            f"{g.cpu_s:,.1f}",
+            f"{g.wall_s:,.1f}",
+            f"{g.driver_peak_mb:,.0f}",
+            f"{g.worker_peak_mb:,.0f}",
+            f"{g.peak_mb:,.0f}",
+            f"{g.local_mb:,.1f}",
+            f"{g.bucket_mb:,.1f}",
+        ]
+        for g in f.groups
+    ]
+    body.append(
+        [
+            "the run (with start-up)",
+            f"{f.cpu_s:,.1f}",
+            f"{f.wall_s:,.1f}",
+            "",
+            "",
+            f"{f.peak_mb:,.0f}",
+            f"{f.local_mb:,.1f}",
+            f"{f.bucket_mb:,.1f}",
+        ]
+    )
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines += ["", _row(header, widths), *(_row(r, widths) for r in body), ""]
+    if any(g.unmeasured for g in f.groups):
+        missing = sorted({s for g in f.groups for s in g.unmeasured})
+        lines.append(f"* no measured rate for {', '.join(missing)}: counted as free")
+    disk = "; ".join(f"{free:,.0f} MB free at {where}" for where, free in f.disk.items())
+    lines.append(
+        f"memory: peak {f.peak_mb:,.0f} MB of {f.memory_mb:,.0f} MB {f.memory_from}; disk: "
+        f"{f.local_mb:,.0f} MB local ({disk})"
+        + (
+            f"; bucket: {f.bucket_mb:,.0f} MB more on {f.store_now.bytes / MB:,.0f} MB "
+            f"in {f.store_now.objects:,} objects now"
+            if not f.store_now.local
+            else ""
+        )
+    )
+    cal = f.calibration
+    lines.append(
+        f"rates: {cal.engine} engine, {cal.workers} workers on {cal.host} ({cal.measured_at[:10]}, "
+        f"commit {cal.commit[:10]}, demo at "
+        + "/".join(f"{r.get('scale')}x" for r in cal.runs)
+        + ")"
+        + ("; the ray engine's figures are the local engine's" if f.engine != cal.engine else "")
+    )
+    problems = f.problems()
+    lines.append("fits" if not problems else "DOES NOT FIT: " + "; ".join(problems))
+    return "\n".join(lines)
+
+
+def _workers(raw: int | None) -> int:
+    if raw is not None:
+        return raw
+    from megacpp_pipeline.pipeline.parallel import default_workers
+
+    return default_workers()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options `megacpp plan` and `megacpp run` share for a plan."""
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="workers (cores) to plan for (default: MEGACPP_WORKERS, else every CPU)",
+    )
+    p.add_argument(
+        "--memory-mb",
+        type=float,
+        default=None,
+        help="memory a stage group may use (default: this host's)",
+    )
+    p.add_argument(
+        "--disk-mb",
+        type=float,
+        default=None,
+        help="local disk the run may write (default: what is free where it writes)",
+    )
+    p.add_argument("--rates", default=None, help="a rates.json of your own (bench_plan writes one)")
+
+
+def plan_from_args(args: argparse.Namespace, registry: Registry | None = None) -> Forecast:
+    from megacpp_pipeline.stages import default_registry
+
+    registry = registry or default_registry()
+    catalog = load_catalog(args.config, registry)
+    return plan_run(
+        catalog,
+        registry,
+        data_dir=str(args.data_dir),
+        cache_dir=Path(args.cache_dir),
+        workers=_workers(args.workers),
+        engine=args.engine or os.environ.get("MEGACPP_ENGINE") or "local",
+        rates=load_rates(args.rates) if args.rates else None,
+        memory_mb=args.memory_mb,
+        disk_mb=args.disk_mb,
+    )
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    f = plan_from_args(args)
+    print(json.dumps(f.as_dict(), indent=2) if args.json else render(f))
+    problems = f.problems()
+    if problems:
+        print(f"megacpp plan: does not fit: {problems[0]}", file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "size every source without collecting it and forecast each stage group's CPU, wall, "
+        "memory and disk from the bench's measured rates; exit 3 when the run does not fit"
+    )
+    p.add_argument("--config", required=True, help="sources.yaml")
+    p.add_argument("--data-dir", default="data", help="where the run writes (a path or s3://)")
+    p.add_argument(
+        "--cache-dir",
+        default=os.environ.get("MEGACPP_CACHE_DIR", ".cache"),
+        help="per-file results, fetched archives and git mirrors",
+    )
+    p.add_argument("--engine", choices=["local", "ray"], default=None)
+    add_arguments(p)
+    p.add_argument("--json", action="store_true", help="the forecast as JSON")
+    p.set_defaults(func=_cmd)
