@@ -78,10 +78,21 @@ def disk_by_stage(work: Path, stages: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _run(corpus: scaleup.ScaledCorpus, work: Path, label: str) -> endtoend.EndToEnd:
+def _run(
+    corpus: scaleup.ScaledCorpus, work: Path, label: str, workers: int | None = None
+) -> endtoend.EndToEnd:
     shutil.rmtree(work, ignore_errors=True)
     print(f"[plan] {label} ...", file=sys.stderr, flush=True)
-    result = endtoend.run(corpus.catalog, work, label, timeout_s=4 * 3600)
+    saved = os.environ.get("MEGACPP_WORKERS")
+    if workers is not None:
+        os.environ["MEGACPP_WORKERS"] = str(workers)
+    try:
+        result = endtoend.run(corpus.catalog, work, label, timeout_s=4 * 3600)
+    finally:
+        if saved is None:
+            os.environ.pop("MEGACPP_WORKERS", None)
+        else:
+            os.environ["MEGACPP_WORKERS"] = saved
     if result.returncode != 0:
         raise SystemExit(f"{label} failed: {result.error}")
     print(
@@ -93,10 +104,10 @@ def _run(corpus: scaleup.ScaledCorpus, work: Path, label: str) -> endtoend.EndTo
     return result
 
 
-def measure(scale: int, work: Path) -> dict[str, Any]:
+def measure(scale: int, work: Path, workers: int | None = None) -> dict[str, Any]:
     """One scale's run: per registry group, every figure the rates hold."""
     corpus = scaleup.build(scale, BENCH)
-    result = _run(corpus, work, f"{scale}x")
+    result = _run(corpus, work, f"{scale}x" + (f" w{workers}" if workers else ""), workers)
     registry = default_registry()
     disk = disk_by_stage(work, registry.names())
     mb = sum(s.listed.bytes for s in size_sources(load_catalog(corpus.catalog), work)) / MB
@@ -134,14 +145,22 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def fit(runs: list[dict[str, Any]]) -> Rates:
+def fit(runs: list[dict[str, Any]], one_worker: dict[str, Any] | None = None) -> Rates:
+    """Every figure of every group as a line over the runs; the per-worker memory from the
+    smallest run again with one worker (the difference, per worker)."""
     mbs = [r["mb"] for r in runs]
+    workers = default_workers()
     groups = []
     for name in runs[0]["groups"]:
         figures = {
             key: fit_linear(mbs, [r["groups"][name][key] for r in runs])
             for key in runs[0]["groups"][name]
         }
+        if one_worker is not None and workers > 1:
+            more = runs[0]["groups"][name]["tree_peak_mb"]
+            less = one_worker["groups"][name]["tree_peak_mb"]
+            figures["per_worker_mb"] = fit_linear([], [])
+            figures["per_worker_mb"].fixed = round(max(0.0, more - less) / (workers - 1), 1)
         groups.append(GroupRates(stages=name.split(", "), **figures))
     cores = len(os.sched_getaffinity(0))
     return Rates(
@@ -150,7 +169,7 @@ def fit(runs: list[dict[str, Any]]) -> Rates:
             commit=_commit(),
             host=f"{cores} CPUs, {host_memory_mb() / 1000:.1f} GB",
             cores=cores,
-            workers=default_workers(),
+            workers=workers,
             memory_mb=round(host_memory_mb(), 1),
             engine="local",
             runs=[
@@ -165,17 +184,26 @@ def fit(runs: list[dict[str, Any]]) -> Rates:
 
 def calibrate(scales: list[int], work: Path, out: Path) -> dict[str, Any]:
     runs = [measure(scale, work / f"calibrate-{scale}x") for scale in scales]
-    rates = fit(runs)
+    one = measure(scales[0], work / f"calibrate-{scales[0]}x-w1", workers=1)
+    rates = fit(runs, one)
     out.write_text(rates.model_dump_json(indent=2) + "\n")
     print(f"[plan] rates -> {out}", file=sys.stderr)
-    return {"scales": scales, "runs": runs, "rates": rates.model_dump(), "written": str(out)}
+    return {
+        "scales": scales,
+        "runs": runs,
+        "one_worker": one,
+        "rates": rates.model_dump(),
+        "written": str(out),
+    }
 
 
 def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("inf")
 
 
-def predict(corpus: scaleup.ScaledCorpus, work: Path, rates: Rates) -> Forecast:
+def predict(
+    corpus: scaleup.ScaledCorpus, work: Path, rates: Rates, workers: int | None = None
+) -> Forecast:
     """The forecast `megacpp plan` prints for this run (same sizing, same rates)."""
     registry = default_registry()
     catalog = load_catalog(corpus.catalog, registry)
@@ -186,24 +214,31 @@ def predict(corpus: scaleup.ScaledCorpus, work: Path, rates: Rates) -> Forecast:
         size_sources(catalog, work / "cache"),
         data_dir=str(work / "data"),
         cache_dir=work / "cache",
-        workers=default_workers(),
+        workers=workers or default_workers(),
         rates=rates,
         store_now=store_usage(str(work / "data")),
     )
 
 
-def accuracy(scales: list[int], work: Path, rates: Rates) -> dict[str, Any]:
+def accuracy(
+    scales: list[int], work: Path, rates: Rates, one_worker: bool = False
+) -> dict[str, Any]:
+    """Each scale planned, then run fresh; with `one_worker`, the smallest scale again on one
+    worker (the forecast moved off the calibration's workers)."""
     rows = []
-    for scale in scales:
+    cases = [(scale, None) for scale in scales] + ([(scales[0], 1)] if one_worker else [])
+    for scale, workers in cases:
         corpus = scaleup.build(scale, BENCH)
-        run_dir = work / f"accuracy-{scale}x"
+        label = f"{scale}x" + (f" w{workers}" if workers else "")
+        run_dir = work / f"accuracy-{label.replace(' ', '-')}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        plan = predict(corpus, run_dir, rates)
-        result = _run(corpus, run_dir, f"{scale}x")
+        plan = predict(corpus, run_dir, rates, workers)
+        result = _run(corpus, run_dir, label, workers)
         largest = max((g.largest_process_mb for g in result.stages), default=0.0)
         disk = _tree_mb(run_dir / "data") + _tree_mb(run_dir / "cache" / "file-results")
         row = {
             "scale": scale,
+            "workers": plan.workers,
             "files": plan.files,
             "mb_in": round(plan.mb_in, 1),
             "wall_s": {"predicted": round(plan.wall_s, 1), "measured": round(result.wall_s, 1)},
@@ -236,7 +271,7 @@ def accuracy(scales: list[int], work: Path, rates: Rates) -> dict[str, Any]:
         )
         rows.append(row)
         print(
-            f"[plan] {scale}x: wall {row['wall_s']}, peak {row['peak_mb']}",
+            f"[plan] {label}: wall {row['wall_s']}, peak {row['peak_mb']}",
             file=sys.stderr,
             flush=True,
         )
@@ -251,13 +286,14 @@ def accuracy(scales: list[int], work: Path, rates: Rates) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = [
-        "| demo | MB | wall s: plan / run | error | peak MB: plan / run | error |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| demo | workers | MB | wall s: plan / run | error | peak MB: plan / run | error |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         w, p = r["wall_s"], r["peak_mb"]
         out.append(
-            f"| {r['scale']}x | {r['mb_in']} | {w['predicted']} / {w['measured']} | "
+            f"| {r['scale']}x | {r['workers']} | {r['mb_in']} | "
+            f"{w['predicted']} / {w['measured']} | "
             f"{w['error']:+.0%} | {p['predicted']:,.0f} / {p['measured']:,.0f} | "
             f"{p['error']:+.0%} |"
         )
@@ -336,6 +372,9 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=4)
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--train", action="store_true")
+    parser.add_argument(
+        "--one-worker", action="store_true", help="accuracy: the smallest scale on one worker too"
+    )
     parser.add_argument("--rates", type=Path, default=SHIPPED, help="written / read")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
@@ -344,7 +383,8 @@ def main() -> None:
     if args.what == "calibrate":
         result = calibrate(scales, work, args.rates)
     elif args.what == "accuracy":
-        result = accuracy(scales, work, Rates.model_validate_json(args.rates.read_bytes()))
+        rates = Rates.model_validate_json(args.rates.read_bytes())
+        result = accuracy(scales, work, rates, args.one_worker)
     else:
         result = refresh(args.scale, args.changed, work, args.train)
     result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")

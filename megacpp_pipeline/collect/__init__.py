@@ -86,7 +86,7 @@ def list_source(spec: SourceSpec, uri: str, *, cache_dir: Path, limits: CollectL
     if spec.kind == "git":
         return git_listing(spec, uri, cache_dir, scope, limits)
     if spec.kind == "archive":
-        return archive_listing(spec, uri, cache_dir, scope)
+        return archive_listing(spec, uri, cache_dir, scope, limits)
     if spec.kind == "dir":
         return dir_listing(spec, uri, scope, limits)
     if spec.kind == "jsonl":

@@ -205,13 +205,15 @@ def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
                 yield replace(entry, content=spool.read(size))
 
 
-def archive_listing(spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope) -> Listed:
+def archive_listing(
+    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, limits: CollectLimits
+) -> Listed:
     """The wanted members of the (verified) archive and their sizes, from its member list: a
     zip's central directory, a tar's headers (a compressed tar is decompressed to walk them,
-    but no member is kept)."""
+    but no member is kept); the members collection's bounds would refuse are left out."""
     assert spec.sha256 is not None
     path = fetch_archive(uri, spec.sha256, cache_dir)
-    files = size = 0
+    budget = _Budget(limits)
     members: list[tuple[str, int]] = []
     if path.name.lower().endswith((".zip", ".whl")):
         with zipfile.ZipFile(path) as zf:
@@ -225,10 +227,9 @@ def archive_listing(spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope) -
         with _open_tar(path) as tf:
             members = [(m.name, m.size) for m in tf if m.isreg()]
         how = "tar member headers"
-    for name, n in members:
+    for name, n in sorted(members):
         rel = safe_relpath(name)
         rel2 = scope.relative(rel) if rel is not None else None
-        if rel2 is not None and scope.classify(rel2) is None:
-            files += 1
-            size += n
-    return Listed(spec.sha256, files, size, how)
+        if rel2 is not None and scope.classify(rel2) is None and budget.refuse(n) is None:
+            budget.take(n)
+    return Listed(spec.sha256, budget.files, budget.bytes, how)

@@ -9,7 +9,8 @@ of the filesystem they land on, is refused by name and figure (`megacpp plan` ex
 How figures move off the calibration host: CPU seconds and memory follow the MB collected
 (rates.py); wall keeps its serial part (the driver's CPU and what is not CPU: start-up, I/O)
 and divides its parallel part, the workers' CPU, by the workers; all-process memory adds or
-removes one calibration worker's share per worker."""
+removes, per worker, what one more worker added in the calibration (measured at one worker
+and at the calibration's workers)."""
 
 from __future__ import annotations
 
@@ -199,8 +200,7 @@ def forecast(
         wall = wall_cal - parallel + parallel * cal.workers / workers
         driver_peak = rated.driver_peak_mb.at(mb)
         tree = rated.tree_peak_mb.at(mb)
-        per_worker = max(0.0, tree - driver_peak) / cal.workers
-        peak = max(driver_peak, tree + (workers - cal.workers) * per_worker)
+        peak = max(driver_peak, tree + (workers - cal.workers) * rated.per_worker_mb.at(mb))
         written = rated.store_mb.at(mb)
         local = written if store_now.local else rated.local_build_mb.at(mb)
         groups.append(

@@ -40,13 +40,22 @@ def fit_linear(mb: Sequence[float], values: Sequence[float]) -> Linear:
     if x.size == 0:
         return Linear()
     if x.size == 1 or np.ptp(x) == 0:
-        return Linear(per_mb=float(y.mean() / x.mean())) if x.mean() else Linear(fixed=y.mean())
-    slope, intercept = np.polyfit(x, y, 1)
-    if slope < 0:
-        return Linear(fixed=float(y.mean()))
-    if intercept < 0:
-        return Linear(per_mb=float((x @ y) / (x @ x)))
-    return Linear(fixed=float(intercept), per_mb=float(slope))
+        line = Linear(per_mb=y.mean() / x.mean()) if x.mean() else Linear(fixed=y.mean())
+    else:
+        slope, intercept = np.polyfit(x, y, 1)
+        if slope < 0:
+            line = Linear(fixed=y.mean())
+        elif intercept < 0:
+            line = Linear(per_mb=(x @ y) / (x @ x))
+        else:
+            line = Linear(fixed=intercept, per_mb=slope)
+    return Linear(fixed=_round(line.fixed), per_mb=_round(line.per_mb))
+
+
+def _round(value: float) -> float:
+    """Six significant digits: what a few runs on a shared host support, and a rates file a
+    person can read."""
+    return float(f"{float(value):.6g}")
 
 
 class GroupRates(BaseModel):
@@ -62,6 +71,9 @@ class GroupRates(BaseModel):
     tree_peak_mb: Linear  # every process of the run together (PSS, shared pages once)
     store_mb: Linear  # what the group leaves in the data dir and the per-file cache
     local_build_mb: Linear  # of that, what is built on local disk even with an object store
+    # what one more worker adds to every process together: the same run measured with one
+    # worker and with the calibration's workers, the difference per worker
+    per_worker_mb: Linear = Field(default_factory=Linear)
 
 
 class Calibration(BaseModel):

@@ -88,6 +88,8 @@ def test_the_run_plan_is_five_runs_whatever_the_number_of_sources(tmp_path: Path
         ("documents", "packed_rows", "snapshot", "megatron_dataset", "quality_report"),
     ]
     assert [g.per_source for g in plans[0]] == [False, True, False, True, False]
+    # the library's groups (what `megacpp plan` sizes) are the runs Dagster's graph gives
+    assert [set(g.keys) for g in plans[0]] == [set(g) for g in default_registry().run_groups()]
 
 
 def test_code_version_moves_with_the_stage_config_and_only_that_stage(tmp_path: Path) -> None:
