@@ -8,6 +8,8 @@ the tokenizer was kept. A later tick with nothing new launches nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -104,7 +106,7 @@ class Deployment:
         )
 
     def instance(self) -> dg.DagsterInstance:
-        return dg.DagsterInstance.from_ref(dg.InstanceRef.from_dir(str(self.home)))
+        return dg.DagsterInstance.local_temp(tempdir=str(self.home))  # its dagster.yaml
 
     def snapshot(self) -> Path | None:
         store = ShardStore(str(self.data))
@@ -159,13 +161,16 @@ def daemon(deployment: Deployment) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield proc
     finally:
-        if proc.poll() is None:
+        # the daemon, its code server and the runs it launched share its process group
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         log.close()
 
 
@@ -225,6 +230,16 @@ def test_a_real_tick_refreshes_and_promotes_a_snapshot_that_keeps_the_tokenizer(
     )
     assert [r.status for r in refresh_runs] == [dg.DagsterRunStatus.SUCCESS]
     assert refresh_runs[0].tags.get("dagster/schedule_name") == "nightly_refresh"
+    # the cascade started after the refresh ended, one run group at a time, never beside it
+    cascade = sorted(
+        (instance.get_run_stats(r.run_id) for r in instance.get_runs()
+         if r.tags.get("dagster/sensor_name") == "nightly_cascade"),
+        key=lambda stats: stats.start_time or 0,
+    )  # fmt: skip
+    refreshed = instance.get_run_stats(refresh_runs[0].run_id)
+    assert len(cascade) == 3  # dedup .. tokenizer, enrich + tokenize, documents .. report
+    assert cascade[0].start_time > refreshed.end_time
+    assert all(a.end_time <= b.start_time for a, b in itertools.pairwise(cascade))
 
     manifest = read_manifest(second)
     assert manifest.sources["upstream"].revision == moved
