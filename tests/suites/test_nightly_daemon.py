@@ -106,7 +106,7 @@ class Deployment:
         )
 
     def instance(self) -> dg.DagsterInstance:
-        return dg.DagsterInstance.local_temp(tempdir=str(self.home))  # its dagster.yaml
+        return dg.DagsterInstance.get()  # DAGSTER_HOME is the deployment's (the fixture)
 
     def snapshot(self) -> Path | None:
         store = ShardStore(str(self.data))
@@ -116,7 +116,7 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Deployment:
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
     repo = tmp_path / "upstream"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
@@ -143,6 +143,8 @@ def deployment(tmp_path: Path) -> Deployment:
         "MEGACPP_WORKERS": "2",
         "PYTHONWARNINGS": "ignore",
     }
+    # this process reads the same instance (the repo's event log storage wants DAGSTER_HOME)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
     return Deployment(tmp_path, repo, tmp_path / "data", home, env)
 
 
@@ -260,7 +262,7 @@ def test_a_real_tick_refreshes_and_promotes_a_snapshot_that_keeps_the_tokenizer(
 
     def skipped_tick() -> bool:
         ticks = [t for t in _schedule_ticks(instance) if t.timestamp > since]
-        return any(t.status == dg.TickStatus.SKIPPED for t in ticks)
+        return any(t.status.value == "SKIPPED" for t in ticks)
 
     _wait("a schedule tick after the refresh", skipped_tick, 180, deployment)
     time.sleep(45)  # a cascade sensor tick or two after it
