@@ -9,22 +9,23 @@ from pathlib import Path
 
 from assets.defs import DEFAULT_CACHE_DIR
 from megacpp_pipeline import cli
-from megacpp_pipeline.plan import forecast
+from megacpp_pipeline.plan import command as plan_command
 from megacpp_pipeline.plan.rates import RatesError
+from megacpp_pipeline.plan.table import render
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     if not args.no_plan:  # the same check as `megacpp plan`, before any work
         try:
-            plan = forecast.plan_from_args(args)
+            plan = plan_command.plan_from_args(args)
         except RatesError as e:  # no rates to plan with: say so, and run unchecked
             print(f"plan: not checked ({e})", file=sys.stderr)
             return _run(args)
         problems = plan.problems()
         if problems:
-            print(forecast.render(plan), file=sys.stderr)
+            print(render(plan), file=sys.stderr)
             print(f"megacpp run: does not fit, not started: {problems[0]}", file=sys.stderr)
-            return forecast.EXIT_DOES_NOT_FIT
+            return plan_command.EXIT_DOES_NOT_FIT
         print(
             f"plan: {plan.files:,} files, {plan.mb_in:,.1f} MB; about {plan.wall_s:,.0f} s on "
             f"{plan.workers} workers, peak {plan.peak_mb:,.0f} of {plan.memory_mb:,.0f} MB, "
@@ -79,7 +80,7 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         help="the Ray cluster for --engine ray (default: RAY_ADDRESS, else a local Ray "
         "instance sized to this machine)",
     )
-    forecast.add_arguments(p)
+    plan_command.add_arguments(p)
     p.add_argument(
         "--no-plan",
         action="store_true",

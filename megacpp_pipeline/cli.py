@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from megacpp_pipeline.collect import CollectError, jsonl_stream
 from megacpp_pipeline.core.catalog import CatalogError
-from megacpp_pipeline.plan import forecast
+from megacpp_pipeline.plan import command as plan_command
 from megacpp_pipeline.plan.rates import RatesError
 from megacpp_pipeline.snapshot import diff, explain, verify
 from megacpp_pipeline.storage.store import StoreError
@@ -38,7 +38,7 @@ def _register_jsonl(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, Register] = {
-    "plan": forecast.register,
+    "plan": plan_command.register,
     **verify.COMMANDS,
     "explain": verify.with_one_line_errors(explain.register),
     "diff": verify.with_one_line_errors(diff.register),

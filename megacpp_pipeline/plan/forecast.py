@@ -4,7 +4,7 @@ workers, the peak memory of its driver, of its largest worker and of all its pro
 together, and the disk it writes, locally and to a bucket; then whether the run fits. A
 group that needs more memory than the host has, or a run whose writes outgrow the free disk
 of the filesystem they land on, is refused by name and figure (`megacpp plan` exits 3, and
-`megacpp run` does not start).
+`megacpp run` does not start: plan/command.py; the table: plan/table.py).
 
 How figures move off the calibration host: CPU seconds and memory follow the MB collected
 (rates.py); wall keeps its serial part (the driver's CPU and what is not CPU: start-up, I/O)
@@ -14,15 +14,11 @@ and at the calibration's workers)."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megacpp_pipeline.core.catalog import Catalog, load_catalog
+from megacpp_pipeline.core.catalog import Catalog
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.plan.rates import Calibration, Rates, load_rates
 from megacpp_pipeline.plan.sizing import (
@@ -34,12 +30,6 @@ from megacpp_pipeline.plan.sizing import (
     size_sources,
     store_usage,
 )
-
-EXIT_DOES_NOT_FIT = 3
-
-
-class PlanRefused(Exception):
-    """The run will not fit; the message names the stage group and the figure."""
 
 
 @dataclass
@@ -265,154 +255,3 @@ def plan_run(
         memory_mb=memory_mb,
         disk_mb=disk_mb,
     )
-
-
-def _row(cells: list[str], widths: list[int]) -> str:
-    return "  ".join(
-        c.ljust(w) if i == 0 else c.rjust(w)
-        for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-    )
-
-
-def render(f: Forecast) -> str:
-    """The plan as one table (sources above it, the verdict below)."""
-    lines = [
-        f"plan for {f.name}: {len(f.sources)} sources, {f.files:,} files, {f.mb_in:,.1f} MB "
-        f"(listed, not collected); {f.workers} workers, engine {f.engine}"
-    ]
-    for s in f.sources:
-        lines.append(
-            f"  {s.source:<20} {s.kind:<8} {s.listed.files:>9,} files {s.listed.bytes / MB:>10,.1f}"
-            f" MB   {s.listed.how}"
-        )
-    header = ["stage group", "CPU s", "wall s", "driver MB", "worker MB", "peak MB",
-              "local MB", "bucket MB"]  # fmt: skip
-    body = [
-        [
-            g.label + (" *" if g.unmeasured else ""),
-            f"{g.cpu_s:,.1f}",
-            f"{g.wall_s:,.1f}",
-            f"{g.driver_peak_mb:,.0f}",
-            f"{g.worker_peak_mb:,.0f}",
-            f"{g.peak_mb:,.0f}",
-            f"{g.local_mb:,.1f}",
-            f"{g.bucket_mb:,.1f}",
-        ]
-        for g in f.groups
-    ]
-    body.append(
-        [
-            "the run (with start-up)",
-            f"{f.cpu_s:,.1f}",
-            f"{f.wall_s:,.1f}",
-            "",
-            "",
-            f"{f.peak_mb:,.0f}",
-            f"{f.local_mb:,.1f}",
-            f"{f.bucket_mb:,.1f}",
-        ]
-    )
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines += ["", _row(header, widths), *(_row(r, widths) for r in body), ""]
-    if any(g.unmeasured for g in f.groups):
-        missing = sorted({s for g in f.groups for s in g.unmeasured})
-        lines.append(f"* no measured rate for {', '.join(missing)}: counted as free")
-    disk = "; ".join(f"{free:,.0f} MB free at {where}" for where, free in f.disk.items())
-    lines.append(
-        f"memory: peak {f.peak_mb:,.0f} MB of {f.memory_mb:,.0f} MB {f.memory_from}; disk: "
-        f"{f.local_mb:,.0f} MB local ({disk})"
-        + (
-            f"; bucket: {f.bucket_mb:,.0f} MB more on {f.store_now.bytes / MB:,.0f} MB "
-            f"in {f.store_now.objects:,} objects now"
-            if not f.store_now.local
-            else ""
-        )
-    )
-    cal = f.calibration
-    lines.append(
-        f"rates: {cal.engine} engine, {cal.workers} workers on {cal.host} ({cal.measured_at[:10]}, "
-        f"commit {cal.commit[:10]}, demo at "
-        + "/".join(f"{r.get('scale')}x" for r in cal.runs)
-        + ")"
-        + ("; the ray engine's figures are the local engine's" if f.engine != cal.engine else "")
-    )
-    problems = f.problems()
-    lines.append("fits" if not problems else "DOES NOT FIT: " + "; ".join(problems))
-    return "\n".join(lines)
-
-
-def _workers(raw: int | None) -> int:
-    if raw is not None:
-        return raw
-    from megacpp_pipeline.pipeline.parallel import default_workers
-
-    return default_workers()
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options `megacpp plan` and `megacpp run` share for a plan."""
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="workers (cores) to plan for (default: MEGACPP_WORKERS, else every CPU)",
-    )
-    p.add_argument(
-        "--memory-mb",
-        type=float,
-        default=None,
-        help="memory a stage group may use (default: this host's)",
-    )
-    p.add_argument(
-        "--disk-mb",
-        type=float,
-        default=None,
-        help="local disk the run may write (default: what is free where it writes)",
-    )
-    p.add_argument("--rates", default=None, help="a rates.json of your own (bench_plan writes one)")
-
-
-def plan_from_args(args: argparse.Namespace, registry: Registry | None = None) -> Forecast:
-    from megacpp_pipeline.stages import default_registry
-
-    registry = registry or default_registry()
-    catalog = load_catalog(args.config, registry)
-    return plan_run(
-        catalog,
-        registry,
-        data_dir=str(args.data_dir),
-        cache_dir=Path(args.cache_dir),
-        workers=_workers(args.workers),
-        engine=args.engine or os.environ.get("MEGACPP_ENGINE") or "local",
-        rates=load_rates(args.rates) if args.rates else None,
-        memory_mb=args.memory_mb,
-        disk_mb=args.disk_mb,
-    )
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    f = plan_from_args(args)
-    print(json.dumps(f.as_dict(), indent=2) if args.json else render(f))
-    problems = f.problems()
-    if problems:
-        print(f"megacpp plan: does not fit: {problems[0]}", file=sys.stderr)
-        return EXIT_DOES_NOT_FIT
-    return 0
-
-
-def register(p: argparse.ArgumentParser) -> None:
-    p.description = (
-        "size every source without collecting it and forecast each stage group's CPU, wall, "
-        "memory and disk from the bench's measured rates; exit 3 when the run does not fit"
-    )
-    p.add_argument("--config", required=True, help="sources.yaml")
-    p.add_argument("--data-dir", default="data", help="where the run writes (a path or s3://)")
-    p.add_argument(
-        "--cache-dir",
-        default=os.environ.get("MEGACPP_CACHE_DIR", ".cache"),
-        help="per-file results, fetched archives and git mirrors",
-    )
-    p.add_argument("--engine", choices=["local", "ray"], default=None)
-    add_arguments(p)
-    p.add_argument("--json", action="store_true", help="the forecast as JSON")
-    p.set_defaults(func=_cmd)
