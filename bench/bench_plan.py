@@ -62,18 +62,21 @@ def _tree_mb(path: Path) -> float:
 
 
 def disk_by_stage(work: Path, stages: list[str]) -> dict[str, dict[str, float]]:
-    """What each stage left: its versions in the data dir and its per-file results in the
-    cache; the snapshot and the Megatron export also count what they built (the snapshot
-    folder, the export), which stays local even with an object store."""
+    """What each stage left: its versions in the data dir, its per-file results in the
+    cache; the snapshot and the Megatron export also count the folders they built, which
+    stay on local disk even with an object store."""
     data, cache = work / "data", work / "cache"
     out = {}
     for stage in stages:
-        store = _tree_mb(data / "assets" / stage) + _tree_mb(cache / "file-results" / stage)
-        out[stage] = {"store_mb": store, "local_build_mb": 0.0}
+        out[stage] = {
+            "data_mb": _tree_mb(data / "assets" / stage),
+            "cache_mb": _tree_mb(cache / "file-results" / stage),
+            "local_build_mb": 0.0,
+        }
     built = {"snapshot": data / "snapshots", "megatron_dataset": data / "megatron"}
     for stage, folder in built.items():
         if stage in out:
-            out[stage]["store_mb"] += _tree_mb(folder)
+            out[stage]["data_mb"] += _tree_mb(folder)
             out[stage]["local_build_mb"] += _tree_mb(folder)
     return out
 
@@ -124,7 +127,8 @@ def measure(scale: int, work: Path, workers: int | None = None) -> dict[str, Any
             "driver_peak_mb": g.process_peak_rss_mb,
             "largest_process_mb": g.largest_process_mb,
             "tree_peak_mb": g.peak_rss_mb,
-            "store_mb": sum(disk[s]["store_mb"] for s in stages),
+            "data_mb": sum(disk[s]["data_mb"] for s in stages),
+            "cache_mb": sum(disk[s]["cache_mb"] for s in stages),
             "local_build_mb": sum(disk[s]["local_build_mb"] for s in stages),
         }
     return {

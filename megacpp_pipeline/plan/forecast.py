@@ -41,9 +41,14 @@ class GroupForecast:
     driver_peak_mb: float
     worker_peak_mb: float  # the largest single process
     peak_mb: float  # every process of the group's run at once, at `workers`
-    local_mb: float  # written to local disk (data dir and cache, or the cache only)
+    data_mb: float  # written to a local data dir (0 with an object store)
+    cache_mb: float  # written to the cache dir (per-file results, or local builds)
     bucket_mb: float  # written to the object store (0 for a local data dir)
     unmeasured: list[str] = field(default_factory=list)  # stages no calibration group holds
+
+    @property
+    def local_mb(self) -> float:
+        return self.data_mb + self.cache_mb
 
     @property
     def label(self) -> str:
@@ -63,7 +68,8 @@ class Forecast:
     groups: list[GroupForecast]
     memory_mb: float  # what a group may use
     memory_from: str
-    disk: dict[str, float]  # where the run writes locally -> free MB there
+    # where the run writes locally -> (free MB there, which of "data" and "cache" land there)
+    disk: dict[str, tuple[float, tuple[str, ...]]]
     store_now: StoreUsage
     calibration: Calibration
 
@@ -106,16 +112,14 @@ class Forecast:
                     f"workers (driver {g.driver_peak_mb:,.0f} MB, largest worker "
                     f"{g.worker_peak_mb:,.0f} MB); {self.memory_mb:,.0f} MB {self.memory_from}"
                 )
-        if self.disk:
+        for where, (free, parts) in self.disk.items():
             written = 0.0
-            free = min(self.disk.values())
-            where = min(self.disk, key=lambda k: self.disk[k])
             for g in self.groups:
-                written += g.local_mb
+                written += sum(getattr(g, f"{part}_mb") for part in parts)
                 if written > free:
                     out.append(
-                        f"stage group {g.label}: the run has written {written:,.0f} MB of local "
-                        f"disk by its end; {free:,.0f} MB free at {where}"
+                        f"stage group {g.label}: the run has written {_mb(written)} to "
+                        f"{' and '.join(parts)} by its end; {_mb(free)} free at {where}"
                     )
                     break
         return out
@@ -142,11 +146,15 @@ class Forecast:
             "local_mb": round(self.local_mb, 3),
             "bucket_mb": round(self.bucket_mb, 3),
             "memory_mb": round(self.memory_mb, 1),
-            "disk_free_mb": {k: round(v, 1) for k, v in self.disk.items()},
+            "disk_free_mb": {k: round(free, 1) for k, (free, _) in self.disk.items()},
             "store_now": asdict(self.store_now),
             "problems": self.problems(),
             "calibration": self.calibration.model_dump(),
         }
+
+
+def _mb(value: float) -> str:
+    return f"{value:,.0f} MB" if value >= 10 else f"{value:.2f} MB"
 
 
 def _device(path: str | Path) -> int:
@@ -182,7 +190,7 @@ def forecast(
     for stages in registry.run_groups():
         rated, unmeasured = rates.for_group(stages)
         if rated is None:  # a group of stages nothing measured: say so, count it as free
-            groups.append(GroupForecast(stages, 0, 0, 0, 0, 0, 0, 0, 0, list(stages)))
+            groups.append(GroupForecast(stages, 0, 0, 0, 0, 0, 0, 0, 0, 0, list(stages)))
             continue
         cpu, driver_cpu = rated.cpu_s.at(mb), rated.driver_cpu_s.at(mb)
         wall_cal = rated.wall_s.at(mb)
@@ -191,8 +199,7 @@ def forecast(
         driver_peak = rated.driver_peak_mb.at(mb)
         tree = rated.tree_peak_mb.at(mb)
         peak = max(driver_peak, tree + (workers - cal.workers) * rated.per_worker_mb.at(mb))
-        written = rated.store_mb.at(mb)
-        local = written if store_now.local else rated.local_build_mb.at(mb)
+        data, cache = rated.data_mb.at(mb), rated.cache_mb.at(mb)
         groups.append(
             GroupForecast(
                 stages=stages,
@@ -202,17 +209,24 @@ def forecast(
                 driver_peak_mb=driver_peak,
                 worker_peak_mb=rated.largest_process_mb.at(mb),
                 peak_mb=peak,
-                local_mb=local,
-                bucket_mb=0.0 if store_now.local else written,
+                data_mb=data if store_now.local else 0.0,
+                cache_mb=cache if store_now.local else rated.local_build_mb.at(mb),
+                bucket_mb=0.0 if store_now.local else data + cache,
                 unmeasured=unmeasured,
             )
         )
+    disk: dict[str, tuple[float, tuple[str, ...]]]
     if disk_mb is not None:
-        disk = {"(given)": disk_mb}
-    else:  # the data dir (when local) and the cache: once if they share a filesystem
-        places = [str(cache_dir)] + ([data_dir] if store_now.local else [])
-        by_device = {_device(p): p for p in places}
-        disk = {p: free_disk_mb(p) for p in by_device.values()}
+        disk = {"(given)": (disk_mb, ("data", "cache"))}
+    else:  # the data dir (when local) and the cache dir, as one when they share a filesystem
+        places: dict[int, tuple[str, tuple[str, ...]]] = {}
+        for part, path in (("cache", str(cache_dir)), ("data", data_dir)):
+            if part == "data" and not store_now.local:
+                continue
+            dev = _device(path)
+            where, parts = places.get(dev, (path, ()))
+            places[dev] = (where, (*parts, part))
+        disk = {where: (free_disk_mb(where), parts) for where, parts in places.values()}
     return Forecast(
         name=catalog.snapshot,
         sources=sources,

@@ -69,8 +69,9 @@ class GroupRates(BaseModel):
     driver_peak_mb: Linear  # the Dagster run's own high-water mark (VmHWM)
     largest_process_mb: Linear  # the largest single process (a worker, or the driver)
     tree_peak_mb: Linear  # every process of the run together (PSS, shared pages once)
-    store_mb: Linear  # what the group leaves in the data dir and the per-file cache
-    local_build_mb: Linear  # of that, what is built on local disk even with an object store
+    data_mb: Linear  # what the group leaves in the data dir (versions, snapshot, export)
+    cache_mb: Linear  # its per-file results (the cache dir; in the bucket with an object store)
+    local_build_mb: Linear  # built on local disk even with an object store (snapshot, export)
     # what one more worker adds to every process together: the same run measured with one
     # worker and with the calibration's workers, the difference per worker
     per_worker_mb: Linear = Field(default_factory=Linear)

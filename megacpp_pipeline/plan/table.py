@@ -57,7 +57,7 @@ def render(f: Forecast) -> str:
     if any(g.unmeasured for g in f.groups):
         missing = sorted({s for g in f.groups for s in g.unmeasured})
         lines.append(f"* no measured rate for {', '.join(missing)}: counted as free")
-    disk = "; ".join(f"{free:,.0f} MB free at {where}" for where, free in f.disk.items())
+    disk = "; ".join(f"{free:,.0f} MB free at {where}" for where, (free, _) in f.disk.items())
     lines.append(
         f"memory: peak {f.peak_mb:,.0f} MB of {f.memory_mb:,.0f} MB {f.memory_from}; disk: "
         f"{f.local_mb:,.0f} MB local ({disk})"

@@ -155,7 +155,7 @@ def rates(workers: int = 2) -> Rates:
                 driver_peak_mb=line(fixed=300),
                 tree_peak_mb=line(fixed=300),
                 largest_process_mb=line(fixed=300),
-                store_mb=line(fixed=0.1),
+                data_mb=line(fixed=0.1),
             ),
             group(
                 others,
@@ -166,7 +166,8 @@ def rates(workers: int = 2) -> Rates:
                 tree_peak_mb=line(fixed=600, per_mb=2.0),
                 largest_process_mb=line(fixed=350),
                 per_worker_mb=line(fixed=100),
-                store_mb=line(per_mb=10.0),
+                data_mb=line(per_mb=8.0),
+                cache_mb=line(per_mb=2.0),
                 local_build_mb=line(per_mb=1.0),
             ),
         ],
@@ -204,7 +205,7 @@ def test_figures_follow_the_corpus_and_the_workers(tmp_path: Path) -> None:
     assert g8.peak_mb == 800.0 + 6 * 100
     # an object store: what the stages write goes to the bucket; the snapshot builds locally
     s3 = _forecast(100, 2, local=False, root=tmp_path / "c").groups[-1]
-    assert (s3.local_mb, s3.bucket_mb) == (100.0, 1000.0)
+    assert (s3.data_mb, s3.cache_mb, s3.bucket_mb) == (0.0, 100.0, 1000.0)
 
 
 def test_a_group_that_needs_more_memory_than_given_is_named_with_its_figure(
@@ -222,7 +223,7 @@ def test_a_group_that_needs_more_memory_than_given_is_named_with_its_figure(
 
 def test_a_run_that_outgrows_the_free_disk_is_named_where_it_crosses(tmp_path: Path) -> None:
     (problem,) = _forecast(100, 2, root=tmp_path, disk_mb=500.0).problems()
-    assert "has written 1,000 MB of local disk by its end; 500 MB free at (given)" in problem
+    assert "has written 1,000 MB to data and cache by its end; 500 MB free at (given)" in problem
 
 
 def megacpp(*argv: str) -> tuple[int, str, str]:

@@ -50,7 +50,7 @@ def test_every_registry_stage_is_an_asset_with_its_checks_deps_and_grain(graph: 
     snapshot = {
         c.name for c in graph.asset_check_keys if c.asset_key.to_user_string() == "snapshot"
     }
-    assert len(snapshot) == 10  # nine from verify, and no removed content
+    assert len(snapshot) == 11  # ten from verify (the text release too), no removed content
 
 
 def test_a_per_file_gate_gets_the_two_standard_checks(graph: Any) -> None:
