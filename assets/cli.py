@@ -1,17 +1,23 @@
 """The installed `megacpp` command: the library's commands plus `run`, which materializes
-the whole DAG through Dagster (this shell). `python -m assets.cli` is the same."""
+the whole DAG through Dagster (this shell), and `cache verify|prune` over the result cache
+where `run` keeps it. `python -m assets.cli` is the same."""
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import pyarrow.fs as pafs
 
 from assets.defs import DEFAULT_CACHE_DIR
 from megacpp_pipeline import cli
 from megacpp_pipeline.plan import command as plan_command
 from megacpp_pipeline.plan.rates import RatesError
 from megacpp_pipeline.plan.table import render
+from megacpp_pipeline.storage import file_cache_audit
+from megacpp_pipeline.storage.store import ShardStore
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -36,9 +42,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from assets.runner import PipelineFailed, run_pipeline
-
     try:
+        from assets.runner import PipelineFailed, PipelineInterrupted, run_pipeline
+
         outcome = run_pipeline(
             Path(args.config),
             args.data_dir,
@@ -49,6 +55,12 @@ def _run(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             workers=args.workers,
         )
+    except KeyboardInterrupt:  # before the run's own handlers were installed
+        print("megacpp run: interrupted before any stage started", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except PipelineInterrupted as e:
+        print(f"megacpp run: {e}", file=sys.stderr)
+        return 128 + (e.signal or signal.SIGINT)
     except PipelineFailed as e:
         print(f"megacpp run: FAILED: {e}", file=sys.stderr)
         return 1
@@ -92,8 +104,72 @@ def _register_run(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_run)
 
 
+def _cache_location(args: argparse.Namespace) -> tuple[pafs.FileSystem, str]:
+    """Where `megacpp run` keeps the per-file result cache for these dirs: in the store's
+    `file-results/` when the data dir is an object store, else under the cache dir."""
+    if "://" in str(args.data_dir):
+        store = ShardStore(str(args.data_dir))
+        return store.fs, store.join("file-results")
+    return pafs.LocalFileSystem(), str((Path(args.cache_dir) / "file-results").resolve())
+
+
+def _current_code_versions(config: str) -> dict[str, set[str]]:
+    """Per-file stage -> the code version the catalog's sources run it at now."""
+    from megacpp_pipeline.pipeline.catalog import load_catalog
+    from megacpp_pipeline.stages import default_registry
+
+    registry = default_registry()
+    catalog = load_catalog(config, registry)
+    return {s.name: {registry.code_version(s, catalog)} for s in registry if s.gate is not None}
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    fs, root = _cache_location(args)
+    current = _current_code_versions(args.config) if getattr(args, "config", None) else None
+    found = file_cache_audit.audit(fs, root, current=current)
+    summary = f"result cache {root}: {found.entries} entries for {found.files} files proved"
+    if args.action == "verify":
+        for path, why in found.broken:
+            print(f"{path}: {why}")
+        debris = f"; {len(found.debris)} objects a writer left" if found.debris else ""
+        stale = f"; {len(found.stale)} folders no run reads" if found.stale else ""
+        print(f"{summary}, {len(found.broken)} broken{debris}{stale}", file=sys.stderr)
+        if found.broken or found.debris or found.stale:
+            print("megacpp cache prune removes what is broken or left over", file=sys.stderr)
+        return 1 if found.broken else 0
+    removed = file_cache_audit.prune(fs, found, dry_run=args.dry_run)
+    for line in removed:
+        print(line)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{summary}; {verb} {len(removed)}", file=sys.stderr)
+    return 0
+
+
+def _register_cache(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "check (verify) or trim (prune) the per-file result cache: every entry proven as a "
+        "run proves it; prune removes broken entries, what a crashed writer left, and (with "
+        "--config) the code versions no stage runs any more"
+    )
+    actions = p.add_subparsers(dest="action", required=True)
+    for action in ("verify", "prune"):
+        sub = actions.add_parser(action)
+        sub.add_argument("--data-dir", default="data", help="as given to megacpp run")
+        sub.add_argument(
+            "--cache-dir",
+            default=os.environ.get("MEGACPP_CACHE_DIR", str(DEFAULT_CACHE_DIR)),
+            help="as megacpp run uses it (default: MEGACPP_CACHE_DIR or .cache/)",
+        )
+        if action == "prune":
+            sub.add_argument(
+                "--config", help="sources.yaml: also remove code versions no stage runs now"
+            )
+            sub.add_argument("--dry-run", action="store_true", help="only list what would go")
+    p.set_defaults(func=_cmd_cache)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli.main(argv, extra={"run": _register_run})
+    return cli.main(argv, extra={"run": _register_run, "cache": _register_cache})
 
 
 if __name__ == "__main__":

@@ -91,7 +91,16 @@ class RunConsole:
         elif isinstance(e, progress.StageDone):
             view = self.stages.setdefault(e.stage, StageView(e.stage))
             view.seconds = e.seconds
+        elif isinstance(e, progress.Notice):
+            self.notice(e.message)
         self._refresh()
+
+    def notice(self, line: str) -> None:
+        """A line the operator should read, above the live view (or in the plain log)."""
+        if self._live is not None:
+            self._live.console.print(f"! {line}", markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(f"   ! {line}", file=self.stream, flush=True)
 
     def group_done(self, seconds: float, peak_mb: float) -> None:
         for key in self._group:
@@ -102,6 +111,15 @@ class RunConsole:
                 f"   ok in {seconds:.1f}s, peak RSS {peak_mb:.0f} MB", file=self.stream, flush=True
             )
         self._refresh()
+
+    def running_stage(self) -> str | None:
+        """The stage of the current group that started and has not finished (else the
+        group's first one that has not started, else None)."""
+        for key in self._group:
+            view = self.stages.get(key)
+            if view is not None and view.seconds is None:
+                return key
+        return next((k for k in self._group if k not in self.stages), None)
 
     def failed(self, line: str) -> None:
         self.close()

@@ -2,14 +2,15 @@
 the stage registry. Nothing is read at import: the CLI and the tests call this in-process,
 and definitions.py hands it to `dagster dev` lazily."""
 
+import os
 from pathlib import Path
 
 import dagster as dg
 
 from assets.factory import build_assets
 from assets.schedules import build_refresh
-from megacpp_pipeline.core.catalog import load_catalog
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.catalog import load_catalog
+from megacpp_pipeline.pipeline.parallel import workers_from
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.stages import default_registry
 from resources.pipeline import PipelineResource
@@ -56,6 +57,6 @@ def build_defs(
         # as many concurrent steps as the run has workers: most steps fan their work out over
         # the workers themselves, and the rest (checks, small global stages) are light
         executor=dg.multiprocess_executor.configured(
-            {"max_concurrent": workers if workers is not None else default_workers()}
+            {"max_concurrent": workers if workers is not None else workers_from(os.environ)}
         ),
     )

@@ -4,13 +4,18 @@ wherever the grain changes (per source / global), so each run takes every partit
 per-source assets at once. Each run after the first is a forked process of its own, so what
 a stage group allocates goes back to the system when it ends and its peak is its own; every
 run is recorded in the instance under DAGSTER_HOME; the first failed step or blocking check
-stops the pipeline with one line naming it."""
+stops the pipeline with one line naming it, and so does SIGINT or SIGTERM (assets/interrupts.py:
+the running group's processes are stopped before the command exits). The library's warnings
+(a version replaced because it failed verification, a result-cache entry discarded) reach
+the console as one line each."""
 
 import gc
 import importlib.util
+import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -25,9 +30,10 @@ import dagster as dg
 from assets.console import RunConsole
 from assets.defs import DEFAULT_CACHE_DIR, build_defs
 from assets.factory import PARTITION_RANGE_END, PARTITION_RANGE_START
+from assets.interrupts import Interrupts, become_group_leader
 from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.engine import Engine
-from megacpp_pipeline.pipeline.parallel import polars_threads_run
+from megacpp_pipeline.pipeline.parallel import cpu_count, polars_threads_run, workers_from
 from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,6 +44,19 @@ QUIET_CONSOLE: dict[str, Any] = {"loggers": {"console": {"config": {"log_level":
 
 class PipelineFailed(Exception):
     """A step or blocking check failed; the message names the asset, the check and why."""
+
+
+class PipelineInterrupted(PipelineFailed):
+    """SIGINT or SIGTERM stopped the run; `signal` is the first one (None: Dagster caught
+    it in this process and did not say which)."""
+
+    def __init__(self, message: str, signum: int | None) -> None:
+        super().__init__(message)
+        self.signal = signum
+
+
+# Dagster's error class when a signal interrupted a step it ran in this process.
+_DAGSTER_INTERRUPTED = "DagsterExecutionInterruptedError"
 
 
 @dataclass(frozen=True)
@@ -124,7 +143,7 @@ def run_pipeline(
     otherwise), the finished stages' table last. `engine`/`ray_address`: where per-file
     stages run (pipeline/engine.py; default MEGACPP_ENGINE / RAY_ADDRESS, else local)."""
     try:
-        chosen = Engine.choose(engine, ray_address)
+        chosen = Engine.choose(engine, ray_address, os.environ)
     except ValueError as e:
         raise PipelineFailed(str(e)) from e
     if chosen.distributed and importlib.util.find_spec("ray") is None:
@@ -146,6 +165,9 @@ def run_pipeline(
     sources = _sources(defs)
     if not sources:
         raise PipelineFailed(f"{config}: no operational source to materialize")
+    asked, cpus = workers or workers_from(os.environ), cpu_count()
+    if not chosen.distributed and asked > cpus:
+        print(f"megacpp run: {asked} workers asked, {cpus} CPUs here: {cpus} run", file=log)
     prepare_instance_home()
     instance = dg.DagsterInstance.get()
     # Dagster's event log always goes to the instance (the UI shows it); to the console only
@@ -153,14 +175,22 @@ def run_pipeline(
     run_config = {} if verbose else QUIET_CONSOLE
     outcome = RunOutcome()
     console = RunConsole(log, live)
-    progress.set_sink(console.event)
+    # the library's warnings become console lines, in forked runs and workers too
+    library_log = logging.getLogger("megacpp_pipeline")
+    notices, propagate = progress.NoticeHandler(), library_log.propagate
+    library_log.addHandler(notices)
+    library_log.propagate = False
     try:
         tags = {"megacpp/cli": "run"} | {
             f"megacpp/{k}": str(v) for k, v in chosen.describe().items()
         }
-        _run_groups(defs, instance, sources, run_config, console, outcome, stop_after, tags)
+        with Interrupts() as interrupts, progress.sending_to(console.event):
+            _run_groups(
+                defs, instance, sources, run_config, console, outcome, stop_after, tags, interrupts
+            )
     finally:
-        progress.set_sink(None)
+        library_log.removeHandler(notices)
+        library_log.propagate = propagate
         console.close()
     console.summary()
     outcome.output = final_output(defs, data_dir)
@@ -176,8 +206,11 @@ def _run_groups(
     outcome: RunOutcome,
     stop_after: str | None,
     run_tags: dict[str, str],
+    interrupts: Interrupts | None = None,
 ) -> None:
     for group in run_plan(defs):
+        if interrupts is not None and interrupts.signal is not None:
+            raise _interrupted(interrupts.signal, console)
         keys = list(group.keys)
         if stop_after and stop_after in keys:
             keys = keys[: keys.index(stop_after) + 1]
@@ -192,11 +225,17 @@ def _run_groups(
         # polars' threads already run in this process (a caller's own queries), a forked run
         # would hang at its first polars query, so the run stays in this process.
         if outcome.runs and not polars_threads_run():
-            step = _materialize_in_child(defs, instance, keys, tags, run_config, console.event)
+            step = _materialize_in_child(
+                defs, instance, keys, tags, run_config, console.event, interrupts
+            )
         else:
             step = _materialize(defs, instance, keys, tags, run_config)
         if step.run_id:
             outcome.runs.append(step.run_id)
+        if interrupts is not None and interrupts.signal is not None:
+            raise _interrupted(interrupts.signal, console)
+        if any(_DAGSTER_INTERRUPTED in f for f in step.failures):
+            raise _interrupted(None, console)  # Dagster caught it in this process
         if step.failures:
             where = f"run {step.run_id}" if step.run_id else "no run recorded"
             url = ui_url()
@@ -206,6 +245,22 @@ def _run_groups(
         console.group_done(time.monotonic() - started, step.peak_rss_mb)
         if stop_after and stop_after in keys:
             break
+
+
+def _interrupted(signum: int | None, console: RunConsole) -> PipelineInterrupted:
+    """The one line an interrupted run ends with: what stopped and how to resume."""
+    what = f" by {signal.Signals(signum).name}" if signum else ""
+    stage = console.running_stage()
+    if stage is None:
+        where = "before any stage started"
+    else:
+        where = f"while {stage} was running; it and its processes are stopped and nothing more "
+        where += "is written"
+    return PipelineInterrupted(
+        f"interrupted{what} {where}. Run the same command again to resume: the stages that "
+        "finished are in the store, and the files already done come from the result cache",
+        signum,
+    )
 
 
 def ui_url(host: str = "127.0.0.1", port: int = 3000) -> str | None:
@@ -240,6 +295,7 @@ def _materialize_in_child(
     tags: dict[str, str],
     run_config: dict[str, Any],
     on_event: progress.Sink,
+    interrupts: Interrupts | None = None,
 ) -> StepOutcome:
     """One Dagster run in a forked child, as Dagster's multiprocess executor runs a step in
     its own process. Forking after the imports keeps the per-run cost at milliseconds. The
@@ -254,6 +310,9 @@ def _materialize_in_child(
         target=_child_main, args=(defs, instance, keys, tags, run_config, send), daemon=False
     )
     child.start()
+    assert child.pid is not None
+    if interrupts is not None:
+        interrupts.started(child.pid)
     send.close()
     try:
         while True:
@@ -269,7 +328,9 @@ def _materialize_in_child(
         return StepOutcome(None, [f"the run's process ended without a result ({why})"], 0.0)
     finally:
         receive.close()
-    child.join()
+        child.join()
+        if interrupts is not None:
+            interrupts.ended(child.pid)
     return outcome
 
 
@@ -281,13 +342,17 @@ def _child_main(
     run_config: dict[str, Any],
     send: Connection,
 ) -> None:
-    progress.set_sink(send.send)
+    become_group_leader()
     try:
-        outcome = _materialize(defs, instance, keys, tags, run_config)
+        with progress.sending_to(send.send):  # back to the parent, which shows them
+            outcome = _materialize(defs, instance, keys, tags, run_config)
     except BaseException as e:  # reported, never swallowed: the parent fails the pipeline
         outcome = StepOutcome(None, [f"{type(e).__name__}: {e}"], _peak_rss_mb())
-    send.send(outcome)
-    send.close()
+    try:
+        send.send(outcome)
+        send.close()
+    except OSError:
+        pass  # the parent is gone (killed): nobody is left to tell
 
 
 def _materialize(

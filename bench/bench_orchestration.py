@@ -57,7 +57,7 @@ def write_catalog(root: Path, n: int) -> tuple[Path, int, int]:
 
 
 def _library_only(catalog: str, data: str, cache: str) -> None:
-    from megacpp_pipeline.core.catalog import load_catalog
+    from megacpp_pipeline.pipeline.catalog import load_catalog
     from megacpp_pipeline.pipeline.context import StageContext
     from megacpp_pipeline.pipeline.runner import run_all
     from megacpp_pipeline.stages import default_registry

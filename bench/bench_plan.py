@@ -38,8 +38,8 @@ import yaml
 
 from bench import endtoend, scaleup
 from bench.bench_scaleout import _change_files, _copy_corpus, _retokenized, _summary
-from megacpp_pipeline.core.catalog import load_catalog
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.catalog import load_catalog
+from megacpp_pipeline.pipeline.parallel import workers_from
 from megacpp_pipeline.plan.forecast import Forecast, forecast
 from megacpp_pipeline.plan.rates import RATES_FILE, Calibration, GroupRates, Rates, fit_linear
 from megacpp_pipeline.plan.sizing import MB, host_memory_mb, size_sources, store_usage
@@ -113,7 +113,9 @@ def measure(scale: int, work: Path, workers: int | None = None) -> dict[str, Any
     result = _run(corpus, work, f"{scale}x" + (f" w{workers}" if workers else ""), workers)
     registry = default_registry()
     disk = disk_by_stage(work, registry.names())
-    mb = sum(s.listed.bytes for s in size_sources(load_catalog(corpus.catalog), work)) / MB
+    mb = (
+        sum(s.listed.bytes for s in size_sources(load_catalog(corpus.catalog, registry), work)) / MB
+    )
     by_name = {tuple(g.name.split(", ")): g for g in result.stages}
     groups = {}
     for stages in registry.run_groups():
@@ -153,7 +155,7 @@ def fit(runs: list[dict[str, Any]], one_worker: dict[str, Any] | None = None) ->
     """Every figure of every group as a line over the runs; the per-worker memory from the
     smallest run again with one worker (the difference, per worker)."""
     mbs = [r["mb"] for r in runs]
-    workers = default_workers()
+    workers = workers_from(os.environ)
     groups = []
     for name in runs[0]["groups"]:
         figures = {
@@ -218,7 +220,7 @@ def predict(
         size_sources(catalog, work / "cache"),
         data_dir=str(work / "data"),
         cache_dir=work / "cache",
-        workers=workers or default_workers(),
+        workers=workers or workers_from(os.environ),
         rates=rates,
         store_now=store_usage(str(work / "data")),
     )

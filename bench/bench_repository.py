@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from megacpp_pipeline.core.catalog import SplitConfig
 from megacpp_pipeline.core.schemas import RAW_FILES, git_blob_sha
 from megacpp_pipeline.corpus.packing import PackedBatch, PackingConfig, merge_telemetry, pack
 from megacpp_pipeline.corpus.repository import (
@@ -41,7 +42,7 @@ from megacpp_pipeline.corpus.repository import (
 )
 from megacpp_pipeline.corpus.tokenizer import SpecialIds, TokenizerConfig, train_tokenizer
 from megacpp_pipeline.gates import normalize
-from megacpp_pipeline.gates.tokenization import TokenizeConfig, assign_split
+from megacpp_pipeline.gates.tokenization import assign_split
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELS = {
@@ -77,7 +78,7 @@ def demo_sources(wheels: Path) -> dict[str, pa.Table]:
     return out
 
 
-def tokenized(source: pa.Table, tok: Any, config: TokenizeConfig) -> pa.Table:
+def tokenized(source: pa.Table, tok: Any, config: SplitConfig) -> pa.Table:
     """tokenized_docs-like rows (with text): ids from the trained BPE, chunk kinds all 0 (no
     FIM here, so kinds do not change a figure), the pipeline's own split rule."""
     texts = source.column("text").to_pylist()
@@ -159,7 +160,7 @@ def main() -> None:
     mb = sum(len(t.encode()) for t in texts) / 1e6
     _mark(f"demo read and normalized: {len(texts)} files, {mb:.1f} MB")
     tok = train_tokenizer(texts, TokenizerConfig())
-    split_config = TokenizeConfig()
+    split_config = SplitConfig()
     files = {sid: tokenized(s, tok, split_config) for sid, s in sources.items()}
     _mark("tokenized")
     figures: dict[str, Any] = {

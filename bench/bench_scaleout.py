@@ -40,8 +40,17 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 
 
+BASELINE: list[Path] = []  # --baseline: another checkout measured the same way, first
+
+
 def _run(
-    catalog: Path, work: Path, label: str, *, workers: int | None = None, args: list[str] = ()
+    catalog: Path,
+    work: Path,
+    label: str,
+    *,
+    workers: int | None = None,
+    args: tuple[str, ...] = (),
+    repo: Path = REPO,
 ) -> endtoend.EndToEnd:
     shutil.rmtree(work, ignore_errors=True)
     saved = os.environ.get("MEGACPP_WORKERS")
@@ -49,7 +58,7 @@ def _run(
         os.environ["MEGACPP_WORKERS"] = str(workers)
     try:
         print(f"[scaleout] {label} ...", file=sys.stderr, flush=True)
-        result = endtoend.run(catalog, work, label, timeout_s=4 * 3600, args=list(args))
+        result = endtoend.run(catalog, work, label, timeout_s=4 * 3600, args=list(args), repo=repo)
     finally:
         if saved is None:
             os.environ.pop("MEGACPP_WORKERS", None)
@@ -124,16 +133,31 @@ def serial(scale: int, engines: list[str], work: Path) -> dict[str, Any]:
     out = {}
     for engine in engines:
         result = _run(
-            corpus.catalog, work / engine, f"{scale}x {engine}", args=["--engine", engine]
+            corpus.catalog, work / engine, f"{scale}x {engine}", args=("--engine", engine)
         )
         out[engine] = _summary(result, corpus)
+    baseline = {}
+    for repo in BASELINE:  # the same corpus, another checkout's code, default engine
+        result = _run(corpus.catalog, work / "baseline", f"{scale}x baseline {repo}", repo=repo)
+        baseline[str(repo)] = {"commit": _commit_of(repo), **_summary(result, corpus)}
     return {
+        "commit": _commit_of(REPO),
+        "baseline": baseline,
         "scale": scale,
         "cpus": len(os.sched_getaffinity(0)),
         "target": "driver CPU <= 5% of the run's CPU",
         "runs": out,
         "passed": all((r["driver_share"] or 1) <= 0.05 for r in out.values()),
     }
+
+
+def _commit_of(repo: Path) -> str:
+    import subprocess
+
+    out = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return out.stdout.strip()
 
 
 def memory(scales: list[int], work: Path) -> dict[str, Any]:
@@ -254,12 +278,17 @@ def main() -> None:
     parser.add_argument("--engines", default="local")
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument(
+        "--baseline", type=Path, action="append", default=[],
+        help="serial: also run this checkout (e.g. a worktree at an older commit) on the corpus",
+    )  # fmt: skip
     args = parser.parse_args()
+    BASELINE.extend(args.baseline)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
     if args.what == "workers":
         result = workers(args.scale, [int(n) for n in args.workers.split(",")], work)
     elif args.what == "serial":
-        result = serial(args.scale, args.engines.split(","), work)
+        result = serial(args.scale, [e for e in args.engines.split(",") if e], work)
     elif args.what == "memory":
         result = memory([int(n) for n in args.scales.split(",")], work)
     else:

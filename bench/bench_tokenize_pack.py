@@ -29,14 +29,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.core import schemas
-from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.core.catalog import SplitConfig
 from megacpp_pipeline.corpus import encoders
 from megacpp_pipeline.corpus.encoders import FastEncoder, select_encoder
 from megacpp_pipeline.corpus.packing import PackingConfig, merge_telemetry, pack
 from megacpp_pipeline.corpus.tokenizer import SpecialIds, TokenizerConfig, train_tokenizer
 from megacpp_pipeline.gates.tokenization import TokenizeConfig, run
+from megacpp_pipeline.pipeline.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.parallel import workers_from
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
@@ -319,20 +320,20 @@ def main() -> None:
 
     reference = select_encoder(tok, "tokenizers")
     fast = select_encoder(tok, "fast", threads=1)
-    fast_threads = select_encoder(tok, "fast", threads=default_workers())
+    fast_threads = select_encoder(tok, "fast", threads=workers_from(os.environ))
     assert isinstance(fast, FastEncoder)
     encoding, allowed = fast.encoding, fast.matched
-    config = TokenizeConfig()
-    run(table, reference, config)  # warm-up
-    run(table, fast, config)
+    config, split = TokenizeConfig(), SplitConfig()
+    run(table, reference, config, split)  # warm-up
+    run(table, fast, config, split)
     # Wall clock, each as the stage runs it: tokenizers on its own threads, the fast encoder
     # on as many threads as workers.
     timed = best_seconds(
         {
             "bare": lambda: tok.encode_batch(texts, add_special_tokens=False),
             "bare_fast": lambda: tok.encode_batch_fast(texts, add_special_tokens=False),
-            "gate_tokenizers": lambda: run(table, reference, config),
-            "gate": lambda: run(table, fast_threads, config),
+            "gate_tokenizers": lambda: run(table, reference, config, split),
+            "gate": lambda: run(table, fast_threads, config, split),
         },
         repeat=args.repeat,
     )
@@ -350,14 +351,14 @@ def main() -> None:
             encoding.encode_to_numpy(t, allowed_special=allowed, disallowed_special=())
             for t in texts
         ],
-        "gate_tokenizers": lambda: run(table, reference, config),
-        "gate_tokenizers_1t": lambda: _one_thread(lambda: run(table, reference, config)),
-        "gate_fast": lambda: run(table, fast, config),
+        "gate_tokenizers": lambda: run(table, reference, config, split),
+        "gate_tokenizers_1t": lambda: _one_thread(lambda: run(table, reference, config, split)),
+        "gate_fast": lambda: run(table, fast, config, split),
     }
     cpu = best_cpu_seconds(cpu_fns, repeat=max(2, args.repeat))
     _mark("tokenization timed (CPU)")
-    result = run(table, fast, config)
-    same = result.kept.equals(run(table, reference, config).kept)
+    result = run(table, fast, config, split)
+    same = result.kept.equals(run(table, reference, config, split).kept)
     n_sample = int(result.stats["tokens_kept"])
     # Packing packs the sample's documents `every` times over (distinct doc ids): about the
     # demo's size and length mix without tokenizing the demo once more.
@@ -370,7 +371,7 @@ def main() -> None:
         bare_encode_batch_fast_mb_s=round(mb / bare_fast, 2),
         gate_mb_s=round(mb / gate, 2),
         gate_tokenizers_mb_s=round(mb / timed["gate_tokenizers"], 2),
-        gate_threads=default_workers(),
+        gate_threads=workers_from(os.environ),
         gate_mtok_s=round(n_sample / gate / 1e6, 3),
         bare_mtok_s=round(n_sample / bare / 1e6, 3),
         gate_vs_bare=round(bare / gate, 3),

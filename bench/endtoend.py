@@ -204,9 +204,10 @@ def run(
     interval_s: float = 0.2,
     wrap: list[str] | None = None,
     args: list[str] | None = None,
+    repo: Path = REPO,
 ) -> EndToEnd:
     """`megacpp run --config catalog [args]` under work/ (data, dagster_home, cache all
-    fresh)."""
+    fresh), from the checkout `repo` (another commit's, to measure a baseline beside)."""
     work.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -228,7 +229,7 @@ def run(
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             cmd,
-            cwd=REPO,
+            cwd=repo,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

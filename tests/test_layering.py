@@ -51,3 +51,76 @@ def test_no_library_source_imports_the_shell_even_inside_a_function() -> None:
                 continue
             for name in names:
                 assert name.split(".")[0] not in SHELL, f"{path}:{node.lineno} imports {name}"
+
+
+# The library's own layers, lowest first: a module may import its own layer and those
+# below it, never one above. core holds the contracts (rows, ledger, catalog), storage the
+# shard store, the per-file and corpus-wide algorithms sit on both, snapshot and loader read
+# what they write, pipeline runs stages over all of it, stages declare the DAG, cli is the
+# edge that reads the environment; plan (the pre-flight forecast of a run's stage groups, a
+# command of that edge) sizes sources with collect and forecasts the registry's groups.
+LAYERS = {
+    "core": 0,
+    "storage": 1,
+    "collect": 2,
+    "gates": 2,
+    "corpus": 2,
+    "snapshot": 3,
+    "loader": 3,
+    "pipeline": 4,
+    "stages": 5,
+    "cli": 6,
+    "plan": 6,
+}
+
+
+# The snapshot's format modules: the file and table names and the packed-row contract.
+# Writers in every layer and the loader share them, so any layer may import them; they
+# import nothing from the library themselves.
+FORMAT = ("megacpp_pipeline.snapshot.layout", "megacpp_pipeline.snapshot.packed_rows")
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "megacpp_pipeline" or len(parts) < 2 or parts[1] == "__init__":
+        return None
+    return LAYERS[parts[1]]
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_every_library_package_has_a_layer() -> None:
+    packages = {p.name for p in (REPO / "megacpp_pipeline").iterdir() if p.is_dir()}
+    modules = {p.stem for p in (REPO / "megacpp_pipeline").glob("*.py")} - {"__init__"}
+    assert (packages | modules) - {"__pycache__"} == set(LAYERS)
+
+
+def test_no_library_module_imports_a_layer_above_its_own() -> None:
+    upward = []
+    for path in sorted((REPO / "megacpp_pipeline").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        own = _layer(module)
+        for line, name in _imports(path):
+            theirs = _layer(name)
+            if name in FORMAT:
+                continue
+            if own is not None and theirs is not None and theirs > own:
+                upward.append(f"{module}:{line} imports {name}")
+    assert upward == []
+
+
+def test_the_format_modules_import_nothing_from_the_library() -> None:
+    for module in FORMAT:
+        path = REPO / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            continue
+        inward = [n for _, n in _imports(path) if n.split(".")[0] == "megacpp_pipeline"]
+        assert inward == [], f"{module} imports {inward}"

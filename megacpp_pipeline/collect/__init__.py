@@ -27,9 +27,11 @@ from megacpp_pipeline.collect.source import (
     SourceFiles,
     glob_to_regex,
     safe_relpath,
+    too_large,
+    unescape_name,
 )
 from megacpp_pipeline.core import schemas
-from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
+from megacpp_pipeline.core.catalog import DEFAULT_MAX_FILE_BYTES, CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.core.schemas import git_blob_sha
 from megacpp_pipeline.storage.versions import sha256_file
@@ -50,6 +52,7 @@ __all__ = [
     "open_source",
     "resolve_branch",
     "safe_relpath",
+    "unescape_name",
 ]
 
 
@@ -59,36 +62,47 @@ def open_source(
     *,
     cache_dir: Path,
     limits: CollectLimits,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     keep_also: Callable[[str], bool] | None = None,
 ) -> SourceFiles:
     """The pinned revision and a re-iterable stream of every file in the source.
 
+    `max_file_bytes`: the size policy for this source (Catalog.file_limit); a larger file is
+    refused (TOO_LARGE, naming the setting) before more than that is read of it.
     `keep_also` names extra files to keep besides the include globs (REUSE metadata,
     compile_commands.json): the gates that need them read them from the collected rows.
     """
     scope = Scope(spec, keep_also)
     if spec.kind == "git":
-        return git_source(spec, uri, cache_dir, scope, limits)
+        return git_source(spec, uri, cache_dir, scope, limits, max_file_bytes)
     if spec.kind == "archive":
-        return archive_source(spec, uri, cache_dir, scope, limits)
+        return archive_source(spec, uri, cache_dir, scope, limits, max_file_bytes)
     if spec.kind == "dir":
-        return dir_source(spec, uri, scope, limits)
+        return dir_source(spec, uri, scope, limits, max_file_bytes)
     if spec.kind == "jsonl":
-        return _jsonl_source(spec, uri, scope)
+        return _jsonl_source(spec, uri, scope, max_file_bytes)
     raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
 
 
-def list_source(spec: SourceSpec, uri: str, *, cache_dir: Path, limits: CollectLimits) -> Listed:
+def list_source(
+    spec: SourceSpec,
+    uri: str,
+    *,
+    cache_dir: Path,
+    limits: CollectLimits,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Listed:
     """How many files of the source collection would keep, and their bytes, without reading
     any file (git: `ls-tree -l`; an archive: its member list; a directory: a walk; JSONL: its
-    records counted by line, its size as their bytes)."""
+    records counted by line, its size as their bytes). `max_file_bytes`: the source's size
+    policy (Catalog.file_limit), as collection applies it."""
     scope = Scope(spec, None)
     if spec.kind == "git":
-        return git_listing(spec, uri, cache_dir, scope, limits)
+        return git_listing(spec, uri, cache_dir, scope, max_file_bytes)
     if spec.kind == "archive":
-        return archive_listing(spec, uri, cache_dir, scope, limits)
+        return archive_listing(spec, uri, cache_dir, scope, limits, max_file_bytes)
     if spec.kind == "dir":
-        return dir_listing(spec, uri, scope, limits)
+        return dir_listing(spec, uri, scope, max_file_bytes)
     if spec.kind == "jsonl":
         path = Path(uri.removeprefix("file://"))
         if not path.is_file():
@@ -101,25 +115,42 @@ def list_source(spec: SourceSpec, uri: str, *, cache_dir: Path, limits: CollectL
     raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
 
 
-def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope) -> SourceFiles:
-    from megacpp_pipeline.collect import jsonl_stream
+def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> SourceFiles:
+    from megacpp_pipeline.collect.jsonl_stream import reader
 
     path = Path(uri.removeprefix("file://"))
     if not path.is_file():
         raise CollectError(f"source {spec.id!r}: {path} not found")
 
+    def entry(rec: dict[str, object]) -> Entry:
+        rel = safe_relpath(str(rec["path"]))
+        if rel is None:
+            return Entry(str(rec["path"]), None, DropReason.UNSAFE_PATH, "absolute or `..`")
+        if (drop := scope.classify(rel)) is not None:
+            return drop
+        if (size := len(content := str(rec["content"]).encode("utf-8"))) > max_file_bytes:
+            return too_large(rel, size, max_file_bytes)
+        return Entry(rel, content)
+
     def entries() -> Iterator[Entry]:
-        rejects: list[jsonl_stream.RecordReject] = []
-        for rec in jsonl_stream.iter_records(path, rejects):
-            rel = safe_relpath(str(rec["path"]))
-            if rel is None:
-                yield Entry(str(rec["path"]), None, DropReason.UNSAFE_PATH, "absolute or `..`")
-            elif (drop := scope.classify(rel)) is not None:
-                yield drop
-            else:
-                yield Entry(rel, str(rec["content"]).encode("utf-8"))
-        for r in rejects:  # a malformed line has no usable path: name it by its line
-            yield Entry(f"<line {r.line_no}>", None, DropReason.MALFORMED_RECORD, r.describe(path))
+        # Every source's files come out in path order (what the later stages and the
+        # snapshot's ledger merge keep), whatever order the export's lines are in: a first
+        # pass keeps each record's path and where its line is, a second reads them in path
+        # order (a line at a time: memory follows the number of records, not their text).
+        rejects: list[reader.RecordReject] = []
+        found: list[tuple[str, int, tuple[int, int] | reader.RecordReject]] = [
+            (safe_relpath(str(rec["path"])) or str(rec["path"]), int(rec["line_no"]), (at, size))
+            for rec, at, size in reader.iter_located_records(path, rejects)
+        ]
+        # a malformed line has no usable path: it is named by its line
+        found += [(f"<line {r.line_no}>", r.line_no, r) for r in rejects]
+        found.sort(key=lambda item: (item[0], item[1]))
+        with open(path, "rb") as f:
+            for name, line_no, where in found:
+                if isinstance(where, reader.RecordReject):
+                    yield Entry(name, None, DropReason.MALFORMED_RECORD, where.describe(path))
+                else:
+                    yield entry(reader.record_at(f, *where, line_no))
 
     return SourceFiles(revision=sha256_file(path), entries=entries)
 

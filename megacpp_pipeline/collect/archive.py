@@ -24,7 +24,12 @@ from megacpp_pipeline.collect.source import (
     Listed,
     Scope,
     SourceFiles,
+    annex_link_key,
+    is_utf8,
+    link_drop,
+    name_of,
     safe_relpath,
+    too_large,
 )
 from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import DropReason
@@ -55,18 +60,25 @@ def fetch_archive(uri: str, sha256: str, cache_dir: Path) -> Path:
 
 
 class _Budget:
-    def __init__(self, limits: CollectLimits) -> None:
+    def __init__(self, limits: CollectLimits, max_file_bytes: int) -> None:
         self.limits = limits
+        self.max_file_bytes = max_file_bytes
         self.files = 0
         self.bytes = 0
 
-    def refuse(self, size: int) -> str | None:
+    def refuse(self, path: str, size: int) -> Entry | None:
+        """The ledger entry when the member would break a bound (read nothing of it then)."""
         if self.files + 1 > self.limits.max_files:
-            return f"archive holds more than {self.limits.max_files} files"
-        if size > self.limits.max_file_bytes:
-            return f"{size} bytes uncompressed > max_file_bytes {self.limits.max_file_bytes}"
+            why = f"archive holds more than collect.max_files {self.limits.max_files} files"
+            return Entry(path, None, DropReason.ARCHIVE_LIMIT, why)
+        if size > self.max_file_bytes:
+            return too_large(path, size, self.max_file_bytes)
         if self.bytes + size > self.limits.max_total_bytes:
-            return f"archive exceeds max_total_bytes {self.limits.max_total_bytes} uncompressed"
+            why = (
+                f"archive exceeds collect.max_total_bytes {self.limits.max_total_bytes} "
+                "uncompressed"
+            )
+            return Entry(path, None, DropReason.ARCHIVE_LIMIT, why)
         return None
 
     def take(self, size: int) -> None:
@@ -74,22 +86,27 @@ class _Budget:
         self.bytes += size
 
 
-def _zip_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[Entry]:
-    budget = _Budget(limits)
+def _zip_entries(
+    path: Path, scope: Scope, limits: CollectLimits, max_file_bytes: int
+) -> Iterator[Entry]:
+    budget = _Budget(limits, max_file_bytes)
     with zipfile.ZipFile(path) as zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             if info.is_dir():
                 continue
             rel = safe_relpath(info.filename)
             if rel is None:
-                yield Entry(info.filename, None, DropReason.UNSAFE_PATH, "absolute or `..` name")
+                yield Entry(
+                    name_of(info.filename), None, DropReason.UNSAFE_PATH, "absolute or `..` name"
+                )
                 continue
             rel2 = scope.relative(rel)
             if rel2 is None:
                 continue
+            rel2 = name_of(rel2)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
-                yield Entry(rel2, None, DropReason.SYMLINK, "symlinks are never followed")
+                yield link_drop(rel2, _zip_link_target(zf, info))
                 continue
             if (drop := scope.classify(rel2)) is not None:
                 yield drop
@@ -100,18 +117,18 @@ def _zip_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[En
                     rel2, None, DropReason.ARCHIVE_LIMIT, f"compression ratio {ratio:.0f} (bomb?)"
                 )
                 continue
-            if (why := budget.refuse(info.file_size)) is not None:
-                yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, why)
+            if (refused := budget.refuse(rel2, info.file_size)) is not None:
+                yield refused
                 continue
             try:
                 with zf.open(info) as f:
-                    data = f.read(limits.max_file_bytes + 1)
+                    data = f.read(max_file_bytes + 1)
             except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
                 # one corrupt member (bad CRC: its header lies about size or content, or an
                 # unsupported method) is that file's problem, not the whole source's
                 yield Entry(rel2, None, DropReason.UNREADABLE, f"corrupt zip member: {err}")
                 continue
-            if len(data) > limits.max_file_bytes:  # the header lied about the size
+            if len(data) > max_file_bytes:  # the header lied about the size
                 yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, "larger than its header says")
                 continue
             budget.take(len(data))
@@ -129,18 +146,29 @@ def _open_tar(path: Path) -> tarfile.TarFile:
     return tarfile.open(path, mode="r|*")
 
 
-def _tar_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[Entry]:
-    budget = _Budget(limits)
+def _tar_entries(
+    path: Path, scope: Scope, limits: CollectLimits, max_file_bytes: int
+) -> Iterator[Entry]:
+    budget = _Budget(limits, max_file_bytes)
     with _open_tar(path) as tf:
         for member in tf:
             if member.isdir():
                 continue
             rel = safe_relpath(member.name)
             if rel is None:
-                yield Entry(member.name, None, DropReason.UNSAFE_PATH, "absolute or `..` name")
+                yield Entry(
+                    name_of(member.name), None, DropReason.UNSAFE_PATH, "absolute or `..` name"
+                )
                 continue
             rel2 = scope.relative(rel)
             if rel2 is None:
+                continue
+            if not is_utf8(rel2):  # tarfile decodes names with surrogateescape
+                yield Entry(name_of(rel2), None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
+                continue
+            rel2 = name_of(rel2)
+            if member.issym() and annex_link_key(member.linkname) is not None:
+                yield link_drop(rel2, member.linkname)
                 continue
             if member.issym() or member.islnk():
                 target = safe_relpath(str(PurePosixPath(rel).parent / member.linkname))
@@ -154,17 +182,22 @@ def _tar_entries(path: Path, scope: Scope, limits: CollectLimits) -> Iterator[En
             if (drop := scope.classify(rel2)) is not None:
                 yield drop
                 continue
-            if (why := budget.refuse(member.size)) is not None:
-                yield Entry(rel2, None, DropReason.ARCHIVE_LIMIT, why)
+            if (refused := budget.refuse(rel2, member.size)) is not None:
+                yield refused
                 continue
             f = tf.extractfile(member)
-            data = f.read(limits.max_file_bytes + 1) if f else b""
+            data = f.read(max_file_bytes + 1) if f else b""
             budget.take(len(data))
             yield Entry(rel2, data)
 
 
 def archive_source(
-    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, limits: CollectLimits
+    spec: SourceSpec,
+    uri: str,
+    cache_dir: Path,
+    scope: Scope,
+    limits: CollectLimits,
+    max_file_bytes: int,
 ) -> SourceFiles:
     assert spec.sha256 is not None
     path = fetch_archive(uri, spec.sha256, cache_dir)
@@ -176,8 +209,20 @@ def archive_source(
     else:
         raise CollectError(f"{uri}: unknown archive type (zip, whl, tar, tar.gz/xz/zst)")
     return SourceFiles(
-        revision=spec.sha256, entries=lambda: _canonical_order(reader(path, scope, limits))
+        revision=spec.sha256,
+        entries=lambda: _canonical_order(reader(path, scope, limits, max_file_bytes)),
     )
+
+
+def _zip_link_target(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
+    """A zip symlink's target (its member's bytes), when it is a short path."""
+    if info.file_size > 4096:
+        return None
+    try:
+        with zf.open(info) as f:
+            return f.read(4096).decode("utf-8", "replace")
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError):
+        return None
 
 
 def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
@@ -206,14 +251,19 @@ def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
 
 
 def archive_listing(
-    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, limits: CollectLimits
+    spec: SourceSpec,
+    uri: str,
+    cache_dir: Path,
+    scope: Scope,
+    limits: CollectLimits,
+    max_file_bytes: int,
 ) -> Listed:
     """The wanted members of the (verified) archive and their sizes, from its member list: a
     zip's central directory, a tar's headers (a compressed tar is decompressed to walk them,
     but no member is kept); the members collection's bounds would refuse are left out."""
     assert spec.sha256 is not None
     path = fetch_archive(uri, spec.sha256, cache_dir)
-    budget = _Budget(limits)
+    budget = _Budget(limits, max_file_bytes)
     members: list[tuple[str, int]] = []
     if path.name.lower().endswith((".zip", ".whl")):
         with zipfile.ZipFile(path) as zf:
@@ -230,6 +280,6 @@ def archive_listing(
     for name, n in sorted(members):
         rel = safe_relpath(name)
         rel2 = scope.relative(rel) if rel is not None else None
-        if rel2 is not None and scope.classify(rel2) is None and budget.refuse(n) is None:
+        if rel2 is not None and scope.classify(rel2) is None and budget.refuse(rel2, n) is None:
             budget.take(n)
     return Listed(spec.sha256, budget.files, budget.bytes, how)

@@ -16,6 +16,10 @@ from megacpp_pipeline.collect.source import (
     Scope,
     SourceFiles,
     has_control_chars,
+    is_utf8,
+    link_drop,
+    name_of,
+    too_large,
 )
 from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import DropReason
@@ -48,7 +52,9 @@ def _listing(root: Path, rel_dir: str) -> Iterator[tuple[str, str, os.DirEntry[s
     )
 
 
-def dir_source(spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits) -> SourceFiles:
+def dir_source(
+    spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits, max_file_bytes: int
+) -> SourceFiles:
     root = Path(uri.removeprefix("file://"))
     if spec.subdir:
         root = root / spec.subdir
@@ -57,31 +63,34 @@ def dir_source(spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits) 
     scope = Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
 
     def entries() -> Iterator[Entry]:
-        for rel, e in _walk(root):
-            try:
-                rel.encode("utf-8")
-            except UnicodeEncodeError:
-                shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                yield Entry(shown, None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
+        for raw, e in _walk(root):
+            rel = name_of(raw)  # os.scandir's name with its non-UTF-8 bytes escaped
+            if not is_utf8(raw):
+                yield Entry(rel, None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
                 continue
             if has_control_chars(rel):
                 yield Entry(rel, None, DropReason.UNSAFE_PATH, "control character in file name")
             elif e.is_symlink():
-                yield Entry(rel, None, DropReason.SYMLINK, "symlinks are never followed")
+                yield link_drop(rel, _link_target(e.path))
             elif not e.is_file(follow_symlinks=False):
                 yield Entry(rel, None, DropReason.UNSAFE_PATH, "device, fifo or special file")
             elif (drop := scope.classify(rel)) is not None:
                 yield drop
             else:
                 size = e.stat(follow_symlinks=False).st_size
-                if size > limits.max_file_bytes:
-                    yield Entry(rel, None, DropReason.TOO_LARGE, f"{size} bytes")
+                if size > max_file_bytes:
+                    yield too_large(rel, size, max_file_bytes)
                     continue
                 try:
                     with open(e.path, "rb") as f:
-                        yield Entry(rel, f.read(limits.max_file_bytes + 1))
+                        data = f.read(max_file_bytes + 1)
                 except OSError as err:
                     yield Entry(rel, None, DropReason.UNREADABLE, str(err))
+                    continue
+                if len(data) > max_file_bytes:  # it grew since the listing
+                    yield too_large(rel, len(data), max_file_bytes)
+                else:
+                    yield Entry(rel, data)
 
     # The revision is a tree hash of (path, content hash) pairs: one extra hashing pass,
     # cheap next to the gates (read + sha256 runs at hundreds of MB/s).
@@ -92,7 +101,14 @@ def dir_source(spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits) 
     return SourceFiles(revision=tree.hexdigest(), entries=entries)
 
 
-def dir_listing(spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits) -> Listed:
+def _link_target(path: str) -> str | None:
+    try:
+        return os.fsencode(os.readlink(path)).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def dir_listing(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> Listed:
     """The wanted files under the root and their sizes, from a directory walk (stat only:
     the revision, a hash of the contents, is left to collection)."""
     root = Path(uri.removeprefix("file://"))
@@ -102,12 +118,15 @@ def dir_listing(spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits)
         raise CollectError(f"source {spec.id!r}: {root} is not a directory")
     scope = Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
     files = size = 0
-    for rel, e in _walk(root):
-        if e.is_symlink() or not e.is_file(follow_symlinks=False) or has_control_chars(rel):
+    for raw, e in _walk(root):
+        rel = name_of(raw)
+        if not is_utf8(raw) or has_control_chars(rel):
+            continue
+        if e.is_symlink() or not e.is_file(follow_symlinks=False):
             continue
         if scope.classify(rel) is None:
             n = e.stat(follow_symlinks=False).st_size
-            if n <= limits.max_file_bytes:
+            if n <= max_file_bytes:
                 files += 1
                 size += n
     return Listed(None, files, size, "directory walk")

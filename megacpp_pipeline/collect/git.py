@@ -20,6 +20,8 @@ from megacpp_pipeline.collect.source import (
     Scope,
     SourceFiles,
     decode_name,
+    link_drop,
+    too_large,
 )
 from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import DropReason
@@ -74,7 +76,12 @@ def resolve_branch(uri: str, branch: str) -> str:
 
 
 def git_source(
-    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, limits: CollectLimits
+    spec: SourceSpec,
+    uri: str,
+    cache_dir: Path,
+    scope: Scope,
+    limits: CollectLimits,
+    max_file_bytes: int,
 ) -> SourceFiles:
     revision = spec.revision or (resolve_branch(uri, spec.track) if spec.track else None)
     if revision is None:
@@ -88,7 +95,7 @@ def git_source(
         listing = _git(["ls-tree", "-r", "-z", "--full-tree", revision], repo)
         if listing.returncode != 0:
             raise CollectError(f"source {spec.id!r}: git ls-tree {revision} failed")
-        wanted: list[tuple[str, str]] = []
+        wanted: list[tuple[str, str, bool]] = []  # (path, blob, is a symlink)
         for record in listing.stdout.split(b"\x00"):
             if not record:
                 continue
@@ -103,32 +110,43 @@ def git_source(
             elif kind != "blob":
                 yield Entry(rel, None, DropReason.NOT_INCLUDED, f"git {kind} (submodule)")
             elif mode == "120000":
-                yield Entry(rel, None, DropReason.SYMLINK, "symlinks are never followed")
+                wanted.append((rel, obj, True))  # its target says whether git-annex made it
             elif (drop := scope.classify(rel)) is not None:
                 yield drop
             else:
-                wanted.append((rel, obj))
-        yield from _git_blobs(repo, wanted, limits)
+                wanted.append((rel, obj, False))
+        yield from _git_blobs(repo, wanted, limits, max_file_bytes)
 
     return SourceFiles(revision=revision, entries=entries)
 
 
-def _git_blobs(repo: str, wanted: list[tuple[str, str]], limits: CollectLimits) -> Iterator[Entry]:
+# A symlink's blob is its target path; longer than this is no link git-annex made.
+_LINK_TARGET_BYTES = 4096
+
+
+def _git_blobs(
+    repo: str, wanted: list[tuple[str, str, bool]], limits: CollectLimits, max_file_bytes: int
+) -> Iterator[Entry]:
     proc = subprocess.Popen(
         ["git", "cat-file", "--batch"], cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        for rel, obj in wanted:
+        for rel, obj, is_link in wanted:
             proc.stdin.write(obj.encode() + b"\n")
             proc.stdin.flush()
             header = proc.stdout.readline().split()
             size = int(header[2])
-            if size > limits.max_file_bytes:
+            if is_link:
+                target = proc.stdout.read(size) if size <= _LINK_TARGET_BYTES else None
+                if target is None:
+                    _skip(proc.stdout, size)
+                proc.stdout.read(1)
+                yield link_drop(rel, target.decode("utf-8", "replace") if target else None)
+                continue
+            if size > max_file_bytes:
                 _skip(proc.stdout, size + 1)
-                yield Entry(
-                    rel, None, DropReason.TOO_LARGE, f"{size} bytes > {limits.max_file_bytes}"
-                )
+                yield too_large(rel, size, max_file_bytes)
                 continue
             data = proc.stdout.read(size)
             proc.stdout.read(1)
@@ -144,7 +162,7 @@ def _skip(stream: IO[bytes], n: int) -> None:
 
 
 def git_listing(
-    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, limits: CollectLimits
+    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, max_file_bytes: int
 ) -> Listed:
     """The wanted blobs at the pinned (or tracked) commit and their sizes, from `git ls-tree
     -r -l` alone: no blob is read (a remote is mirrored bare into the cache, as collection
@@ -166,7 +184,7 @@ def git_listing(
         rel = scope.relative(name)
         if rel is None or not ok or kind != "blob" or mode == "120000":
             continue
-        if scope.classify(rel) is None and int(blob_size) <= limits.max_file_bytes:
+        if scope.classify(rel) is None and int(blob_size) <= max_file_bytes:
             files += 1
             size += int(blob_size)
     return Listed(revision, files, size, f"git ls-tree -r -l {revision[:12]}")

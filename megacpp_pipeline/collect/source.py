@@ -96,11 +96,104 @@ def has_control_chars(path: str) -> bool:
     return any(ord(c) < 32 or c == "\x7f" for c in path)
 
 
-def decode_name(raw: bytes) -> tuple[str, bool]:
+def escape_name(raw: bytes) -> str:
+    """A file name as the ledger and every table hold it: the name itself when it is UTF-8
+    and holds no backslash; else with `\\\\` for each backslash and `\\xNN` for each byte that
+    is not UTF-8. No two names meet (a name that is not UTF-8 and one literally spelled with
+    its escapes stay apart), and `unescape_name` gives the bytes back."""
     try:
-        return raw.decode("utf-8"), True
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return raw.decode("utf-8", errors="backslashreplace"), False
+        text = None
+    if text is not None and "\\" not in text:
+        return text
+    out = []
+    for ch in raw.decode("utf-8", "surrogateescape"):
+        if ch == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= ch <= "\udcff":  # a byte that is not part of any UTF-8 character
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def unescape_name(name: str) -> bytes:
+    """The bytes of the file name `escape_name` turned into `name`."""
+    if "\\" not in name:
+        return name.encode("utf-8")
+    out = bytearray()
+    i = 0
+    while i < len(name):
+        if name.startswith("\\\\", i):
+            out += b"\\"
+            i += 2
+        elif name.startswith("\\x", i):
+            out.append(int(name[i + 2 : i + 4], 16))
+            i += 4
+        else:
+            out += name[i].encode("utf-8")
+            i += 1
+    return bytes(out)
+
+
+def is_utf8(path: str) -> bool:
+    """Whether a name Python decoded with surrogateescape was UTF-8 on disk."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def name_of(path: str) -> str:
+    """`escape_name` of a name Python decoded with surrogateescape (os.scandir, tarfile)."""
+    return escape_name(path.encode("utf-8", "surrogateescape"))
+
+
+def decode_name(raw: bytes) -> tuple[str, bool]:
+    """The escaped name, and whether the raw name was UTF-8."""
+    try:
+        raw.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    return escape_name(raw), valid
+
+
+def too_large(path: str, size: int, max_file_bytes: int) -> Entry:
+    """The ledger entry of a file over the size policy, read no further than the limit."""
+    return Entry(
+        path,
+        None,
+        DropReason.TOO_LARGE,
+        f"{size} bytes > max_file_bytes {max_file_bytes} (sources.yaml: max_file_bytes, "
+        "or the source's own max_file_bytes)",
+    )
+
+
+# Git-annex keeps a file's content out of the repository: a symlink into
+# .git/annex/objects/ (locked files) names the key in its target.
+_ANNEX_LINK = re.compile(r"(?:^|/)\.git/annex/objects/(?:[^/]+/)*([^/]+)\Z")
+
+
+def annex_link_key(target: str) -> str | None:
+    """The git-annex key a symlink's target names, or None for any other link."""
+    m = _ANNEX_LINK.search(target)
+    return m.group(1) if m else None
+
+
+def link_drop(path: str, target: str | None) -> Entry:
+    """The ledger entry of a symlink: a git-annex link names the content it stands for."""
+    key = annex_link_key(target) if target is not None else None
+    if key is not None:
+        return Entry(
+            path,
+            None,
+            DropReason.POINTER_FILE,
+            f"git-annex link to {key}: the content lives in git-annex storage, not here",
+        )
+    return Entry(path, None, DropReason.SYMLINK, "symlinks are never followed")
 
 
 class Scope:
@@ -120,6 +213,13 @@ class Scope:
         """A drop entry when the path is refused or not wanted; None when it is wanted."""
         if has_control_chars(path):
             return Entry(path, None, DropReason.UNSAFE_PATH, "control character in file name")
+        if "\\" in path:  # escaped: the name held a backslash (its non-UTF-8 bytes are refused)
+            return Entry(
+                path,
+                None,
+                DropReason.UNSAFE_PATH,
+                "backslash in file name (a path separator where the corpus may be unpacked)",
+            )
         if not (self.wanted(path) or self.keep_also(path)):
             return Entry(path, None, DropReason.NOT_INCLUDED, "outside include/exclude globs")
         return None

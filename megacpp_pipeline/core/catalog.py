@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -23,9 +24,6 @@ from pydantic import (
     model_validator,
 )
 
-if TYPE_CHECKING:
-    from megacpp_pipeline.pipeline.registry import Registry
-
 DEFAULT_INCLUDE = [
     "**/*.h",
     "**/*.hpp",
@@ -37,6 +35,10 @@ DEFAULT_INCLUDE = [
     "**/*.ipp",
     "**/*.inl",
 ]
+# One size policy: the largest file (raw bytes) any stage takes. Collection refuses a larger
+# one before reading past the limit, so no later stage ever holds more of one file. A source
+# may set its own (`max_file_bytes:` in its entry).
+DEFAULT_MAX_FILE_BYTES = 1 << 20
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -67,6 +69,18 @@ class SourceSpec(BaseModel):
     # times on average (0.5: about half of them once; 2.5: each twice, half of them three
     # times), by a seeded hash of each document (corpus/packing.py: document_draws)
     weight: float = Field(default=1.0, gt=0.0, le=1000.0)
+    max_file_bytes: int | None = Field(default=None, gt=0)  # this source's size policy
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _globs_inside(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            if pattern.startswith("/") or ".." in pattern.replace("\\", "/").split("/"):
+                raise ValueError(
+                    f"{pattern!r} reaches outside the source (`..` or an absolute path); "
+                    "patterns match paths relative to the source root"
+                )
+        return v
 
     @field_validator("sha256")
     @classmethod
@@ -205,13 +219,26 @@ class ShardConfig(BaseModel):
 
 
 class CollectLimits(BaseModel):
-    """Bounds that keep a hostile archive (zip bomb) from exhausting the machine."""
+    """Bounds that keep a hostile archive (zip bomb) from exhausting the machine. The size of
+    one file is the catalog's `max_file_bytes` (one size policy for every stage)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_file_bytes: int = Field(default=16 << 20, gt=0)
     max_total_bytes: int = Field(default=4 << 30, gt=0)
     max_files: int = Field(default=500_000, gt=0)
     max_compression_ratio: float = Field(default=200.0, gt=1)
+
+
+class SplitConfig(BaseModel):
+    """Which documents are held out for validation: a file is `validation` when a keyed hash
+    of (source id, path) falls under the fraction. Its own section: the tokenizer trains on
+    the train split alone and the tokenize stage labels every file with it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    validation_fraction: float = Field(default=0.02, ge=0.0, le=1.0)
+    # Changing the salt reshuffles the split; keep it fixed across snapshots so a document
+    # never moves from validation into train.
+    salt: str = "megacpp-split-v1"
 
 
 class RefreshConfig(BaseModel):
@@ -222,30 +249,48 @@ class RefreshConfig(BaseModel):
     timezone: str = "UTC"
 
 
-def _stage_configs(registry: Registry | None) -> dict[str, type[BaseModel]]:
-    """`stages:` section name -> config model, from the stage registry in use (the default
-    one unless the caller validates against another)."""
-    if registry is None:
-        from megacpp_pipeline.stages import default_registry
-
-        registry = default_registry()
-    return registry.config_models()
-
-
 class Catalog(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # frozen: every asset and check of a run shares the one parsed catalog
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     snapshot: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     seq_len: int = Field(default=2048, ge=16, le=1 << 20)
+    max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, gt=0)
     sources: list[SourceSpec] = Field(min_length=1)
     shards: ShardConfig = Field(default_factory=ShardConfig)
     collect: CollectLimits = Field(default_factory=CollectLimits)
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-gate config sections
     # content that must not be in the corpus: removal requests and evaluation benchmarks
     removals: list[RemovalSpec] = Field(default_factory=list)
     benchmarks: list[BenchmarkSpec] = Field(default_factory=list)
     base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_size_policy(cls, data: Any) -> Any:
+        """Settings that moved out of a stage's section: say where the one setting is."""
+        if not isinstance(data, dict):
+            return data
+        places = [("collect", (data.get("collect") or {}))]
+        stages = data.get("stages") or {}
+        if isinstance(stages, dict):
+            places += [(f"stages.{k}", stages.get(k) or {}) for k in ("normalize", "enrich")]
+        for where, section in places:
+            if isinstance(section, dict) and "max_file_bytes" in section:
+                raise ValueError(
+                    f"{where}.max_file_bytes: there is one size policy now: set max_file_bytes "
+                    "at the top of sources.yaml (or in a source's entry for that source)"
+                )
+        tokenize = stages.get("tokenize") if isinstance(stages, dict) else None
+        for old, new in (("validation_fraction", "validation_fraction"), ("split_salt", "salt")):
+            if isinstance(tokenize, dict) and old in tokenize:
+                raise ValueError(
+                    f"stages.tokenize.{old}: the train/validation split has its own section "
+                    f"now: set split.{new} at the top of sources.yaml"
+                )
+        return data
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Catalog:
@@ -268,7 +313,9 @@ class Catalog(BaseModel):
     def _known_stages(
         cls, v: dict[str, dict[str, Any]], info: ValidationInfo
     ) -> dict[str, dict[str, Any]]:
-        models = _stage_configs((info.context or {}).get("registry"))
+        models: Mapping[str, type[BaseModel]] | None = (info.context or {}).get("stage_models")
+        if models is None:  # parsed alone: the pipeline checks the sections (load_catalog)
+            return v
         for stage, section in v.items():
             if stage not in models:
                 raise ValueError(f"unknown stage {stage!r} (known: {', '.join(models)})")
@@ -301,6 +348,14 @@ class Catalog(BaseModel):
         p = Path(spec.uri).expanduser()
         return str(p if p.is_absolute() else (self.base_dir / p).resolve())
 
+    def file_limit(self, spec: SourceSpec) -> int:
+        """The size policy for one source: its own max_file_bytes, else the catalog's."""
+        return spec.max_file_bytes or self.max_file_bytes
+
+    def size_policy(self) -> dict[str, int]:
+        """Every source's limit, for the versions of the stages that apply it."""
+        return {s.id: self.file_limit(s) for s in self.sources}
+
     def source_order(self) -> dict[str, int]:
         return {s.id: i for i, s in enumerate(self.sources)}
 
@@ -316,45 +371,32 @@ def _describe(error: dict[str, Any], data: Any) -> str:
             sid = src.get("id") if isinstance(src, dict) else None
         where.append(f"source {sid!r}" if sid else f"sources[{idx}]")
         loc = loc[2:]
-    field = ".".join(str(x) for x in loc) or "(the entry itself)"
     msg = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         msg = "unknown key (typo?)"
+    if not loc and not where:
+        return msg  # a rule over the whole file: the message names its fields itself
+    field = ".".join(str(x) for x in loc) or "(the entry itself)"
     return f"{' '.join(where) + ': ' if where else ''}field {field}: {msg}"
 
 
 def parse_catalog(
-    data: Any, *, base_dir: Path, origin: str = "sources.yaml", registry: Registry | None = None
+    data: Any,
+    *,
+    base_dir: Path,
+    origin: str = "sources.yaml",
+    stage_models: Mapping[str, type[BaseModel]] | None = None,
 ) -> Catalog:
-    """The catalog in `data`; its `stages:` sections are validated against `registry`'s
-    config models (the default registry's when None)."""
+    """The catalog in `data`, relative paths against `base_dir`; its `stages:` sections are
+    validated against `stage_models` (section -> config model) when given."""
     try:
-        catalog = Catalog.model_validate(data, context={"registry": registry})
+        return Catalog.model_validate(
+            {**data, "base_dir": base_dir} if isinstance(data, dict) else data,
+            context={"stage_models": stage_models},
+        )
     except ValidationError as e:
         lines = [_describe(err, data) for err in e.errors()]  # type: ignore[arg-type]
         raise CatalogError(f"{origin}: " + "; ".join(lines)) from None
-    catalog.base_dir = base_dir
-    _check_files(catalog, origin)
-    return catalog
-
-
-def _check_files(catalog: Catalog, origin: str) -> None:
-    """What the entries point at, before any work: removal request files are read and every
-    line validated, benchmark files match their pins."""
-    from megacpp_pipeline.corpus.decontaminate import BenchmarkError, verify_benchmark
-    from megacpp_pipeline.gates.removals import RemovalError, load_removals
-
-    try:
-        load_removals(
-            catalog.removals,
-            catalog.base_dir,
-            known_sources={s.id for s in catalog.sources},
-            origin=origin,
-        )
-        for spec in catalog.benchmarks:
-            verify_benchmark(spec, catalog.base_dir)
-    except (RemovalError, BenchmarkError) as e:
-        raise CatalogError(str(e)) from None
 
 
 # libyaml's loader where PyYAML has it: the pure-Python one takes ~3 ms a source, which
@@ -362,24 +404,32 @@ def _check_files(catalog: Catalog, origin: str) -> None:
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def load_catalog(path: str | Path, registry: Registry | None = None) -> Catalog:
-    """The validated catalog at `path`. Parsed once per content: every asset and check of a
-    run asks for it, and the answer only changes when the file does (so callers share one
-    Catalog and must not change it)."""
+def read_catalog(
+    path: str | Path, stage_models: Mapping[str, type[BaseModel]] | None = None
+) -> Catalog:
+    """The catalog at `path`, parsed (see parse_catalog). Parsed once per content and
+    models: every asset and check of a run asks for it, and the answer only changes when
+    the file does (the Catalog is frozen, so sharing it is safe)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise CatalogError(f"{path}: no such file") from None
-    return _parsed(str(path.resolve()), str(path), raw, registry)
+    models = tuple(sorted(stage_models.items())) if stage_models is not None else None
+    return _parsed(str(path.resolve()), str(path), raw, models)
 
 
 @functools.lru_cache(maxsize=8)
-def _parsed(resolved: str, origin: str, raw: bytes, registry: Registry | None) -> Catalog:
+def _parsed(
+    resolved: str, origin: str, raw: bytes, models: tuple[tuple[str, type[BaseModel]], ...] | None
+) -> Catalog:
     try:
         data = yaml.load(raw.decode("utf-8"), Loader=_YAML_LOADER)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise CatalogError(f"{origin}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
         raise CatalogError(f"{origin}: expected a mapping with snapshot, seq_len and sources")
-    return parse_catalog(data, base_dir=Path(resolved).parent, origin=origin, registry=registry)
+    stage_models = dict(models) if models is not None else None
+    return parse_catalog(
+        data, base_dir=Path(resolved).parent, origin=origin, stage_models=stage_models
+    )

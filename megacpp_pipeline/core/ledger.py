@@ -22,11 +22,13 @@ class DropReason(StrEnum):
     ARCHIVE_LIMIT = "archive_limit"  # uncompressed size or file count bound (zip bomb)
     UNREADABLE = "unreadable"
     MALFORMED_RECORD = "malformed_record"  # a JSONL line that is not a valid record
+    # a stand-in for content kept elsewhere: a Git LFS pointer, a git-annex link or pointer
+    POINTER_FILE = "pointer_file"
     # normalize
     BINARY = "binary"
     UNDECODABLE = "undecodable"
     EMPTY = "empty"
-    TOO_LARGE = "too_large"
+    TOO_LARGE = "too_large"  # over max_file_bytes (sources.yaml, per source overridable)
     LONG_LINES = "long_lines"  # max line length over the limit (minified / data-like)
     MEAN_LINE_LENGTH = "mean_line_length"
     LOW_ALNUM = "low_alnum"

@@ -241,6 +241,7 @@ class TokenEncoder(ABC):
 
     name: str
     byte_len: np.ndarray  # token id -> bytes it decodes to
+    reference: Tokenizer  # the artifact itself (what decides how a long text may be cut)
 
     @abstractmethod
     def encode(self, texts: list[str]) -> pa.ListArray:
@@ -264,6 +265,7 @@ class ReferenceEncoder(TokenEncoder):
     def __init__(self, tokenizer: Tokenizer, why: str) -> None:
         tokenizer.encode_special_tokens = True  # not serialized: control tokens are text
         self.tokenizer = tokenizer
+        self.reference = tokenizer
         self.byte_len = token_byte_lengths(tokenizer)
         self.name = f"tokenizers {tokenizers.__version__}"
         self.why = why

@@ -110,8 +110,6 @@ class EnrichConfig(BaseModel):
     # real headers measured (Boost typeof/vector200.hpp 2.3 MB, qvm swizzle4.hpp 1.4 MB) take
     # at most 2.2 s CPU for the whole syntax lane, so 20 s leaves ~10x headroom.
     parse_timeout_seconds: float = Field(default=20.0, gt=0.0)
-    # Files above this are not parsed at all (bounds memory and time per file).
-    max_file_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     # Names are for humans and join keys, not payload: long qualified names are cut here.
     max_name_bytes: int = Field(default=256, gt=0)
     # Parse a view with parser-derailing macro invocations blanked (see `parse_view`).
@@ -263,7 +261,28 @@ class CppStructureParser:
 
     def regions(self, data: bytes, budget_seconds: float | None = None) -> FileRegions:
         """Parse, structure query and the per-node work for one file: everything of the
-        syntax lane but the span partition, which `partition` does for many files at once."""
+        syntax lane but the span partition, which `partition` does for many files at once.
+        A file over SEGMENT_BYTES is parsed a segment at a time (cut where a line opens at
+        the top level), so a tree never holds more than one segment: memory is bounded by
+        the segment, not the file, for a file at the size policy's limit. The budget is the
+        whole file's."""
+        if len(data) <= SEGMENT_BYTES:
+            return self._regions(data, budget_seconds)
+        parts: list[tuple[int, FileRegions]] = []
+        started = time.thread_time()
+        for lo, hi in segments(data, SEGMENT_BYTES):
+            left = None
+            if budget_seconds is not None:
+                left = budget_seconds - (time.thread_time() - started)
+                if left <= 0:
+                    raise ParseTimeout(budget_seconds, lo, len(data))
+            try:
+                parts.append((lo, self._regions(data[lo:hi], left)))
+            except ParseTimeout as exc:
+                raise ParseTimeout(budget_seconds or 0.0, lo + exc.offset, len(data)) from exc
+        return merge_regions(parts, len(data))
+
+    def _regions(self, data: bytes, budget_seconds: float | None) -> FileRegions:
         tree = self.parse(parse_view(data) if self.mask_macro_noise else data, budget_seconds)
         cursor = tree_sitter.QueryCursor(self.query)
         # The query walk can cost far more than the parse on pathological nesting (100k
@@ -302,6 +321,79 @@ class FileRegions:
     n_missing_nodes: int
     n_functions: int
     n_classes: int
+
+
+# The most of one file tree-sitter holds as one tree (about 30 bytes of tree per byte of
+# text): larger files are parsed in segments. Real headers stay far below it (the largest
+# measured, Boost's vector200.hpp, is 2.3 MB), so they parse whole, exactly as before.
+SEGMENT_BYTES = 4 << 20
+_TOP_LEVEL_LINE = re.compile(rb"\n\n(?=[^\s])")
+
+
+def segments(data: bytes, size: int) -> list[tuple[int, int]]:
+    """[lo, hi) cuts of `data`, each at most `size` bytes. A cut goes after a blank line that
+    a line starting in column 0 follows, where the braces since the segment began balance
+    (the top level, as far as bytes tell; braces in comments and strings are counted too),
+    else after such a line anywhere in the segment's second half, else after its last
+    newline, else at `size`. Deterministic: the same bytes give the same cuts."""
+    cuts = [0]
+    while len(data) - cuts[-1] > size:
+        lo = cuts[-1]
+        window = np.frombuffer(data, np.uint8, size, lo)
+        depth = np.cumsum((window == ord("{")).astype(np.int32) - (window == ord("}")))
+        candidates = [m.end() for m in _TOP_LEVEL_LINE.finditer(data, lo + size // 2, lo + size)]
+        top = [c for c in candidates if depth[c - lo - 1] == 0]
+        if top or candidates:
+            best = (top or candidates)[-1]
+        else:
+            nl = data.rfind(b"\n", lo + size // 2, lo + size)
+            best = nl + 1 if nl >= 0 else lo + size
+        cuts.append(best)
+    cuts.append(len(data))
+    return list(itertools.pairwise(cuts))
+
+
+def merge_regions(parts: list[tuple[int, FileRegions]], size: int) -> FileRegions:
+    """One file's regions from its segments' (each at its byte offset): every offset moved
+    to the file, prototypes kept last (as `partition` expects), counts summed, the error
+    ratio weighted by segment size."""
+
+    def moved(values: list[int], at: int) -> list[int]:
+        return [v + at for v in values]
+
+    def moved_pairs(pairs: list[tuple[int, int]], at: int) -> list[tuple[int, int]]:
+        return [(a + at, b + at) for a, b in pairs]
+
+    starts: list[int] = []
+    ends: list[int] = []
+    kinds: list[int] = []
+    names: list[str] = []
+    for rest in (False, True):  # the regions first, then the prototypes
+        for at, r in parts:
+            chosen = r.prototypes if rest else range(r.prototypes.start)
+            starts += [r.starts[i] + at for i in chosen]
+            ends += [r.ends[i] + at for i in chosen]
+            kinds += [r.kinds[i] for i in chosen]
+            names += [r.names[i] for i in chosen]
+    prototypes = sum(len(r.prototypes) for _, r in parts)
+    return FileRegions(
+        size=size,
+        starts=starts,
+        ends=ends,
+        kinds=kinds,
+        names=names,
+        prototypes=range(len(starts) - prototypes, len(starts)),
+        comments=[c for at, r in parts for c in moved_pairs(r.comments, at)],
+        directives=[d for at, r in parts for d in moved_pairs(r.directives, at)],
+        strings=[x for at, r in parts for x in moved_pairs(r.strings, at)],
+        scope_starts=[v for at, r in parts for v in moved(r.scope_starts, at)],
+        scope_ends=[v for at, r in parts for v in moved(r.scope_ends, at)],
+        parse_error_ratio=sum(r.parse_error_ratio * r.size for _, r in parts) / max(size, 1),
+        n_error_nodes=sum(r.n_error_nodes for _, r in parts),
+        n_missing_nodes=sum(r.n_missing_nodes for _, r in parts),
+        n_functions=sum(r.n_functions for _, r in parts),
+        n_classes=sum(r.n_classes for _, r in parts),
+    )
 
 
 def _union_bytes(intervals: list[tuple[int, int]]) -> int:
@@ -704,7 +796,8 @@ def _list_column(offsets: np.ndarray, values: pa.Array) -> pa.Array:
 
 def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = None) -> GateResult:
     """Enrich one shard of `deduped_files`: kept rows get ENRICHED_FILES columns; files over
-    `max_file_bytes`, over the parse budget or over `max_parse_error_ratio` go to the ledger.
+    the parse budget or over `max_parse_error_ratio` go to the ledger (no file is larger than
+    the catalog's `max_file_bytes`: collection refused it).
     `build` (that source's parsed compile database) makes matching TUs `structure_source =
     build`; every other file is `syntax`."""
     parser = CppStructureParser(config.max_name_bytes, config.mask_macro_noise)
@@ -727,10 +820,6 @@ def run(table: pa.Table, config: EnrichConfig, build: BuildDatabase | None = Non
 
     stats["files_in"] += len(datas)
     for row, data in enumerate(datas):
-        if len(data) > config.max_file_bytes:
-            detail = f"{len(data)} bytes > max_file_bytes {config.max_file_bytes}: not parsed"
-            drop(row, DropReason.TOO_LARGE, detail)
-            continue
         try:
             fr = parser.regions(data, config.parse_timeout_seconds)
         except ParseTimeout as exc:

@@ -1,7 +1,8 @@
 """The normalize gate: decides which collected files are C/C++ text worth keeping, and turns
 them into LF-normalized UTF-8 with their original encoding recorded (seed rule: cheap
-filters first — size, binary, minified/data-like, generated, not C++ — before anything
-expensive). Thresholds follow BigCode's: max line 1000, mean line 100, alnum >= 0.25.
+filters first — binary, LFS/annex pointer, minified/data-like, generated, not C++ — before
+anything expensive; the size policy is collection's). Thresholds follow BigCode's: max line
+1000, mean line 100, alnum >= 0.25.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ class NormalizeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_file_bytes: int = Field(1 << 20, gt=0)  # raw bytes; checked before decoding
     max_line_length: int = Field(1000, gt=0)  # characters, BigCode
     max_mean_line_length: float = Field(100.0, gt=0)  # characters, BigCode
     min_alnum_fraction: float = Field(0.25, ge=0, le=1)  # ASCII letters+digits / chars
@@ -158,12 +158,9 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
         verdict.drop_all(hit, DropReason.GENERATED_FILE, f"path matches {pattern!r}")
     sizes = _np(pc.binary_length(content)).astype(np.int64)
     verdict.drop_all(sizes == 0, DropReason.EMPTY, "0 bytes")
-    too_large = sizes > config.max_file_bytes
-    verdict.drop_each(
-        too_large,
-        DropReason.TOO_LARGE,
-        lambda i: f"size {sizes[i]} > {config.max_file_bytes} (max_file_bytes)",
-    )
+    # no size limit here: collection applied the one size policy (max_file_bytes)
+    for i, detail in _pointer_files(content, sizes, verdict.alive):
+        verdict.drop_one(i, DropReason.POINTER_FILE, detail)
     # Phase 2, per file: the NUL sniff and decoding, the only steps that need Python objects.
     alive_idx = np.flatnonzero(verdict.alive)
     raw_alive = _binary_values(content, alive_idx)
@@ -298,6 +295,47 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
         details=[verdict.details[i] for i in dropped_rows.tolist()],
     )
     return GateResult(kept=kept, dropped=dropped, stats=stats)
+
+
+# Stand-ins for content kept elsewhere. A Git LFS pointer is at most 1024 bytes by its spec
+# (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md): a version line, then sorted
+# `key value` lines with `oid sha256:<hex>` and `size <n>`. A git-annex pointer (an unlocked
+# annexed file) is one line `/annex/objects/<key>`.
+_POINTER_MAX_BYTES = 1024
+_LFS = re.compile(
+    rb"version https://(?:git-lfs\.github\.com|hawser\.github\.com)/spec/v1\r?\n"
+    rb"(?:[a-z0-9.-]+ [^\n]*\n)*?oid sha256:(?P<oid>[0-9a-f]{64})\r?\n"
+    rb"(?:[a-z0-9.-]+ [^\n]*\n)*?size (?P<size>\d+)\r?\n"
+)
+_ANNEX = re.compile(rb"/annex/objects/(?P<key>[A-Z0-9]+-[^\s/]+)\n?\Z")
+
+
+def _pointer_files(
+    content: pa.Array, sizes: np.ndarray, alive: np.ndarray
+) -> list[tuple[int, str]]:
+    """(row, detail) of every Git LFS or git-annex pointer among the small live files."""
+    rows = np.flatnonzero(alive & (sizes > 0) & (sizes <= _POINTER_MAX_BYTES))
+    found = []
+    for i, raw in zip(rows.tolist(), _binary_values(content, rows), strict=True):
+        if raw.startswith(b"version https://"):
+            m = _LFS.match(raw)
+            if m:
+                found.append(
+                    (
+                        i,
+                        f"Git LFS pointer to {int(m['size'])} bytes (oid sha256:"
+                        f"{m['oid'][:16].decode()}...): the content is in LFS storage, not in "
+                        "the repository",
+                    )
+                )
+        elif raw.startswith(b"/annex/objects/"):
+            m = _ANNEX.match(raw)
+            if m:
+                key = m["key"].decode("utf-8", "replace")
+                found.append(
+                    (i, f"git-annex pointer to {key}: the content is in git-annex storage")
+                )
+    return found
 
 
 class _Verdicts:

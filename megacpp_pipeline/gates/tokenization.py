@@ -15,7 +15,10 @@ token bytes add up to the text's bytes guards the table. Which encoder produces 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.catalog import SplitConfig
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops, empty_ledger
 from megacpp_pipeline.corpus.encoders import (
@@ -41,10 +45,6 @@ SPLITS = ("train", "validation")
 class TokenizeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    validation_fraction: float = Field(default=0.02, ge=0.0, le=1.0)
-    # Changing the salt reshuffles the split; keep it fixed across snapshots so a document
-    # never moves from validation into train.
-    split_salt: str = "megacpp-split-v1"
     # Bytes of text encoded at once: the ids of one batch are what costs memory.
     batch_bytes: int = Field(default=1024 * 1024, ge=1)
     # auto: the fast encoder (tiktoken over the same artifact) when it reproduces the
@@ -57,15 +57,15 @@ class TokenizeConfig(BaseModel):
 def assign_split(
     source_ids: list[str] | pa.Array | pa.ChunkedArray,
     paths: list[str] | pa.Array | pa.ChunkedArray,
-    config: TokenizeConfig,
+    split: SplitConfig,
 ) -> list[str]:
     """`validation` when hash(salt, source id, path) falls under the fraction, else `train`."""
     if not isinstance(source_ids, list):
         source_ids = source_ids.to_pylist()
     if not isinstance(paths, list):
         paths = paths.to_pylist()
-    threshold = int(config.validation_fraction * (1 << 64))
-    key = config.split_salt.encode("utf-8")[:64]
+    threshold = int(split.validation_fraction * (1 << 64))
+    key = split.salt.encode("utf-8")[:64]
     out = []
     for source_id, path in zip(source_ids, paths, strict=True):
         digest = hashlib.blake2b(f"{source_id}\0{path}".encode(), digest_size=8, key=key).digest()
@@ -141,28 +141,140 @@ def _utf8_buffer(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.nda
     return data[offsets[0] : offsets[-1]], offsets - offsets[0]
 
 
-def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, config: TokenizeConfig) -> GateResult:
+# Above this many tokens in one batch (only a file of several MB makes that many), tokens
+# are aligned a document and a block at a time: the batch-wide arrays of the vectorized
+# path cost ~40 bytes per token at once.
+BLOCK_TOKENS = 1 << 22
+
+
+def _align_by_blocks(
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    byte_len: np.ndarray,
+    doc_bytes: np.ndarray,
+    chunks: pa.Table,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What `align_chunk_kinds` gives (each token's chunk kind) and the bytes each
+    document's tokens cover, one document at a time and BLOCK_TOKENS tokens at a time,
+    so the memory beyond the ids is a few bytes per token."""
+    kinds = np.zeros(flat.size, np.uint8)
+    covered = np.zeros(len(offsets) - 1, np.int64)
+    starts_col = chunks.column("chunk_starts").combine_chunks()
+    span_offsets = starts_col.offsets.to_numpy()
+    span_start = starts_col.values.to_numpy().astype(np.int64)
+    span_end = chunks.column("chunk_ends").combine_chunks().values.to_numpy().astype(np.int64)
+    span_kind = chunks.column("chunk_kinds").combine_chunks().values.to_numpy()
+    for doc in range(len(offsets) - 1):
+        s_lo, s_hi = int(span_offsets[doc]), int(span_offsets[doc + 1])
+        d_start = span_start[s_lo:s_hi]
+        d_end = np.minimum(span_end[s_lo:s_hi], doc_bytes[doc])
+        d_kind = span_kind[s_lo:s_hi]
+        carry = 0
+        for lo in range(int(offsets[doc]), int(offsets[doc + 1]), BLOCK_TOKENS):
+            hi = min(int(offsets[doc + 1]), lo + BLOCK_TOKENS)
+            token_len = byte_len[flat[lo:hi]].astype(np.int64)
+            token_start = np.cumsum(token_len)
+            token_start -= token_len
+            token_start += carry
+            carry += int(token_len.sum())
+            if d_start.size:
+                j = np.searchsorted(d_start, token_start, side="right") - 1
+                jc = np.maximum(j, 0)
+                inside = (j >= 0) & (token_start < d_end[jc])
+                kinds[lo:hi] = np.where(inside, d_kind[jc], 0)
+        covered[doc] = carry
+    return kinds, covered
+
+
+# A document longer than this (characters) is encoded a piece at a time when the tokenizer
+# allows it (`splits_exactly`): the Encoding of a whole file costs ~40 bytes of memory per
+# byte of text, so a file at the size policy's limit would otherwise need gigabytes.
+PIECE_CHARS = 1 << 20
+# A newline with a non-space character after it: a byte-level pre-tokenizer always ends a
+# token there (whitespace tokens never take a non-space character, other tokens never a
+# newline), so encoding the pieces gives exactly the ids of encoding the whole.
+_PIECE_CUT = re.compile(r"\n(?=\S)")
+
+
+def splits_exactly(tokenizer: Tokenizer) -> bool:
+    """Whether encoding a text cut after `\\n` before a non-space character gives the same
+    ids as encoding it whole: no normalizer, a ByteLevel pre-tokenizer with its regex and
+    no prefix space, no added token holding a newline."""
+    doc = json.loads(tokenizer.to_str())
+    pre = doc.get("pre_tokenizer") or {}
+    return (
+        doc.get("normalizer") is None
+        and pre.get("type") == "ByteLevel"
+        and bool(pre.get("use_regex", True))
+        and not pre.get("add_prefix_space", False)
+        and all("\n" not in t.content for t in tokenizer.get_added_tokens_decoder().values())
+    )
+
+
+def text_pieces(text: str, size: int) -> Iterator[str]:
+    """`text` cut into pieces of at most about `size` characters, each cut after a newline
+    that a non-space character follows (a piece runs longer only where there is none)."""
+    lo = 0
+    while len(text) - lo > size:
+        cut = -1
+        for m in _PIECE_CUT.finditer(text, lo + size // 2, lo + size):
+            cut = m.end()
+        if cut < 0:
+            later = _PIECE_CUT.search(text, lo + size)
+            cut = later.end() if later else len(text)
+        yield text[lo:cut]
+        lo = cut
+    if lo < len(text):
+        yield text[lo:]
+
+
+def _encode(encoder: TokenEncoder, texts: list[str]) -> pa.ListArray:
+    """Every text's ids; a text longer than PIECE_CHARS a piece at a time when the artifact
+    allows it (splits_exactly): the same ids, in a fraction of the memory."""
+    long = [i for i, t in enumerate(texts) if len(t) > PIECE_CHARS]
+    if not long or not splits_exactly(encoder.reference):
+        return encoder.encode(texts)
+    per_doc: list[np.ndarray] = []
+    short = encoder.encode([t if len(t) <= PIECE_CHARS else "" for t in texts])
+    for i, text in enumerate(texts):
+        if len(text) <= PIECE_CHARS:
+            per_doc.append(short[i].values.to_numpy(zero_copy_only=False))
+            continue
+        parts = [
+            encoder.encode([piece])[0].values.to_numpy(zero_copy_only=False)
+            for piece in text_pieces(text, PIECE_CHARS)
+        ]
+        per_doc.append(np.concatenate(parts) if parts else np.zeros(0, np.int32))
+    offsets = np.zeros(len(texts) + 1, np.int32)
+    np.cumsum([len(a) for a in per_doc], out=offsets[1:])
+    values = pa.array(np.concatenate(per_doc).astype(np.int32), pa.int32())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, split: SplitConfig) -> GateResult:
     stats: Counter[str] = Counter()
     texts: list[str] = table.column("text").to_pylist()
     text_bytes, text_offsets = _utf8_buffer(table.column("text"))
-    ids_arr = encoder.encode(texts)
+    ids_arr = _encode(encoder, texts)
     flat = ids_arr.values.to_numpy()
     offsets = ids_arr.offsets.to_numpy()
     n_tokens = np.diff(offsets)
     doc_bytes = np.diff(text_offsets)
 
-    token_doc = np.repeat(np.arange(len(texts)), n_tokens)
-    token_len = encoder.byte_len[flat]
-    # Exclusive cumulative bytes over the batch's tokens: a token's byte offset inside its
-    # document, and the bytes each document's tokens add up to (must equal the text's own
-    # byte length for the alignment to be trusted).
-    cum = np.zeros(flat.size + 1, dtype=np.int64)
-    np.cumsum(token_len, out=cum[1:])
-    token_start = cum[:-1] - cum[offsets[:-1]][token_doc]
-    covered = cum[offsets[1:]] - cum[offsets[:-1]]
-
-    doc_base = text_offsets[:-1]
-    kinds = align_chunk_kinds(token_doc, token_start, doc_base, doc_bytes, table)
+    if flat.size > BLOCK_TOKENS:  # a file near the size limit: bounded, block by block
+        kinds, covered = _align_by_blocks(flat, offsets, encoder.byte_len, doc_bytes, table)
+    else:
+        token_doc = np.repeat(np.arange(len(texts)), n_tokens)
+        token_len = encoder.byte_len[flat]
+        # Exclusive cumulative bytes over the batch's tokens: a token's byte offset inside
+        # its document, and the bytes each document's tokens add up to (must equal the
+        # text's own byte length for the alignment to be trusted).
+        cum = np.zeros(flat.size + 1, dtype=np.int64)
+        np.cumsum(token_len, out=cum[1:])
+        token_start = cum[:-1] - cum[offsets[:-1]][token_doc]
+        covered = cum[offsets[1:]] - cum[offsets[:-1]]
+        doc_base = text_offsets[:-1]
+        kinds = align_chunk_kinds(token_doc, token_start, doc_base, doc_bytes, table)
 
     differs_at = encoder.round_trip_failures(texts, text_bytes, text_offsets, ids_arr)
     suspect = (n_tokens == 0) | (covered != doc_bytes)
@@ -210,7 +322,7 @@ def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, config: TokenizeConf
         "license_source": kept_src.column("license_source"),
         "structure_source": kept_src.column("structure_source"),
         "split": pa.array(
-            assign_split(kept_src.column("source_id"), kept_src.column("path"), config),
+            assign_split(kept_src.column("source_id"), kept_src.column("path"), split),
             pa.string(),
         ),
         "num_tokens": pa.array(n_tokens[keep].astype(np.int32), pa.int32()),
@@ -242,8 +354,8 @@ def _tokenize_batch(table: pa.Table, encoder: TokenEncoder, config: TokenizeConf
     stats["docs_kept"] += int(keep.sum())
     stats["bytes_in"] += int(doc_bytes.sum())
     stats["tokens_kept"] += int(n_tokens[keep].sum())
-    for split in SPLITS:
-        stats[f"docs_{split}"] += int(pc.sum(pc.equal(kept.column("split"), split)).as_py() or 0)
+    for name in SPLITS:
+        stats[f"docs_{name}"] += int(pc.sum(pc.equal(kept.column("split"), name)).as_py() or 0)
     return GateResult(kept=kept, dropped=dropped, stats=stats)
 
 
@@ -261,8 +373,14 @@ def _byte_batches(table: pa.Table, batch_bytes: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def run(table: pa.Table, tokenizer: Tokenizer | TokenEncoder, config: TokenizeConfig) -> GateResult:
-    """schemas.ENRICHED_FILES rows in, schemas.TOKENIZED_DOCS rows out (no BOS/EOS here).
+def run(
+    table: pa.Table,
+    tokenizer: Tokenizer | TokenEncoder,
+    config: TokenizeConfig,
+    split: SplitConfig,
+) -> GateResult:
+    """schemas.ENRICHED_FILES rows in, schemas.TOKENIZED_DOCS rows out (no BOS/EOS here), each
+    labelled train or validation by `split`.
     `tokenizer` is the artifact (the encoder is then chosen per `config.encoder`, once per
     artifact) or an encoder already chosen (the stage's, built once per source)."""
     encoder = (
@@ -271,7 +389,7 @@ def run(table: pa.Table, tokenizer: Tokenizer | TokenEncoder, config: TokenizeCo
         else select_encoder(tokenizer, config.encoder)
     )
     parts = [
-        _tokenize_batch(table.slice(lo, hi - lo), encoder, config)
+        _tokenize_batch(table.slice(lo, hi - lo), encoder, split)
         for lo, hi in _byte_batches(table, config.batch_bytes)
     ]
     if not parts:

@@ -162,7 +162,7 @@ def corpus_funnel(
             if not ctx.store.has_version(name, partition):
                 continue
             stats = ctx.store.latest(name, partition).stats
-            if name == ctx.registry.ledger_stages()[0]:
+            if name == ctx.registry.collection():
                 collected += int(stats.get("files_seen", 0))
             counts.update({k: int(v) for k, v in stats.items() if k.startswith("ledger:")})
         drops += [(name, k.removeprefix("ledger:"), n) for k, n in sorted(counts.items()) if n]

@@ -1,11 +1,16 @@
 """What a stage runs with: the catalog, the store, the registry and the run's identity
 (`StageContext`), and for a per-file gate what it may read of one source besides its input
-shards (`SourceInputs`, which records every version it reads so the manifest lists it)."""
+shards (`SourceInputs`, which records every version it reads so the manifest lists it).
+
+The runner hands a stage's body and checks the context `for_stage(stage)`: reading another
+stage's versions, config or code version through it is refused unless the stage declares
+that stage (Registry.reads_of), so the registry is the whole truth about what depends on
+what. Stage code reads other stages through `latest`, never `store.latest`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +20,7 @@ from pydantic import BaseModel
 from megacpp_pipeline.core.catalog import Catalog, SourceSpec
 from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.parallel import cpu_count
 from megacpp_pipeline.pipeline.registry import Registry, Stage
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore
@@ -23,6 +28,10 @@ from megacpp_pipeline.storage.store import Manifest, ShardStore
 
 def _ignore(message: str) -> None:
     pass
+
+
+class UndeclaredReadError(RuntimeError):
+    """A stage read a stage it does not declare (Stage.input, Stage.reads)."""
 
 
 @dataclass
@@ -35,8 +44,25 @@ class StageContext:
     # source -> the revision the refresh that launched this run resolved (tracked branches)
     pins: Mapping[str, str] = field(default_factory=dict)
     log: Callable[[str], None] = _ignore
-    workers: int | None = None  # forked workers per shard for per-file gates (None: every CPU)
+    workers: int | None = None  # forked workers of this host (None: every CPU it may use)
     engine: Engine = LOCAL  # where per-file stages run (pipeline/engine.py)
+    # the stage whose work this context serves: its reads of other stages are checked
+    # against what it declares (None: the orchestration's own, unchecked)
+    reader: Stage | None = None
+
+    def for_stage(self, stage: Stage) -> StageContext:
+        """This context for `stage`'s body or checks."""
+        return replace(self, reader=stage)
+
+    def may_read(self, name: str) -> None:
+        """Refuse a read of stage `name` that the reading stage did not declare."""
+        reader = self.reader
+        if reader is None or name == reader.name or name in self.registry.reads_of(reader):
+            return
+        raise UndeclaredReadError(
+            f"stage {reader.name!r} reads {name!r} but does not declare it "
+            f"(declared: {', '.join(self.registry.reads_of(reader)) or 'nothing'})"
+        )
 
     def executor(self) -> Executor:
         """A fresh executor for one stage's maps (its per-node figures are that stage's):
@@ -44,19 +70,32 @@ class StageContext:
         if self.engine.distributed:
             from megacpp_pipeline.pipeline import ray_engine  # the optional extra
 
-            return ray_engine.RayExecutor(self.engine)
-        return LocalExecutor(self.workers if self.workers is not None else default_workers())
+            return ray_engine.RayExecutor(self.engine, self.host_workers)
+        return LocalExecutor(self.host_workers)
 
     def host_executor(self) -> Executor:
         """Forked workers of this host whatever the engine: for work on this host's own
         files (a snapshot being built, its Megatron export)."""
-        return LocalExecutor(self.workers if self.workers is not None else default_workers())
+        return LocalExecutor(self.host_workers)
 
-    def config(self, stage: Stage) -> Any:
-        return self.registry.config_of(stage, self.catalog)
+    @property
+    def host_workers(self) -> int:
+        return self.workers if self.workers is not None else cpu_count()
+
+    def config(self, stage: Stage | str) -> Any:
+        """A stage's config: the reading stage's own, or one it lists in config_reads."""
+        s = self.registry.get(stage) if isinstance(stage, str) else stage
+        reader = self.reader
+        if reader is not None and s.name != reader.name and s.name not in reader.config_reads:
+            raise UndeclaredReadError(
+                f"stage {reader.name!r} reads the config of {s.name!r} but does not declare "
+                f"it (config_reads: {', '.join(reader.config_reads) or 'nothing'})"
+            )
+        return self.registry.config_of(s, self.catalog)
 
     def code_version(self, stage: Stage | str) -> str:
         s = self.registry.get(stage) if isinstance(stage, str) else stage
+        self.may_read(s.name)
         return self.registry.code_version(s, self.catalog)
 
     def file_cache(
@@ -89,6 +128,7 @@ class StageContext:
     def latest(self, stage: str, source: str | None = None) -> Manifest:
         """The latest version of `stage`: the source's partition for a per-source stage, the
         only one for a global stage."""
+        self.may_read(stage)
         per_source = self.registry.get(stage).per_source
         return self.store.latest(stage, source if per_source else None)
 
@@ -119,7 +159,9 @@ class SourceInputs:
 
     def manifest(self, stage: str) -> Manifest:
         if stage not in self.stage.upstream:
-            raise ValueError(f"stage {self.stage.name!r} reads {stage!r} but does not declare it")
+            raise UndeclaredReadError(
+                f"stage {self.stage.name!r} reads {stage!r} but does not declare it"
+            )
         m = self.ctx.latest(stage, self.source.id)
         if all(r.version != m.version or r.asset != m.asset for r in self.read):
             self.read.append(m)
@@ -134,13 +176,17 @@ class SourceInputs:
         """The source's non-corpus files collect kept for the gates (REUSE metadata, the
         compile database), path -> bytes, for the paths `keep` accepts."""
         out: dict[str, bytes] = {}
-        for t in self.tables("raw_files", "metadata"):
+        for t in self.tables(self.ctx.registry.collection(), "metadata"):
             for path, content in zip(t["path"].to_pylist(), t["content"].to_pylist(), strict=True):
                 if keep(path):
                     out[path] = content
         return out
 
     def code_version(self, stage: str) -> str:
+        if stage not in self.stage.upstream:
+            raise UndeclaredReadError(
+                f"stage {self.stage.name!r} reads {stage!r} but does not declare it"
+            )
         return self.ctx.code_version(stage)
 
     def artifact(self, stage: str, relpath: str) -> tuple[str, str]:

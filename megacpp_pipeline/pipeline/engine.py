@@ -6,12 +6,13 @@ the same whichever ran it.
 
 The choice comes from `megacpp run --engine`, the pipeline resource's config, or
 MEGACPP_ENGINE; the cluster from `--ray-address` or Ray's own RAY_ADDRESS, and with neither
-the ray engine starts a local Ray instance sized to this machine.
+the ray engine starts a local Ray instance sized to this machine. The edge (the CLI, the
+resource) hands its environment to `Engine.choose`; the library reads none.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -33,9 +34,10 @@ class Engine:
     task_bytes: int = 1 << 20
 
     @classmethod
-    def choose(cls, kind: str | None = None, address: str | None = None) -> Engine:
-        """The engine a run asked for: arguments first, then MEGACPP_ENGINE / RAY_ADDRESS."""
-        raw = (kind or os.environ.get(ENGINE_ENV) or EngineKind.LOCAL.value).strip().lower()
+    def choose(cls, kind: str | None, address: str | None, environ: Mapping[str, str]) -> Engine:
+        """The engine a run asked for: arguments first, then MEGACPP_ENGINE / RAY_ADDRESS in
+        `environ`."""
+        raw = (kind or environ.get(ENGINE_ENV) or EngineKind.LOCAL.value).strip().lower()
         try:
             chosen = EngineKind(raw)
         except ValueError:
@@ -45,7 +47,7 @@ class Engine:
             if address:
                 raise ValueError(f"a Ray address ({address}) was given with the local engine")
             return cls()
-        return cls(chosen, address or os.environ.get(RAY_ADDRESS_ENV) or None)
+        return cls(chosen, address or environ.get(RAY_ADDRESS_ENV) or None)
 
     @property
     def distributed(self) -> bool:

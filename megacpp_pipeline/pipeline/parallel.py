@@ -1,11 +1,12 @@
-"""This host's workers: how many (MEGACPP_WORKERS, else every CPU this process may use),
-what a forked worker must reset, whether this process may still fork workers that use
-polars, and what a row's work is proportional to."""
+"""This host's workers: how many (MEGACPP_WORKERS in the environment the edge hands over,
+else every CPU this process may use), what a forked worker must reset, whether this process
+may still fork workers that use polars, and what a row's work is proportional to."""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -15,9 +16,11 @@ WORKERS_ENV = "MEGACPP_WORKERS"
 SIZE_COLUMNS = ("text", "content")  # what a row's work is proportional to
 
 
-def default_workers() -> int:
-    """MEGACPP_WORKERS if set (1 turns parallelism off), else the CPUs this process may use."""
-    raw = os.environ.get(WORKERS_ENV, "").strip()
+def workers_from(environ: Mapping[str, str]) -> int:
+    """MEGACPP_WORKERS if set in `environ` (1 turns parallelism off), else the CPUs this
+    process may use. The edge (the CLI, the Dagster resource) hands its environment over;
+    the library reads none."""
+    raw = environ.get(WORKERS_ENV, "").strip()
     if raw:
         try:
             return max(1, int(raw))

@@ -29,7 +29,6 @@ from megacpp_pipeline.pipeline.executor import (
     run_timed,
 )
 from megacpp_pipeline.pipeline.memory import bound_malloc
-from megacpp_pipeline.pipeline.parallel import default_workers
 
 try:
     import ray
@@ -37,9 +36,9 @@ except ImportError as e:  # the `ray` extra is optional
     raise ImportError("the ray engine needs Ray: pip install -e '.[ray]' (ray==2.60.0)") from e
 
 
-def connect(engine: Engine) -> None:
+def connect(engine: Engine, local_cpus: int) -> None:
     """Join the engine's cluster once per process; with no address (and no RAY_ADDRESS), a
-    local Ray instance sized to this machine, on loopback."""
+    local Ray instance of `local_cpus`, on loopback."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -50,7 +49,7 @@ def connect(engine: Engine) -> None:
         # Ray otherwise resolves the host's own address, which a sandboxed or firewalled
         # host may not route back to itself; a local instance needs nothing beyond loopback.
         ray.init(
-            num_cpus=default_workers(),
+            num_cpus=local_cpus,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             **kwargs,
@@ -77,13 +76,14 @@ class RayExecutor:
 
     distributed = True
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, local_cpus: int) -> None:
         self.engine = engine
+        self.local_cpus = local_cpus  # a local instance's size (no cluster address)
         self.stats = MapStats()
 
     @property
     def workers(self) -> int:
-        connect(self.engine)
+        connect(self.engine, self.local_cpus)
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     def describe(self) -> dict[str, Any]:
@@ -93,6 +93,14 @@ class RayExecutor:
         for timed in self.map_timed(task, job, items):
             yield timed.value
 
+    def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R:
+        """One task on the cluster, not in the driver."""
+        connect(self.engine, self.local_cpus)
+        timed: Timed = ray.get(_run.remote(ray.put((task, job)), item))
+        self.stats.count(timed.node, timed.busy_s)
+        value: R = timed.value
+        return value
+
     def map_timed(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[Timed]:
         items = list(items)
         if len(items) < 2:  # one task is cheaper here than a round trip to the cluster
@@ -101,7 +109,7 @@ class RayExecutor:
                 self.stats.count(timed.node, timed.busy_s)
                 yield timed
             return
-        connect(self.engine)
+        connect(self.engine, self.local_cpus)
         job_ref = ray.put((task, job))
         refs = [_run.remote(job_ref, item) for item in items]
         taken = 0

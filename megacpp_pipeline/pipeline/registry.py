@@ -65,7 +65,11 @@ class Check:
 
     name: str
     description: str
-    evaluate: Callable[[StageContext, Stage, str | None], CheckOutcome]
+    fn: Callable[[StageContext, Stage, str | None], CheckOutcome]
+
+    def evaluate(self, ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
+        """The outcome on one partition, the check reading only what its stage declares."""
+        return self.fn(ctx.for_stage(stage), stage, partition)
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,15 @@ class Stage:
     description: str
     group: str  # the UI group: collect, gates, tokens, snapshot
     input: str | None = None  # the stage whose output this one transforms (the chain)
-    reads: tuple[str, ...] = ()  # other stages it reads (metadata, an artifact)
+    # other stages it reads (their data, stats or artifacts), by their name constants:
+    # StageContext refuses a read of any stage not declared here
+    reads: tuple[str, ...] = ()
+    # it also reads every earlier stage that writes ledger rows (the snapshot's ledger):
+    # the registry resolves them, so an inserted gate is read too
+    reads_ledgers: bool = False
+    # stages whose config alone it reads (the catalog's, so a later stage's too: removals
+    # sign removed files with dedup's near-duplicate settings); covered by its code version
+    config_reads: tuple[str, ...] = ()
     config_key: str | None = None  # its section under `stages:` in sources.yaml
     config: type[BaseModel] | None = None
     # defaults a config takes from the catalog itself (packing's seq_len)
@@ -148,6 +160,7 @@ class Registry:
         self._validate()
 
     def _validate(self) -> None:
+        names = [s.name for s in self.stages]
         seen: set[str] = set()
         config_keys: set[str] = set()
         for s in self.stages:
@@ -157,6 +170,11 @@ class Registry:
                 if up not in seen:
                     raise RegistryError(
                         f"stage {s.name!r}: upstream {up!r} is not an earlier stage"
+                    )
+            for other in s.config_reads:
+                if other not in names or self.stages[names.index(other)].config is None:
+                    raise RegistryError(
+                        f"stage {s.name!r}: config_reads {other!r} is not a stage with a config"
                     )
             if (s.gate is None) == (s.body is None):
                 raise RegistryError(f"stage {s.name!r}: needs exactly one of gate and body")
@@ -204,6 +222,14 @@ class Registry:
         """Whether some stage reads this file of the source as metadata."""
         return any(s.metadata_files(spec, path) for s in self.stages if s.metadata_files)
 
+    def collection(self) -> str:
+        """The stage that collects: the first ledger stage, which lists every file seen and
+        keeps the sources' metadata files (its `metadata` table)."""
+        stages = self.ledger_stages()
+        if not stages:
+            raise RegistryError("no stage writes a ledger: nothing collects")
+        return stages[0]
+
     def ledger_stages(self) -> list[str]:
         """The stages that write ledger rows, in order: the first lists every file seen."""
         return [s.name for s in self.stages if s.writes_ledger]
@@ -243,12 +269,21 @@ class Registry:
             done.update(group)
         return groups
 
+    def reads_of(self, stage: Stage) -> tuple[str, ...]:
+        """Every stage `stage` reads: its input, its declared reads, and the earlier ledger
+        stages when it reads them all."""
+        names = list(stage.upstream)
+        if stage.reads_ledgers:
+            earlier = self.names()[: self.names().index(stage.name)]
+            names += [n for n in earlier if self.get(n).writes_ledger]
+        return tuple(dict.fromkeys(names))
+
     def downstream_of(self, name: str) -> list[str]:
         """Every stage that reads `name`'s output, directly or not, in order."""
         out: list[str] = []
         reached = {name}
         for s in self.stages:
-            if reached.intersection(s.upstream):
+            if reached.intersection(self.reads_of(s)):
                 out.append(s.name)
                 reached.add(s.name)
         return out
@@ -297,6 +332,14 @@ class Registry:
         config = self.config_of(stage, catalog)
         if config is not None:
             h.update(b"\0" + canonical_json(config.model_dump(mode="json")))
+        # what it reads is part of what it is too: the stages it reads by name (their data
+        # reaches it as data), and the config of each one whose config it reads
+        h.update(b"\0config_reads:" + "\0".join(stage.config_reads).encode())
+        h.update(b"\0reads:" + "\0".join(self.reads_of(stage)).encode())
+        for name in stage.config_reads:
+            read = self.config_of(self.get(name), catalog)
+            if read is not None:
+                h.update(b"\0" + canonical_json(read.model_dump(mode="json")))
         if stage.version_data is not None:
             h.update(b"\0" + canonical_json(stage.version_data(catalog)))
         return h.hexdigest()[:16]

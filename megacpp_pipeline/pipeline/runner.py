@@ -28,6 +28,7 @@ def run_stage(
     """Materialize `stage` for each partition (a source id, or None for a global stage),
     yielding what each one reports, in partition order."""
     bound_malloc()
+    ctx = ctx.for_stage(stage)  # it reads only what it declares
     started = time.monotonic()
     progress.emit(progress.StageStarted(stage.name, len(partitions)))
     executor = ctx.executor()

@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from megacpp_pipeline.core.catalog import load_catalog
+from megacpp_pipeline.pipeline.catalog import load_catalog
+from megacpp_pipeline.pipeline.parallel import workers_from
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.plan.forecast import Forecast, plan_run
 from megacpp_pipeline.plan.rates import load_rates
@@ -20,11 +21,7 @@ EXIT_DOES_NOT_FIT = 3
 
 
 def _workers(raw: int | None) -> int:
-    if raw is not None:
-        return raw
-    from megacpp_pipeline.pipeline.parallel import default_workers
-
-    return default_workers()
+    return raw if raw is not None else workers_from(os.environ)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -34,7 +34,11 @@ def size_sources(catalog: Catalog, cache_dir: Path) -> list[SourceSize]:
             spec.id,
             spec.kind,
             collect.list_source(
-                spec, catalog.resolve_uri(spec), cache_dir=cache_dir, limits=catalog.collect
+                spec,
+                catalog.resolve_uri(spec),
+                cache_dir=cache_dir,
+                limits=catalog.collect,
+                max_file_bytes=catalog.file_limit(spec),
             ),
         )
         for spec in catalog.operational

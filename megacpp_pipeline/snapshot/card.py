@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
-from megacpp_pipeline.snapshot.document_files import read_document_files
+from megacpp_pipeline.snapshot.document_files import read_document_files, read_labelled
 
 if TYPE_CHECKING:  # promote writes the card, so the card only names its manifest type
     from megacpp_pipeline.snapshot.promote import SnapshotManifest
@@ -93,12 +94,18 @@ def figures(manifest: SnapshotManifest) -> dict[str, Any]:
 
 def render_card(snapshot_dir: Path, manifest: SnapshotManifest, inputs: CardInputs) -> str:
     snap = Path(snapshot_dir)
-    documents = pq.read_table(snap / "documents.parquet")
-    files = read_document_files(snap, ["license_expression"])
-    ledger = pq.read_table(
-        snap / "ledger.parquet", columns=["source_id", "stage", "status", "reason"]
+    # only the columns the card counts, low-cardinality strings dictionary-encoded: a few
+    # bytes a file, counted by Arrow (no Python object per file)
+    present = pq.read_schema(snap / "documents.parquet").names
+    documents = read_labelled(
+        snap / "documents.parquet",
+        [c for c in ("source_id", "license_source", "scrub_kinds") if c in present],
+        ["source_id", "license_source"],
     )
-    expressions = files["license_expression"].to_pylist()
+    files = read_document_files(snap, ["license_expression"], dictionary=True)
+    columns = ["source_id", "stage", "status", "reason"]
+    ledger = read_labelled(snap / "ledger.parquet", columns, columns)
+    expressions = [e for e, _ in counts(files["license_expression"]).items()]
     front = {
         "pretty_name": f"{manifest.name} (C++ training snapshot)",
         "license": licence_ids(expressions) or ["other"],
@@ -142,6 +149,11 @@ def render_card(snapshot_dir: Path, manifest: SnapshotManifest, inputs: CardInpu
     return f"---\n{head}---\n\n" + "\n".join(body) + "\n"
 
 
+def counts(column: pa.Array | pa.ChunkedArray) -> Counter[Any]:
+    """How often each value occurs (Arrow counts; a value per distinct value comes back)."""
+    return Counter({r["values"]: r["counts"] for r in pc.value_counts(column).to_pylist()})
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -149,8 +161,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def _sources(manifest: SnapshotManifest, documents: Any, ledger: Any) -> list[str]:
-    docs = Counter(documents["source_id"].to_pylist())
-    collected = Counter(ledger["source_id"].to_pylist())
+    docs = counts(documents["source_id"])
+    collected = counts(ledger["source_id"])
     rows = [
         (
             sid,
@@ -190,9 +202,10 @@ def _sources(manifest: SnapshotManifest, documents: Any, ledger: Any) -> list[st
 def _funnel(manifest: SnapshotManifest, ledger: Any) -> list[str]:
     kept = int(pc.sum(pc.equal(ledger["status"], "kept")).as_py() or 0)
     dropped = ledger.filter(pc.equal(ledger["status"], "dropped"))
-    counts = Counter(zip(dropped["stage"].to_pylist(), dropped["reason"].to_pylist(), strict=True))
+    grouped = dropped.group_by(["stage", "reason"]).aggregate([([], "count_all")]).to_pylist()
+    by_reason = Counter({(g["stage"], g["reason"]): g["count_all"] for g in grouped})
     order = {s: i for i, s in enumerate(manifest.ledger_stages)}
-    rows = sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], len(order)), -kv[1]))
+    rows = sorted(by_reason.items(), key=lambda kv: (order.get(kv[0][0], len(order)), -kv[1]))
     return [
         "",
         "## From collected to kept",
@@ -204,8 +217,8 @@ def _funnel(manifest: SnapshotManifest, ledger: Any) -> list[str]:
 
 
 def _licences(documents: Any, files: Any) -> list[str]:
-    by_expr = Counter(e or "(none)" for e in files["license_expression"].to_pylist())
-    by_source = Counter(documents["license_source"].to_pylist())
+    by_expr = Counter({e or "(none)": n for e, n in counts(files["license_expression"]).items()})
+    by_source = counts(documents["license_source"])
     return [
         "",
         "## Licences",
@@ -258,8 +271,11 @@ def _documents(manifest: SnapshotManifest, files: Any, inputs: CardInputs) -> li
 
 
 def _scrub(inputs: CardInputs, documents: Any) -> list[str]:
-    column = documents["scrub_kinds"].to_pylist() if "scrub_kinds" in documents.column_names else []
-    files = Counter(k for kinds in column for k in kinds or [])
+    files = (
+        counts(pc.list_flatten(documents["scrub_kinds"]))
+        if "scrub_kinds" in documents.column_names
+        else Counter()
+    )
     rows = [
         (k, inputs.scrub_kinds.get(k, 0), files.get(k, 0))
         for k in sorted(set(inputs.scrub_kinds) | set(files))

@@ -13,13 +13,27 @@ from megacpp_pipeline.corpus.repository import file_document_files
 DOCUMENT_FILES_PARQUET = "document_files.parquet"
 
 
-def read_document_files(snapshot_dir: Path, columns: list[str] | None = None) -> pa.Table:
-    """The snapshot's document_files, in doc_id then position order. A snapshot from
-    before document_files.parquet (schema version 1) had one file per document: its table
-    is derived from documents.parquet."""
+_LOW_CARDINALITY = ("source_id", "license_expression")
+
+
+def read_labelled(path: Path, columns: list[str] | None, labels: list[str]) -> pa.Table:
+    """A snapshot table with its low-cardinality string columns (`labels`) dictionary-encoded:
+    a few bytes a row where a Python string per row would be held. Every row group brings its
+    own dictionary; they are unified here so Arrow can group across them."""
+    return pq.read_table(path, columns=columns, read_dictionary=labels).unify_dictionaries()
+
+
+def read_document_files(
+    snapshot_dir: Path, columns: list[str] | None = None, *, dictionary: bool = False
+) -> pa.Table:
+    """The snapshot's document_files, in doc_id then position order (`dictionary`: source
+    and licence dictionary-encoded, a few bytes a file). A snapshot from before
+    document_files.parquet (schema version 1) had one file per document: its table is
+    derived from documents.parquet."""
     path = Path(snapshot_dir) / DOCUMENT_FILES_PARQUET
     if path.exists():
-        return pq.read_table(path, columns=columns)
+        wanted = [c for c in _LOW_CARDINALITY if columns is None or c in columns]
+        return read_labelled(path, columns, wanted if dictionary else [])
     documents = pq.read_table(Path(snapshot_dir) / "documents.parquet")
     if "text_tokens" in documents.column_names:  # num_tokens there is as packed (BOS, EOS)
         documents = documents.drop_columns(["num_tokens"])

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.collect.source import is_utf8, name_of, unescape_name
 from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.dedup import DedupConfig
 from megacpp_pipeline.gates.removals import removed_signatures
@@ -181,6 +182,11 @@ def render(journey: Journey) -> str:
         lines.append(f"  not collected: no such file in source {journey.source_id}{at}")
         return "\n".join(lines)
     lines.append(f"  collected   at revision {journey.revision}, sha256 {journey.sha256}")
+    if "\\" in journey.path:
+        lines.append(
+            f"  on disk     {unescape_name(journey.path)!r} (the ledger path above is its "
+            "escaped spelling)"
+        )
     if journey.passed:
         lines.append("  kept by     " + " -> ".join(journey.passed))
     if journey.status == "kept":
@@ -267,10 +273,25 @@ def _cmd(args: argparse.Namespace) -> int:
                 "megacpp explain: give SOURCE:PATH, --sha256 HASH or --file LOCAL_FILE"
             )
         source, _, path = args.file_id.partition(":")
-        journeys = [explain_path(snap, source, path)]
+        journeys = _by_name(snap, source, path)
     for j in journeys:
         print(render(j))
-    return 0 if any(j.in_corpus for j in journeys) else 1
+    return 0 if journeys and journeys[0].in_corpus else 1
+
+
+def _by_name(snap: Path, source: str, path: str) -> list[Journey]:
+    """The file a SOURCE:PATH names. PATH is first the path as the ledger writes it (a name
+    that is not UTF-8 or holds a backslash is escaped there, collect.escape_name), then the
+    name as it is on disk (the bytes the shell passed). When both name a collected file and
+    they differ, both are shown, the ledger's spelling first."""
+    candidates = []
+    if is_utf8(path):
+        candidates.append(path)
+    on_disk = name_of(path)
+    if on_disk not in candidates:
+        candidates.append(on_disk)
+    found = [j for j in (explain_path(snap, source, p) for p in candidates) if j.found]
+    return found or [explain_path(snap, source, candidates[0])]
 
 
 def register(p: argparse.ArgumentParser) -> None:

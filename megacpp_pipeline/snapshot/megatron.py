@@ -23,8 +23,14 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy, with_copy_column
-from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
-from megacpp_pipeline.storage.versions import pid_alive
+from megacpp_pipeline.snapshot.shard_checks import Mapper, file_facts, inline
+from megacpp_pipeline.storage.versions import (
+    COMPLETE,
+    MANIFEST,
+    pid_alive,
+    recorded_manifest_sha256,
+    sha256_file,
+)
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -70,6 +76,40 @@ class IndexedDatasetSummary:
     documents: int
     tokens: int
     bin_bytes: int
+
+
+def verify_inputs(
+    root: Path, manifest: dict[str, Any], relpaths: Iterable[str], mapper: Mapper = inline
+) -> None:
+    """The snapshot files an export reads are the promoted bytes: the manifest is the one
+    `_COMPLETE` recorded, and each file has the size and sha256 the manifest lists (the
+    export memory-maps only some columns, so each file is hashed once up front, a task of
+    `mapper` each)."""
+    recorded = recorded_manifest_sha256((root / COMPLETE).read_bytes())
+    if recorded is not None and sha256_file(root / MANIFEST) != recorded:
+        raise MegatronExportError(
+            root / MANIFEST, "sha256", f"differs from the one {COMPLETE} recorded"
+        )
+    entries = {str(f.get("path")): f for f in manifest["files"] if isinstance(f, dict)}
+    for rel in relpaths:
+        if rel not in entries:
+            raise MegatronExportError(root / rel, "files", "not listed in the snapshot manifest")
+    for facts in mapper(file_facts, root, list(relpaths)):
+        entry = entries[facts.rel]
+        if (facts.exists, facts.bytes, facts.sha256) != (
+            True,
+            entry.get("bytes"),
+            entry.get("sha256"),
+        ):
+            found = f"{facts.bytes} bytes, sha256 {facts.sha256}" if facts.exists else "missing"
+            raise MegatronExportError(
+                root / facts.rel,
+                "sha256",
+                f"{found}; the snapshot manifest records {entry.get('bytes')} bytes, sha256 "
+                f"{entry.get('sha256')}: the file changed after promotion, so the export is "
+                "refused (`megacpp verify --full` names every changed file; re-run the "
+                "pipeline to promote the snapshot again)",
+            )
 
 
 def megatron_token_dtype(vocab_size: int | None) -> np.dtype[Any]:
@@ -211,6 +251,7 @@ def export_snapshot(
     dtype = np.dtype(dtype) if dtype is not None else megatron_token_dtype(manifest["vocab_size"])
     _dtype_code(dtype, prefix)
     shards = split_shards(manifest, split, root)
+    verify_inputs(root, manifest, ["documents.parquet", "pieces.parquet", *shards], mapper)
 
     docs = pq.read_table(root / "documents.parquet")
     docs = docs.filter(pc.equal(docs.column("split"), split)).sort_by("doc_id")
@@ -359,6 +400,29 @@ def _scatter_shard(job: _Scatter, relpath: str) -> np.ndarray:
     finally:
         os.close(fd)
     return np.concatenate(placed) if placed else np.empty(0, np.int64)
+
+
+EXPORTED = "EXPORTED"  # written last into an export folder: the snapshot id it was made from
+
+
+def export_once(
+    snapshot_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], mapper: Mapper = inline
+) -> bool:
+    """Every split with rows exported to `out_dir/<split>`, unless the folder already holds
+    this snapshot's export (its EXPORTED marker names the snapshot id): the promotion check
+    exports once and the megatron stage takes that export. True when it exported now."""
+    root, out = Path(snapshot_dir), Path(out_dir)
+    manifest = read_snapshot_manifest(root)
+    marker = out / EXPORTED
+    if marker.is_file() and marker.read_text().strip() == manifest["snapshot_id"]:
+        return False
+    out.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    for split, entry in manifest["splits"].items():
+        if entry["rows"]:
+            export_snapshot(root, out / split, split=split, mapper=mapper)
+    marker.write_text(manifest["snapshot_id"] + "\n")
+    return True
 
 
 def _write_pieces(fd: int, values: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> None:

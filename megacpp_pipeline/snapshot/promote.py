@@ -15,19 +15,22 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENTS
 from megacpp_pipeline.corpus.repository import file_document_files
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
@@ -37,6 +40,14 @@ from megacpp_pipeline.snapshot.packed_rows import (
     with_copy_column,
 )
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
+from megacpp_pipeline.snapshot.streams import (
+    Cursor,
+    StreamWriter,
+    group_counts,
+    in_order,
+    read_back,
+    write_stream,
+)
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
     MANIFEST,
@@ -202,16 +213,22 @@ class SnapshotParts:
     tokenizer_json: bytes
     tokenizer_info: dict[str, Any]
     rows: dict[str, list[ShardSource | Path]]  # split -> packed-row shards, in order
-    documents: pa.Table  # schemas.DOCUMENTS rows, all of them (metadata only: small)
+    # schemas.DOCUMENTS rows in doc_id order (metadata only), as chunks or one table
+    documents: pa.Table | Iterable[pa.Table]
+    # PIECES_SCHEMA rows in (doc_id, copy, piece_index) order (no `copy`: every piece is of
+    # its document's one copy)
     pieces: Iterable[pa.Table]
-    ledger: Iterable[pa.Table]  # ledger rows of every stage, in `ledger_stages` order
+    # the final ledger (final_ledger / final_ledger_chunks): every collected file, source by
+    # source in collection order
+    ledger: Iterable[pa.Table]
     ledger_stages: list[str]  # the stages that write ledgers, collect first (the registry's)
     inputs: dict[str, str]
     code_version: str
     config_hash: str
     sources: dict[str, SourceEntry] = field(default_factory=dict)  # with their revisions
-    # schemas.DOCUMENT_FILES rows; None: file mode, one file per document (derived)
-    document_files: pa.Table | None = None
+    # schemas.DOCUMENT_FILES rows in (doc_id, position) order; None: file mode, one file per
+    # document (derived from the documents)
+    document_files: Iterable[pa.Table] | None = None
     document_mode: str = "file"
     engine: dict[str, Any] = field(default_factory=lambda: {"engine": "local"})  # ran the gates
     tokenizer_policy: dict[str, Any] = field(default_factory=dict)  # the tokenizer stage's
@@ -225,27 +242,189 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
         raise SnapshotError(f"{path}: did not read back ({e})") from e
 
 
+# documents.parquet: the documents stage's rows, `num_tokens` (the text's own tokens) as
+# `text_tokens`, then what the pieces hold of each copy: how many, and its packed tokens (BOS,
+# text, EOS, FIM sentinels; every copy is packed the same), and `draws`, the copies of it in
+# the rows (0 for a document its source's weight left out)
+# (nullable: the file keeps what the documents stage had, nothing is refused here)
+_DOCUMENTS = pa.schema([f.with_nullable(True) for f in DOCUMENTS])
+SNAPSHOT_DOCUMENTS = pa.schema(
+    [
+        *(f.with_name("text_tokens") if f.name == "num_tokens" else f for f in _DOCUMENTS),
+        pa.field("num_pieces", pa.int32(), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("draws", pa.int32(), nullable=False),
+    ],
+    metadata={"megacpp.table": "snapshot_documents", "megacpp.schema_version": "3"},
+)
+
+
+@dataclass
+class Mixture:
+    """What the documents and their draws add up to, counted while documents.parquet is
+    written: per split its documents and the copies packed (`sequences`), per source the
+    same (the manifest's splits and sources)."""
+
+    split_documents: Counter[str] = field(default_factory=Counter)
+    split_sequences: Counter[str] = field(default_factory=Counter)
+    source_documents: Counter[str] = field(default_factory=Counter)
+    source_sequences: Counter[str] = field(default_factory=Counter)
+
+    def count(self, chunk: pa.Table, draws: np.ndarray) -> None:
+        for key, documents, sequences in (
+            ("split", self.split_documents, self.split_sequences),
+            ("source_id", self.source_documents, self.source_sequences),
+        ):
+            frame = pl.DataFrame({"key": chunk[key], "draws": draws})
+            for row in frame.group_by("key").agg(pl.len(), pl.col("draws").sum()).iter_rows():
+                documents[row[0]] += int(row[1])
+                sequences[row[0]] += int(row[2])
+
+
+def _per_document(held: pa.Table, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+    """For documents `ids` (sorted), from their pieces in (doc_id, copy, piece_index) order:
+    the pieces and tokens of one copy (copy 0) and the copies packed; 0 where none."""
+    doc = held["doc_id"].to_numpy()
+    copy = held["copy"].to_numpy()
+    first = copy == 0
+    one, count, tokens = group_counts(doc[first], held["length"].to_numpy()[first])
+    # a copy starts where the doc_id or the copy changes: a document's copies are counted
+    starts = np.r_[True, (doc[1:] != doc[:-1]) | (copy[1:] != copy[:-1])][: len(doc)]
+    drawn, draws, _ = group_counts(doc[starts], np.zeros(int(starts.sum()), np.int64))
+    return _at(one, count, ids), _at(one, tokens, ids), _at(drawn, draws, ids)
+
+
+def _at(keys: np.ndarray, values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """values[k] for each id that is keys[k] (keys sorted), 0 for an id not among them."""
+    out = np.zeros(len(ids), np.int32)
+    if len(keys):
+        at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+        found = keys[at] == ids
+        out[found] = values[at][found]
+    return out
+
+
+def _write_documents_and_pieces(work: Path, parts: SnapshotParts, mixture: Mixture) -> int:
+    """documents.parquet and pieces.parquet written side by side, a chunk of documents at a
+    time with the pieces up to its last doc_id (both streams come in doc_id order, a
+    document's copies one after the other); each document gets its pieces' count and tokens
+    and its draws. The documents written."""
+    documents = StreamWriter(work / "documents.parquet", SNAPSHOT_DOCUMENTS)
+    pieces = StreamWriter(work / "pieces.parquet", PIECES_SCHEMA)
+    cursor = Cursor(
+        in_order(
+            (with_copy_column(t).select(PIECES_SCHEMA.names).cast(PIECES_SCHEMA)
+             for t in parts.pieces),
+            "doc_id",
+            "pieces",
+        ),
+        "doc_id",
+        PIECES_SCHEMA,
+    )  # fmt: skip
+    try:
+        for chunk in in_order(_tables(parts.documents), "doc_id", "documents"):
+            chunk = chunk.select(_DOCUMENTS.names).cast(_DOCUMENTS)
+            held = cursor.upto(chunk["doc_id"][-1].as_py())
+            pieces.add(held)
+            num_pieces, num_tokens, draws = _per_document(held, chunk["doc_id"].to_numpy())
+            documents.add(
+                chunk.rename_columns(SNAPSHOT_DOCUMENTS.names[: chunk.num_columns])
+                .append_column("num_pieces", pa.array(num_pieces, pa.int32()))
+                .append_column("num_tokens", pa.array(num_tokens, pa.int32()))
+                .append_column("draws", pa.array(draws, pa.int32()))
+            )
+            mixture.count(chunk, draws)
+        for rest in cursor.rest():  # pieces of no document: verify names them
+            pieces.add(rest)
+        pieces.close()
+        return documents.close()
+    except BaseException:
+        documents.abort()
+        pieces.abort()
+        raise
+
+
+def _tables(documents: pa.Table | Iterable[pa.Table]) -> Iterable[pa.Table]:
+    return [documents] if isinstance(documents, pa.Table) else documents
+
+
+def _documents_again(work: Path) -> Iterator[pa.Table]:
+    """documents.parquet read back with its text's own token counts as `num_tokens` (what
+    file mode's document_files are made of)."""
+    for chunk in read_back(work / "documents.parquet"):
+        yield chunk.drop_columns(["num_tokens", "num_pieces", "draws"]).rename_columns(
+            DOCUMENTS.names
+        )
+
+
+def _summed(ledger: Iterable[pa.Table], summary: dict[str, Counter[str]]) -> Iterator[pa.Table]:
+    """The final ledger's chunks as they are, counted per source on the way: collected,
+    kept, dropped (the manifest's ledger summary)."""
+    for chunk in ledger:
+        for source, status in zip(
+            chunk["source_id"].to_pylist(), chunk["status"].to_pylist(), strict=True
+        ):
+            counts = summary.setdefault(source, Counter(collected=0, kept=0, dropped=0))
+            counts["collected"] += 1
+            counts[status] += 1
+        yield chunk
+
+
 def final_ledger(
     ledger_parts: Iterable[pa.Table], document_files: pa.Table, collected_stage: str
 ) -> pa.Table:
     """One row per collected file: kept (it is in a document: document_files.parquet) or
     dropped at the stage that dropped it, with the reason and dup_of. The collect ledger
     (`collected_stage`'s) lists every file seen; later stages list only their drops, and the
-    first drop counts."""
+    first drop counts. In memory: final_ledger_chunks does the same a chunk at a time."""
     frames = [pl.DataFrame(t) for t in ledger_parts if t.num_rows]
     if not frames:
         return LEDGER_SCHEMA.empty_table()
     everything = pl.concat(frames, how="vertical_relaxed")
     collected = everything.filter(pl.col("stage") == collected_stage)
-    later = everything.filter(pl.col("stage") != collected_stage).unique(
-        subset=["source_id", "path"], keep="first", maintain_order=True
-    )
+    later = everything.filter(pl.col("stage") != collected_stage)
+    return _joined(collected, later, document_files)
+
+
+@dataclass
+class SourceLedgers:
+    """One source's ledgers for final_ledger_chunks, each sorted by path (the canonical
+    order every stage keeps): the collect ledger, the later stages' (in stage order), and
+    the source's document_files rows."""
+
+    collected: Iterable[pa.Table]
+    later: list[Iterable[pa.Table]]
+    files: Iterable[pa.Table]
+
+
+def final_ledger_chunks(sources: Iterable[SourceLedgers]) -> Iterator[pa.Table]:
+    """final_ledger a chunk of the collect ledger at a time: each later stage's and the
+    document files' rows up to the chunk's last path are taken from cursors, so memory
+    follows a chunk, not the corpus (every stream is in path order within its source)."""
+    for source in sources:
+        later = [Cursor(s, "path", LEDGER_SCHEMA) for s in source.later]
+        files = Cursor(source.files, "path", DOCUMENT_FILES)
+        for chunk in in_order(source.collected, "path", "the collect ledger"):
+            last = chunk["path"][-1].as_py()
+            drops = [c.upto(last) for c in later]
+            rows = [pl.DataFrame(d) for d in drops if d.num_rows]
+            later_rows = (
+                pl.concat(rows, how="vertical_relaxed")
+                if rows
+                else pl.DataFrame(LEDGER_SCHEMA.empty_table())
+            )
+            yield _joined(pl.DataFrame(chunk), later_rows, files.upto(last))
+
+
+def _joined(collected: pl.DataFrame, later: pl.DataFrame, document_files: pa.Table) -> pa.Table:
+    later = later.unique(subset=["source_id", "path"], keep="first", maintain_order=True)
     docs = pl.DataFrame(
         document_files.select(["source_id", "path", "license_expression"])
     ).with_columns(pl.lit(True).alias("in_documents"))
     merged = (
-        collected.join(later, on=["source_id", "path"], how="left", suffix="_later")
-        .join(docs, on=["source_id", "path"], how="left", suffix="_doc")
+        collected.join(later, on=["source_id", "path"], how="left", suffix="_later",
+                       maintain_order="left")
+        .join(docs, on=["source_id", "path"], how="left", suffix="_doc", maintain_order="left")
         .with_columns(
             pl.when(pl.col("stage_later").is_not_null())
             .then(pl.col("stage_later"))
@@ -266,7 +445,7 @@ def final_ledger(
                 "license_expression"
             ),
         )
-    )
+    )  # fmt: skip
     # a collected file that reached no document and no drop row: say so instead of hiding it
     merged = merged.with_columns(
         pl.when(
@@ -282,53 +461,19 @@ def final_ledger(
     return out.cast(LEDGER_SCHEMA)
 
 
-def documents_with_draws(documents: pa.Table, pieces: pa.Table) -> pa.Table:
-    """documents.parquet: the documents stage's rows, each with how it was packed: `draws`
-    (the copies of it in the rows; 0 for a document its source's weight left out),
-    `num_pieces` and `num_tokens` of one copy (BOS + text + EOS and FIM sentinels, what the
-    copy's pieces hold; every copy is packed the same), and `text_tokens`, what the tokenizer
-    gave for the text alone."""
-    frame = pl.DataFrame(pieces.select(["doc_id", "copy", "length"]))
-    copies = frame.group_by("doc_id").agg(pl.col("copy").n_unique().cast(pl.Int32).alias("draws"))
-    first = (
-        frame.filter(pl.col("copy") == 0)
-        .group_by("doc_id")
-        .agg(
-            pl.len().cast(pl.Int32).alias("num_pieces"),
-            pl.col("length").sum().cast(pl.Int32).alias("num_tokens"),
-        )
-    )
-    return (
-        pl.DataFrame(documents)
-        .rename({"num_tokens": "text_tokens"})
-        .join(first, on="doc_id", how="left")
-        .join(copies, on="doc_id", how="left")
-        .with_columns(
-            pl.col("num_pieces").fill_null(0),
-            pl.col("num_tokens").fill_null(0),
-            pl.col("draws").fill_null(0),
-        )
-        .sort("doc_id")
-        .to_arrow()
-    )
-
-
 def sources_with_mixture(
-    sources: dict[str, SourceEntry], documents: pa.Table
+    sources: dict[str, SourceEntry], mixture: Mixture
 ) -> dict[str, SourceEntry]:
     """Each source's entry with its documents and the copies of them packed."""
-    frame = pl.DataFrame(documents.select(["source_id", "draws"]))
-    counts = {
-        row["source_id"]: (int(row["documents"]), int(row["sequences"]))
-        for row in frame.group_by("source_id")
-        .agg(pl.len().alias("documents"), pl.col("draws").sum().alias("sequences"))
-        .iter_rows(named=True)
+    return {
+        sid: entry.model_copy(
+            update={
+                "documents": mixture.source_documents[sid],
+                "sequences": mixture.source_sequences[sid],
+            }
+        )
+        for sid, entry in sources.items()
     }
-    out = {}
-    for sid, entry in sources.items():
-        documents_of, sequences = counts.get(sid, (0, 0))
-        out[sid] = entry.model_copy(update={"documents": documents_of, "sequences": sequences})
-    return out
 
 
 def ledger_summary(ledger: pa.Table) -> dict[str, dict[str, int]]:
@@ -386,29 +531,25 @@ def build_snapshot(
         (work / "tokenizer.json").write_bytes(parts.tokenizer_json)
         add("tokenizer.json")
 
-        pieces = pa.concat_tables(
-            [PIECES_SCHEMA.empty_table()]
-            + [with_copy_column(t).select(PIECES_SCHEMA.names).cast(PIECES_SCHEMA)
-               for t in parts.pieces]
-        )  # fmt: skip
-        pieces = pieces.sort_by(
-            [("doc_id", "ascending"), ("copy", "ascending"), ("piece_index", "ascending")]
-        )
-        documents = documents_with_draws(parts.documents, pieces)
-        _write_parquet(documents, work / "documents.parquet")
-        add("documents.parquet", documents.num_rows)
-        _write_parquet(pieces, work / "pieces.parquet")
-        add("pieces.parquet", pieces.num_rows)
-        document_files = (
+        mixture = Mixture()
+        documents = _write_documents_and_pieces(work, parts, mixture)
+        add("documents.parquet", documents)
+        add("pieces.parquet", pq.read_metadata(work / "pieces.parquet").num_rows)
+        files_in = (
             parts.document_files
             if parts.document_files is not None
-            else file_document_files(parts.documents)
-        ).sort_by([("doc_id", "ascending"), ("position", "ascending")])
-        _write_parquet(document_files, work / DOCUMENT_FILES_PARQUET)
-        add(DOCUMENT_FILES_PARQUET, document_files.num_rows)
-        ledger = final_ledger(parts.ledger, document_files, parts.ledger_stages[0])
-        _write_parquet(ledger, work / "ledger.parquet")
-        add("ledger.parquet", ledger.num_rows)
+            else (file_document_files(d) for d in _documents_again(work))
+        )
+        written = write_stream(
+            in_order(files_in, "doc_id", DOCUMENT_FILES_PARQUET), work / DOCUMENT_FILES_PARQUET,
+            DOCUMENT_FILES,
+        )  # fmt: skip
+        add(DOCUMENT_FILES_PARQUET, written)
+        summary: dict[str, Counter[str]] = {}
+        written = write_stream(
+            _summed(parts.ledger, summary), work / "ledger.parquet", LEDGER_SCHEMA
+        )
+        add("ledger.parquet", written)
 
         splits: dict[str, SplitEntry] = {}
         copies = [
@@ -422,15 +563,12 @@ def build_snapshot(
         for split in SPLITS:
             shards = [rel for _, rel in copies if rel.startswith(f"{split}/")]
             files.extend(copied[rel].entry for rel in shards)
-            in_split = pa.compute.equal(documents["split"], split)
-            split_docs = int(pa.compute.sum(in_split).as_py() or 0)
-            draws = pa.compute.filter(documents["draws"], in_split)
             splits[split] = SplitEntry(
                 rows=sum(copied[rel].entry.rows or 0 for rel in shards),
-                documents=split_docs,
+                documents=mixture.split_documents[split],
                 tokens=sum(copied[rel].tokens for rel in shards),
                 shards=shards,
-                sequences=int(pa.compute.sum(draws).as_py() or 0),
+                sequences=mixture.split_sequences[split],
             )
 
         content = hashlib.sha256()
@@ -449,13 +587,13 @@ def build_snapshot(
             tokenizer=parts.tokenizer_info,
             tokenizer_policy=parts.tokenizer_policy,
             splits=splits,
-            documents=documents.num_rows,
+            documents=documents,
             document_mode=parts.document_mode,
             draw_seed=parts.draw_seed,
             engine=parts.engine,
-            ledger=ledger_summary(ledger),
+            ledger={s: dict(c) for s, c in sorted(summary.items())},
             ledger_stages=parts.ledger_stages,
-            sources=sources_with_mixture(parts.sources, documents),
+            sources=sources_with_mixture(parts.sources, mixture),
             inputs=parts.inputs,
             files=files,
         )
@@ -525,12 +663,47 @@ def _prune(snapshots: Path, name: str, keep: int, current: Path) -> None:
 
 
 def read_manifest(snapshot_dir: Path) -> SnapshotManifest:
-    if not (snapshot_dir / COMPLETE).exists():
-        raise SnapshotError(f"{snapshot_dir}: no {COMPLETE}; not a snapshot")
+    """The snapshot's manifest; SnapshotError (one line) for a folder that is not a
+    promoted snapshot (saying what it is when it can tell) or whose manifest is unreadable."""
+    if (why := not_a_snapshot(snapshot_dir)) is not None:
+        raise SnapshotError(why)
     try:
         return SnapshotManifest.model_validate_json((snapshot_dir / MANIFEST).read_bytes())
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(the manifest)"
+        raise SnapshotError(
+            f"{snapshot_dir / MANIFEST}: not a valid snapshot manifest ({e.error_count()} "
+            f"problems; first: {where}: {first['msg']})"
+        ) from e
     except (OSError, ValueError) as e:
-        raise SnapshotError(f"{snapshot_dir / MANIFEST}: unreadable manifest ({e})") from e
+        line = str(e).splitlines()[0]
+        raise SnapshotError(f"{snapshot_dir / MANIFEST}: unreadable manifest ({line})") from e
+
+
+def not_a_snapshot(snapshot_dir: Path) -> str | None:
+    """Why a folder is not a promoted snapshot at all (one line), or None when it claims to
+    be one: no folder, no `_COMPLETE`, or an asset version of the store."""
+    if not snapshot_dir.is_dir():
+        return f"{snapshot_dir}: no such directory; not a snapshot"
+    if not (snapshot_dir / COMPLETE).exists():
+        return (
+            f"{snapshot_dir}: no {COMPLETE}; not a snapshot (a promoted snapshot is a folder "
+            "under <data dir>/snapshots/; megacpp run prints its path last)"
+        )
+    try:
+        data = json.loads((snapshot_dir / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None  # a damaged snapshot: the checks name what is wrong
+    if isinstance(data, dict) and {"asset", "partition", "version"} <= data.keys():
+        part = "" if data["partition"] == "_" else f" [{data['partition']}]"
+        return (
+            f"{snapshot_dir}: an asset version of {data['asset']}{part} (version "
+            f"{data['version']}), not a snapshot: a promoted snapshot is a folder under "
+            "<data dir>/snapshots/ (megacpp run prints its path last); the store checks asset "
+            "versions itself (each asset's manifest_verifies_from_disk check)"
+        )
+    return None
 
 
 def promoted_in_store(store: ShardStore, name: str) -> list[tuple[str, SnapshotManifest]]:

@@ -142,3 +142,83 @@ def ranges_of(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     first = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     return first + np.arange(total, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class RoundTripJob:
+    """What every shard's round-trip task needs: the snapshot (its tokenizer) and framing."""
+
+    root: Path
+    seq_len: int
+    bos: int
+    eos: int
+
+
+@dataclass(frozen=True)
+class RoundTripShard:
+    """One rows shard and the sampled documents whose pieces all lie in it."""
+
+    rel: str
+    doc: np.ndarray  # per piece, sorted by (doc, piece_index)
+    index: np.ndarray
+    pack: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    members: dict[int, list[int]]  # doc -> member start tokens (repository documents)
+    sha256: dict[int, str]  # doc -> the scrubbed text's sha256
+    path: dict[int, str]  # doc -> its file, to name in a problem
+
+
+_TOKENIZERS: dict[str, Any] = {}  # per process: the snapshot's tokenizer, loaded once
+
+
+def _tokenizer(root: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    key = str(root)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS.clear()
+        _TOKENIZERS[key] = Tokenizer.from_file(str(root / "tokenizer.json"))
+    return _TOKENIZERS[key]
+
+
+def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, list[str], list[int]]:
+    """(documents checked, problems, documents whose rows are not all here): each sampled
+    document of the shard rebuilt from its pieces, FIM order restored, BOS/EOS stripped,
+    decoded with the snapshot's tokenizer and hashed against its text's sha256."""
+    from megacpp_pipeline.corpus.packing import restore_fim_order
+    from megacpp_pipeline.corpus.tokenizer import SpecialIds
+
+    t = pq.read_table(job.root / shard.rel, columns=["pack_id", "input_ids"])
+    row_of = {int(p): r for r, p in enumerate(t["pack_id"].to_numpy().tolist())}
+    ids = fixed_list_to_numpy(t["input_ids"], job.seq_len)
+    problems: list[str] = []
+    unresolved: list[int] = []
+    decodable: list[tuple[int, list[int]]] = []
+    starts = np.flatnonzero(np.r_[True, shard.doc[1:] != shard.doc[:-1]])
+    ends = np.r_[starts[1:], len(shard.doc)]
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        doc = int(shard.doc[lo])
+        parts = []
+        for k in range(lo, hi):
+            row = row_of.get(int(shard.pack[k]))
+            if row is None:  # its footer's pack_id range lied: the driver looks everywhere
+                unresolved.append(doc)
+                break
+            off, n = int(shard.offset[k]), int(shard.length[k])
+            parts.append(ids[row, off : off + n])
+        else:
+            tokens = np.concatenate(parts)
+            if tokens[0] != job.bos or tokens[-1] != job.eos:
+                problems.append(f"doc {doc} ({shard.path[doc]}): not framed by BOS ... EOS")
+                continue
+            member_starts = shard.members.get(doc)
+            starts_of = member_starts if member_starts and len(member_starts) > 1 else None
+            body = restore_fim_order(tokens, SpecialIds(), starts_of)[1:-1]
+            decodable.append((doc, body.tolist()))
+    tok = _tokenizer(job.root)
+    texts = tok.decode_batch([b for _, b in decodable], skip_special_tokens=False)
+    for (doc, _), text in zip(decodable, texts, strict=True):
+        if hashlib.sha256(text.encode("utf-8")).hexdigest() != shard.sha256[doc]:
+            problems.append(f"doc {doc} ({shard.path[doc]}): decoded text differs from the source")
+    return len(decodable), problems[:MAX_PROBLEMS], unresolved

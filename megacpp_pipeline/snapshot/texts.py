@@ -88,7 +88,10 @@ def _members(snap: Path, wanted: Iterable[int] | None) -> dict[int, list[tuple[i
 def packed_doc_ids(snap: Path) -> list[int]:
     """The documents that are in the rows: all of them, but for those their source's weight
     drew no copy of (`draws` 0 in documents.parquet)."""
-    docs = pq.read_table(snap / "documents.parquet")
+    present = pq.read_schema(snap / "documents.parquet").names
+    docs = pq.read_table(
+        snap / "documents.parquet", columns=[c for c in ("doc_id", "draws") if c in present]
+    )
     if "draws" in docs.column_names:
         docs = docs.filter(pc.greater(docs["draws"], 0))
     return [int(d) for d in docs["doc_id"].to_pylist()]

@@ -20,12 +20,17 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.loader.errors import LoaderError
 from megacpp_pipeline.snapshot.card import CARD, card_problems
-from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET, read_document_files
+from megacpp_pipeline.snapshot.document_files import (
+    DOCUMENT_FILES_PARQUET,
+    read_document_files,
+    read_labelled,
+)
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
@@ -41,16 +46,21 @@ from megacpp_pipeline.snapshot.promote import (
     SnapshotManifest,
     manifest_sha256_recorded,
     manifest_summary,
+    not_a_snapshot,
     read_manifest,
 )
 from megacpp_pipeline.snapshot.shard_checks import (
     Mapper,
     PlacedPieces,
+    RoundTripJob,
+    RoundTripShard,
     file_facts,
     inline,
+    round_trip_shard,
     row_problems,
     token_problems,
 )
+from megacpp_pipeline.snapshot.streams import read_back
 from megacpp_pipeline.snapshot.text_release import (
     TEXT_DIR,
     ReleaseConfig,
@@ -153,27 +163,27 @@ def check_token_ranges(
     return out
 
 
-def _pieces(snap: Path) -> pa.Table:
-    return with_copy_column(pq.read_table(snap / "pieces.parquet"))
-
-
-def draw_problems(docs: pl.DataFrame, manifest: SnapshotManifest) -> list[str]:
+def draw_problems(snap: Path, manifest: SnapshotManifest) -> list[str]:
     """Documents whose copies in the rows are not the draws their source's weight and the
-    snapshot's draw seed give (corpus/packing.py: document_draws)."""
+    snapshot's draw seed give (corpus/packing.py: document_draws); documents.parquet is read
+    a row group at a time (a draw is keyed by the document's source and path alone)."""
     from megacpp_pipeline.corpus.packing import document_draws, draw_keys
 
     out: list[str] = []
-    for (source,), part in docs.group_by(["source_id"], maintain_order=True):
-        entry = manifest.sources.get(str(source))
-        weight = entry.weight if entry is not None else 1.0
-        keys = draw_keys(part["source_id"].to_list(), part["path"].to_list())
-        want = document_draws(keys, weight, manifest.draw_seed)
-        got = part["draws"].to_numpy()
-        for i in np.flatnonzero(got != want)[:5].tolist():
-            out.append(
-                f"documents.parquet: doc {part['doc_id'][i]} ({source}:{part['path'][i]}) is "
-                f"packed {got[i]} times; weight {weight} draws it {want[i]} times"
-            )
+    for chunk in read_back(snap / "documents.parquet", ["doc_id", "source_id", "path", "draws"]):
+        for (source,), part in pl.DataFrame(chunk).group_by(["source_id"], maintain_order=True):
+            entry = manifest.sources.get(str(source))
+            weight = entry.weight if entry is not None else 1.0
+            keys = draw_keys(part["source_id"].to_list(), part["path"].to_list())
+            want = document_draws(keys, weight, manifest.draw_seed)
+            got = part["draws"].to_numpy()
+            for i in np.flatnonzero(got != want)[: 5 - len(out)].tolist():
+                out.append(
+                    f"documents.parquet: doc {part['doc_id'][i]} ({source}:{part['path'][i]}) "
+                    f"is packed {got[i]} times; weight {weight} draws it {want[i]} times"
+                )
+            if len(out) >= 5:
+                return out
     return out
 
 
@@ -186,10 +196,17 @@ def check_documents(
     document, its members' token spans tiling it (document_files.parquet)."""
     out = CheckOutcome("document_consistency", True)
     seq = manifest.seq_len
-    docs = pl.DataFrame(pq.read_table(snap / "documents.parquet"))
+    # the columns the checks compare, labels dictionary-encoded: no path or hash per file
+    present = pq.read_schema(snap / "documents.parquet").names
+    wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens", "draws"]
+    docs = pl.DataFrame(
+        read_labelled(
+            snap / "documents.parquet", [c for c in wanted if c in present], ["source_id", "split"]
+        )
+    )
     if "draws" not in docs.columns:  # before source weights: every document packed once
         docs = docs.with_columns(pl.lit(1, pl.Int32).alias("draws"))
-    pieces = pl.DataFrame(_pieces(snap))
+    pieces = pl.DataFrame(with_copy_column(read_labelled(snap / "pieces.parquet", None, ["split"])))
     per_copy = pieces.group_by(["doc_id", "copy"]).agg(
         pl.len().alias("n"),
         pl.col("piece_index").min().alias("lo"),
@@ -221,10 +238,14 @@ def check_documents(
     )
     wrong_count = joined.filter(pl.col("n") != pl.col("num_pieces"))
     wrong_split = joined.filter(pl.col("piece_split") != pl.col("split"))
-    if "path" in docs.columns and manifest.schema_version >= 3:
-        for problem in draw_problems(docs, manifest):
+    if "draws" in present and manifest.schema_version >= 3:
+        for problem in draw_problems(snap, manifest):
             out.fail(problem)
-    files = read_document_files(snap)
+    files = read_document_files(
+        snap,
+        ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"],
+        dictionary=True,
+    )
     kept = {src: counts["kept"] for src, counts in manifest.ledger.items()}
     if "num_files" not in docs.columns:  # schema version 1: a document was one file
         docs = docs.with_columns(pl.lit(1, pl.Int32).alias("num_files"))
@@ -275,20 +296,39 @@ def check_documents(
 
 
 def check_round_trip(
-    snap: Path, manifest: SnapshotManifest, sample: int, seed: int = 0
+    snap: Path, manifest: SnapshotManifest, sample: int, seed: int = 0, mapper: Mapper = inline
 ) -> CheckOutcome:
     """Rebuild documents from their pieces, strip BOS/EOS, decode with the snapshot's own
-    tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256)."""
+    tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256). A task of
+    `mapper` per rows shard rebuilds and decodes the sampled documents whose pieces all lie
+    in it (every one, when a packing window is a shard); any other is rebuilt here."""
     out = CheckOutcome("round_trip_decode", True)
+    # the documents in the rows (a source's weight may draw one 0 times: it has no pieces)
+    ids = pl.DataFrame({"doc_id": packed_doc_ids(snap)})
+    if ids.height > sample:  # the sample chosen from the ids alone; its rows read after
+        ids = ids.sample(n=sample, seed=seed)
+    chosen = pa.array(ids["doc_id"].to_numpy(), pa.int32())
     docs = pl.DataFrame(
-        pq.read_table(snap / "documents.parquet", columns=["doc_id", "path", "content_sha256"])
-    ).filter(pl.col("doc_id").is_in(packed_doc_ids(snap)))
-    if docs.height > sample:
-        docs = docs.sample(n=sample, seed=seed)
+        pq.read_table(
+            snap / "documents.parquet",
+            columns=["doc_id", "path", "content_sha256"],
+            filters=pc.field("doc_id").isin(chosen),
+        )
+    )
     sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
     path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
     checked = 0
-    for doc in document_texts(snap, manifest, sha_by_doc):
+    tasks, elsewhere = _round_trip_tasks(snap, manifest, sha_by_doc, path_by_doc)
+    special = manifest.tokenizer.get("special_tokens", {})
+    job = RoundTripJob(
+        snap, manifest.seq_len, int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
+    )
+    for n, problems, unresolved in mapper(round_trip_shard, job, tasks):
+        checked += n
+        elsewhere += unresolved
+        for problem in problems:
+            out.fail(problem)
+    for doc in document_texts(snap, manifest, elsewhere) if elsewhere else ():
         if doc.text is None:
             out.fail(f"doc {doc.doc_id} ({path_by_doc[doc.doc_id]}): {doc.problem}")
             continue
@@ -316,12 +356,97 @@ def check_round_trip(
     return out
 
 
+def _round_trip_tasks(
+    snap: Path,
+    manifest: SnapshotManifest,
+    sha_by_doc: dict[int, str],
+    path_by_doc: dict[int, str],
+) -> tuple[list[RoundTripShard], list[int]]:
+    """The sampled documents' pieces grouped by the rows shard that holds them (a shard's
+    pack_ids from its footer statistics), and the documents whose pieces span shards or
+    rows no shard holds (rebuilt by the driver's own reader)."""
+    wanted = pa.array(sorted(sha_by_doc), pa.int32())
+    # a weighted document packed more than once has identical copies: its first one will do
+    pieces = with_copy_column(pq.read_table(snap / "pieces.parquet"))
+    pieces = pieces.filter(
+        pc.and_(pc.is_in(pieces["doc_id"], wanted), pc.equal(pieces["copy"], 0))
+    ).sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
+    pack = pieces["pack_id"].to_numpy()
+    doc = pieces["doc_id"].to_numpy().astype(np.int64)
+    shard_of = np.full(len(pack), -1, dtype=np.int64)
+    claims = np.zeros(len(pack), dtype=np.int64)  # shards whose pack_id range holds it
+    rels = [rel for s in manifest.splits.values() for rel in s.shards]
+    for i, rel in enumerate(rels):
+        lo, hi = _pack_id_range(snap / rel)
+        if lo is None:
+            claims += 2  # no statistics: nothing is known of where its rows are
+            continue
+        inside = (pack >= lo) & (pack <= hi)
+        shard_of[inside] = i
+        claims += inside
+    shard_of[claims != 1] = -1
+    first = np.r_[True, doc[1:] != doc[:-1]] if len(doc) else np.zeros(0, bool)
+    group = np.cumsum(first) - 1
+    ones = np.ones(len(doc), dtype=bool)
+    if len(doc):
+        lowest = np.minimum.reduceat(shard_of, np.flatnonzero(first))
+        highest = np.maximum.reduceat(shard_of, np.flatnonzero(first))
+        ones = (lowest[group] == highest[group]) & (shard_of >= 0)
+    elsewhere = sorted({int(d) for d in doc[~ones]} | (set(sha_by_doc) - set(doc.tolist())))
+    members = _member_starts(snap, manifest) if manifest.document_mode != "file" else {}
+    tasks = []
+    for i, rel in enumerate(rels):
+        mine = np.flatnonzero(ones & (shard_of == i))
+        if not len(mine):
+            continue
+        docs_here = {int(d) for d in doc[mine]}
+        tasks.append(
+            RoundTripShard(
+                rel,
+                doc[mine],
+                pieces["piece_index"].to_numpy()[mine],
+                pack[mine],
+                pieces["row_offset"].to_numpy()[mine],
+                pieces["length"].to_numpy()[mine],
+                {d: members[d] for d in docs_here if d in members},
+                {d: sha_by_doc[d] for d in docs_here},
+                {d: path_by_doc[d] for d in docs_here},
+            )
+        )
+    return tasks, elsewhere
+
+
+def _pack_id_range(path: Path) -> tuple[int | None, int | None]:
+    """The lowest and highest pack_id of a rows shard, from its footer's statistics."""
+    meta = pq.read_metadata(path)
+    column = meta.schema.names.index("pack_id")
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None, None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (min(lows), max(highs)) if lows else (None, None)
+
+
+def _member_starts(snap: Path, manifest: SnapshotManifest) -> dict[int, list[int]]:
+    files = read_document_files(snap, ["doc_id", "position", "start_token"])
+    out: dict[int, list[int]] = {}
+    for d, _, start in sorted(
+        zip(*(files[c].to_pylist() for c in files.column_names), strict=True)
+    ):
+        out.setdefault(d, []).append(start)
+    return out
+
+
 def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     """Per source: collected == kept + dropped, kept == the files in documents (document_files
     .parquet), nothing unaccounted."""
     out = CheckOutcome("ledger_completeness", True)
-    ledger = pl.DataFrame(pq.read_table(snap / "ledger.parquet"))
-    files = pl.DataFrame(read_document_files(snap, ["source_id"]))
+    columns = ["source_id", "status", "reason"]
+    ledger = pl.DataFrame(read_labelled(snap / "ledger.parquet", columns, columns))
+    files = pl.DataFrame(read_document_files(snap, ["source_id"], dictionary=True))
     doc_counts = dict(files.group_by("source_id").len().iter_rows())
     per_source = ledger.group_by("source_id").agg(
         pl.len().alias("collected"),
@@ -392,19 +517,24 @@ def check_consumer_smoke(snap: Path, config: SnapshotConfig) -> CheckOutcome:
     return out
 
 
-def check_megatron(snap: Path, mapper: Mapper = inline) -> CheckOutcome:
+def check_megatron(
+    snap: Path, mapper: Mapper = inline, export_to: Path | None = None
+) -> CheckOutcome:
     """The .bin/.idx export read back by an independent reader: same documents and tokens
-    (splits without rows have no export: see megatron.export_snapshot)."""
+    (splits without rows have no export: see megatron.export_snapshot). With `export_to`,
+    the export is made there once (megatron.export_once) and kept for the megatron stage;
+    else in a temporary folder."""
     from megacpp_pipeline.snapshot import megatron
 
     out = CheckOutcome("megatron_read_back", True)
     manifest = read_manifest(snap)
     with tempfile.TemporaryDirectory(prefix="megacpp-megatron-") as tmp:
+        where = export_to or Path(tmp)
+        megatron.export_once(snap, where, mapper)
         for split, entry in manifest.splits.items():
             if entry.rows == 0:
                 continue
-            prefix = Path(tmp) / split
-            megatron.export_snapshot(snap, prefix, split=split, mapper=mapper)
+            prefix = where / split
             reader = megatron.IndexedDatasetReader(prefix)
             docs = len(reader)
             tokens = int(sum(len(reader[i]) for i in range(docs)))
@@ -454,7 +584,7 @@ FROM_DISK: dict[
     "token_range_and_pads": lambda s, m, c, full, mapper: check_token_ranges(s, m, mapper),
     "document_consistency": lambda s, m, c, full, mapper: check_documents(s, m, mapper),
     "round_trip_decode": lambda s, m, c, full, mapper: check_round_trip(
-        s, m, m.documents if full else c.round_trip_sample, c.seed
+        s, m, m.documents if full else c.round_trip_sample, c.seed, mapper
     ),
     "ledger_completeness": lambda s, m, c, full, mapper: check_ledger(s, m),
     "dataset_card": lambda s, m, c, full, mapper: check_card(s, m),
@@ -468,7 +598,12 @@ ALL_CHECKS = [*FROM_DISK, "consumer_smoke_read", "megatron_read_back"]
 
 
 def run_check(
-    name: str, snap: Path, config: SnapshotConfig, full: bool = False, mapper: Mapper = inline
+    name: str,
+    snap: Path,
+    config: SnapshotConfig,
+    full: bool = False,
+    mapper: Mapper = inline,
+    megatron_dir: Path | None = None,
 ) -> CheckOutcome:
     """One promotion check; an exception becomes a failed outcome naming the snapshot. The
     per-shard work runs as tasks of `mapper` (an executor's map; default: this process)."""
@@ -476,7 +611,7 @@ def run_check(
         if name == "consumer_smoke_read":
             return check_consumer_smoke(snap, config)
         if name == "megatron_read_back":
-            return check_megatron(snap, mapper)
+            return check_megatron(snap, mapper, megatron_dir)
         manifest = read_manifest(snap)
         return FROM_DISK[name](snap, manifest, config, full, mapper)
     except Exception as e:  # a check that crashes is a failed check, reported as such
@@ -504,6 +639,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     # a snapshot by URI is judged on a copy fetched now, never on an earlier cached one
     with tempfile.TemporaryDirectory(prefix="megacpp-verify-") as fresh:
         snap = local_snapshot(args.snapshot_dir, fresh)
+        if (why := not_a_snapshot(snap)) is not None:  # one line, not every check failing
+            raise SnapshotError(why)
         outcomes = verify_snapshot(snap, full=args.full)
         if args.text is not None:  # a release written elsewhere (megacpp export-text)
             config = SnapshotConfig()
@@ -592,7 +729,7 @@ def _register_verify(p: argparse.ArgumentParser) -> None:
         "its texts re-tokenized give the snapshot's tokens (the snapshot's own text/ is "
         "always checked)",
     )
-    p.set_defaults(func=_cmd_verify)
+    p.set_defaults(func=_one_line_errors(_cmd_verify))
 
 
 def _register_inspect(p: argparse.ArgumentParser) -> None:

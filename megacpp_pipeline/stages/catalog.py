@@ -12,6 +12,7 @@ from megacpp_pipeline.core.schemas import SOURCE_CATALOG
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.stages import names
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -68,7 +69,7 @@ def _pinned_and_resolvable(ctx: StageContext, stage: Stage, partition: str | Non
 
 
 STAGE = Stage(
-    name="source_catalog",
+    name=names.SOURCE_CATALOG,
     grain=Grain.GLOBAL,
     group="collect",
     description="sources.yaml validated: every source with its kind, uri, pin, declared "

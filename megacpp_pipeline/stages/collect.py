@@ -1,6 +1,7 @@
 """raw_files: every file of a source at its pinned revision (git commit, verified archive
 sha256, directory tree hash, JSONL export), each one seen in the ledger; the non-corpus
-files the later stages read (REUSE metadata, the compile database) in a metadata table."""
+files the later stages read (REUSE metadata, the compile database) in a metadata table. The
+one size policy (`max_file_bytes`) is applied here: no later stage sees a larger file."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from megacpp_pipeline.core.schemas import RAW_FILES
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.stages import names
 
 
 def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
@@ -34,6 +36,7 @@ def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
         cat.resolve_uri(spec),
         cache_dir=ctx.cache_dir,
         limits=cat.collect,
+        max_file_bytes=cat.file_limit(spec),
         keep_also=is_metadata,
     )
     version = ctx.store.begin(
@@ -72,7 +75,7 @@ def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
 
 
 def _every_seen_file_in_ledger(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     seen = kept_in_ledger = 0
     for t in ctx.store.iter_tables(manifest, "ledger", columns=["status"]):
         seen += t.num_rows
@@ -90,18 +93,21 @@ def _every_seen_file_in_ledger(ctx: StageContext, stage: Stage, source: str | No
 
 
 STAGE = Stage(
-    name="raw_files",
+    name=names.RAW_FILES,
     grain=Grain.PER_SOURCE,
     group="collect",
     description="Every file of the source at its pinned revision (git commit, verified archive "
     "sha256 or directory tree hash); every file seen is in the ledger.",
-    reads=("source_catalog",),
+    reads=(names.SOURCE_CATALOG,),
     code=(collect.__name__, __name__),
     schema=RAW_FILES,
+    # the one size policy is applied here, before a file is read past it
+    version_data=lambda catalog: {"max_file_bytes": catalog.size_policy()},
     drop_reasons=(
         DropReason.NOT_INCLUDED,
         DropReason.UNSAFE_PATH,
         DropReason.SYMLINK,
+        DropReason.POINTER_FILE,
         DropReason.ARCHIVE_LIMIT,
         DropReason.UNREADABLE,
         DropReason.TOO_LARGE,
@@ -127,7 +133,11 @@ def current_revisions(catalog: Catalog, cache_dir: Path) -> dict[str, str]:
     out = {}
     for spec in catalog.operational:
         files = collect.open_source(
-            spec, catalog.resolve_uri(spec), cache_dir=cache_dir, limits=catalog.collect
+            spec,
+            catalog.resolve_uri(spec),
+            cache_dir=cache_dir,
+            limits=catalog.collect,
+            max_file_bytes=catalog.file_limit(spec),
         )
         out[spec.id] = files.revision
     return out

@@ -30,6 +30,7 @@ from megacpp_pipeline.pipeline.registry import (
     PreparedGate,
     Stage,
 )
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import Manifest
 
 _INDEXES: dict[str, decontaminate.BenchmarkIndex] = {}  # per process, by what builds it
@@ -117,7 +118,7 @@ _RESCAN = RowCheck(("source_id", "path", "text"), _contaminated)
 def _kept_files_rescan_clean(
     ctx: StageContext, stage: Stage, partition: str | None
 ) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, None)
+    manifest = ctx.latest(stage.name, None)
     index = benchmark_index(ctx.catalog, ctx.config(stage))
     rescanned, findings = inspect_rows(ctx, manifest, _RESCAN, index)
     files_in = int(manifest.stats["input_files"])
@@ -139,12 +140,12 @@ def _kept_files_rescan_clean(
 
 
 STAGE = Stage(
-    name="decontaminated_files",
+    name=names.DECONTAMINATED_FILES,
     grain=Grain.GLOBAL,
     group="gates",
     description="Files that share an n-gram (C++ tokens, comments ignored) with a pinned "
     "benchmark task dropped or excised; the ledger names the benchmark and task ids.",
-    input="deduped_files",
+    input=names.DEDUPED_FILES,
     config_key="decontaminate",
     config=decontaminate.DecontaminateConfig,
     code=(decontaminate.__name__, __name__),

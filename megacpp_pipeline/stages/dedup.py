@@ -28,6 +28,7 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, VersionWriter
 
@@ -139,7 +140,7 @@ def _write(
 def _no_shared_hash(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
     """Across every source, each content_sha256 is kept at most once, and every input file
     is kept or in the ledger."""
-    manifest = ctx.store.latest(stage.name, None)
+    manifest = ctx.latest(stage.name, None)
     hashes: list[pa.Array] = []
     for name in manifest.data_tables():
         for t in ctx.store.iter_tables(manifest, name, columns=["content_sha256"]):
@@ -167,12 +168,12 @@ def _no_shared_hash(ctx: StageContext, stage: Stage, partition: str | None) -> C
 
 
 STAGE = Stage(
-    name="deduped_files",
+    name=names.DEDUPED_FILES,
     grain=Grain.GLOBAL,
     group="gates",
     description="Exact (content hash) then near (MinHash LSH over C++ lexical-token shingles) "
     "duplicates across all sources; one representative per cluster by catalog order then path.",
-    input="scrubbed_files",
+    input=names.SCRUBBED_FILES,
     config_key="dedup",
     config=dedup.DedupConfig,
     code=(dedup.__name__, __name__),

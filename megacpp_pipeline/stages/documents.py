@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from megacpp_pipeline.core.row_runs import rows_where
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENT_TOKENS, DOCUMENTS
 from megacpp_pipeline.corpus import repository
 from megacpp_pipeline.corpus.repository import DocumentMode, DocumentsConfig
@@ -32,6 +33,8 @@ from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.executor import Executor
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.snapshot.streams import merge
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.tokenize import load_artifact
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import (
@@ -79,7 +82,7 @@ def include_roots(ctx: StageContext, source: str) -> list[str] | None:
     file, most used first, then the source root), or None when it has none (then
     corpus/repository's usual include/, src/ and root)."""
     counts: Counter[str] = Counter()
-    manifest = ctx.store.latest("enriched_files", source)
+    manifest = ctx.latest(names.ENRICHED_FILES, source)
     for t in ctx.store.iter_tables(manifest, columns=["build_context"]):
         for context in t["build_context"].to_pylist():
             for root in (context or {}).get("include_roots") or ():
@@ -96,7 +99,7 @@ def _texts(ctx: StageContext, source: str, paths: Sequence[str]) -> pa.Array:
     it is cheaper than decoding the tokens back."""
     wanted = set(paths)
     text: dict[str, str] = {}
-    manifest = ctx.store.latest("enriched_files", source)
+    manifest = ctx.latest(names.ENRICHED_FILES, source)
     for t in ctx.store.iter_tables(manifest, columns=["path", "text"]):
         for p, s in zip(t["path"].to_pylist(), t["text"].to_pylist(), strict=True):
             if p in wanted:
@@ -149,7 +152,7 @@ def _write(job: _Job, index: int, source: str, docs: pa.Table, files: pa.Table) 
     shards = []
     split = docs["split"]
     for name in SPLITS:
-        part = docs.filter(pc.equal(split, name))
+        part = rows_where(docs, pc.equal(split, name).to_numpy(zero_copy_only=False))
         if part.num_rows:
             table = split_table(source, name)
             rel = f"{table.replace(':', '-')}-{index:05d}.parquet"
@@ -172,7 +175,7 @@ def _file_task(job: _Job, task: _FileSlice) -> _Written:
 
 def _build(job: _Job, source: str) -> repository.RepositoryDocuments:
     ctx = job.ctx
-    m = ctx.latest("tokenized_docs", source)
+    m = ctx.latest(names.TOKENIZED_DOCS, source)
     files = pa.concat_tables(list(ctx.store.iter_tables(m)))
     files = files.append_column("text", _texts(ctx, source, files["path"].to_pylist()))
     tok = load_artifact(ctx)[0]
@@ -184,7 +187,7 @@ def _count_task(job: _Job, source: str) -> int:
     after them)."""
     return (
         _build(job, source).documents.num_rows
-        if job.ctx.latest("tokenized_docs", source).rows
+        if job.ctx.latest(names.TOKENIZED_DOCS, source).rows
         else 0
     )
 
@@ -193,7 +196,7 @@ def _repository_task(job: _Job, task: tuple[int, str]) -> _Written:
     """One source's kept files as repository documents, numbered from its first id."""
     index, source = task
     first = job.first_ids[source]
-    if job.ctx.latest("tokenized_docs", source).rows == 0:
+    if job.ctx.latest(names.TOKENIZED_DOCS, source).rows == 0:
         return _Written([], {}, Counter())
     built = _build(job, source)
     ids = pa.array(np.arange(first, first + built.documents.num_rows, dtype=np.int32))
@@ -309,31 +312,54 @@ def _ignore(message: str) -> None:
     pass
 
 
-def documents_table(ctx: StageContext) -> pa.Table:
-    """Every document's metadata (DOCUMENTS, no tokens), in doc_id order."""
-    manifest = ctx.latest("documents")
+def documents_stream(ctx: StageContext) -> Iterator[pa.Table]:
+    """Every document's metadata (DOCUMENTS, no tokens) in doc_id order, a chunk at a time:
+    each source's train and validation tables merged (ids are in catalog order)."""
+    manifest = ctx.latest(names.DOCUMENTS)
+    for source in ctx.sources():
+        train, validation = (
+            ctx.store.iter_tables(manifest, t, columns=DOCUMENTS.names)
+            if (t := split_table(source, split)) in manifest.tables
+            else iter(())
+            for split in SPLITS
+        )
+        for chunk in merge(train, validation, "doc_id", DOCUMENTS):
+            yield chunk.cast(DOCUMENTS)
+
+
+def documents_table(ctx: StageContext, columns: list[str] | None = None) -> pa.Table:
+    """Every document's metadata (DOCUMENTS, no tokens; or only `columns`), in doc_id
+    order."""
+    manifest = ctx.latest(names.DOCUMENTS)
+    wanted = columns or DOCUMENTS.names
+    schema = pa.schema([DOCUMENTS.field(n) for n in wanted])
     parts = [
-        t
+        t.select(wanted).cast(schema)
         for name in manifest.data_tables()
-        for t in ctx.store.iter_tables(manifest, name, columns=DOCUMENTS.names)
+        for t in ctx.store.iter_tables(manifest, name, columns=wanted)
     ]
-    table = pa.concat_tables([DOCUMENTS.empty_table(), *(t.cast(DOCUMENTS) for t in parts)])
-    return table.sort_by("doc_id")
+    return pa.concat_tables([schema.empty_table(), *parts]).sort_by("doc_id")
 
 
-def document_files_table(ctx: StageContext) -> pa.Table:
-    manifest = ctx.latest("documents")
-    return pa.concat_tables(
-        [DOCUMENT_FILES.empty_table(), *ctx.store.iter_tables(manifest, "document_files")]
-    ).sort_by([("doc_id", "ascending"), ("position", "ascending")])
+def document_files_table(ctx: StageContext, columns: list[str] | None = None) -> pa.Table:
+    manifest = ctx.latest(names.DOCUMENTS)
+    wanted = columns or DOCUMENT_FILES.names
+    schema = pa.schema([DOCUMENT_FILES.field(n) for n in wanted])
+    parts = ctx.store.iter_tables(manifest, "document_files", columns=wanted)
+    return pa.concat_tables([schema.empty_table(), *parts]).sort_by(
+        [("doc_id", "ascending"), ("position", "ascending")]
+    )
 
 
 def _every_file_in_one_document(
     ctx: StageContext, stage: Stage, partition: str | None
 ) -> CheckOutcome:
     kept = {s: ctx.latest(stage.input or "", s).rows for s in ctx.sources()}
-    documents = documents_table(ctx)
-    files = document_files_table(ctx)
+    # only what the tiling and counting compare (no hashes, no licences)
+    documents = documents_table(ctx, ["doc_id", "num_files", "num_tokens"])
+    files = document_files_table(
+        ctx, ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"]
+    )
     problems = repository.document_files_problems(documents, files, kept)
     return CheckOutcome(
         passed=not problems,
@@ -347,14 +373,14 @@ def _every_file_in_one_document(
 
 
 STAGE = Stage(
-    name="documents",
+    name=names.DOCUMENTS,
     grain=Grain.GLOBAL,
     group="tokens",
     description="What a training document is and its doc_id: one kept file (file mode), or a "
     "source's files concatenated in #include order after `// <path>` markers (repository "
     "mode); document_files says where every kept file sits.",
-    input="tokenized_docs",
-    reads=("tokenizer", "enriched_files"),
+    input=names.TOKENIZED_DOCS,
+    reads=(names.TOKENIZER, names.ENRICHED_FILES),
     config_key="documents",
     config=DocumentsConfig,
     code=(repository.__name__, __name__),

@@ -27,6 +27,7 @@ from megacpp_pipeline.pipeline.registry import (
     PreparedGate,
     Stage,
 )
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import Manifest
 
 
@@ -41,7 +42,7 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
         else:
             known = {
                 p
-                for t in inputs.tables("raw_files", columns=["path"])
+                for t in inputs.tables(names.RAW_FILES, columns=["path"])
                 for p in t["path"].to_pylist()
             }
             try:
@@ -134,7 +135,7 @@ _SPANS = RowCheck(None, _span_problems)
 
 
 def _spans_inside_text(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     files, problems = inspect_rows(ctx, manifest, _SPANS, None)
     return CheckOutcome(
         passed=not problems,
@@ -144,22 +145,22 @@ def _spans_inside_text(ctx: StageContext, stage: Stage, source: str | None) -> C
 
 
 STAGE = Stage(
-    name="enriched_files",
+    name=names.ENRICHED_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="Chunk spans (func_signature, func_body, class_decl, comment, ...) from "
     "tree-sitter-cpp; build context from compile_commands.json where it exists; "
     "structure_source records which lane produced each file's structure.",
-    input="decontaminated_files",
+    input=names.DECONTAMINATED_FILES,
     # the compile database is read from raw_files; declaring it also gives the UI's
     # "Materialize all" backfill a partition-to-partition path down to this asset
-    reads=("raw_files",),
+    reads=(names.RAW_FILES,),
     config_key="enrich",
     config=enrich.EnrichConfig,
     code=(enrich.__name__, build_context.__name__, __name__),
     schema=ENRICHED_FILES,
     content_column="content_sha256",
-    drop_reasons=(DropReason.TOO_LARGE, DropReason.PARSE_ERROR_RATIO, DropReason.PARSE_TIMEOUT),
+    drop_reasons=(DropReason.PARSE_ERROR_RATIO, DropReason.PARSE_TIMEOUT),
     writes_ledger=True,
     metadata_files=lambda spec, path: path == spec.compile_commands,
     gate=_gate,

@@ -17,6 +17,7 @@ from megacpp_pipeline.core.schemas import CLASSIFIED_FILES
 from megacpp_pipeline.gates import language
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Markdown, PreparedGate, Stage
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import Manifest
 
 
@@ -25,7 +26,7 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
     # every file seen in the source, kept or not (a .c file outside the include globs still
     # says the source is C): the collect ledger lists them all
     seen = [
-        p for t in inputs.tables("raw_files", "ledger", ["path"]) for p in t["path"].to_pylist()
+        p for t in inputs.tables(names.RAW_FILES, "ledger", ["path"]) for p in t["path"].to_pylist()
     ]
     siblings = language.Siblings.of(seen, config)
     prefixes = list(spec.vendored_paths)
@@ -54,14 +55,14 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
 
 
 STAGE = Stage(
-    name="classified_files",
+    name=names.CLASSIFIED_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="Each file's language (c++ or c; headers by their content and the source's "
     "other files) and a vendored flag (third_party/, vendor/, ... or the catalog's "
     "vendored_paths); C-only files dropped as not_cpp unless keep_c.",
-    input="normalized_files",
-    reads=("raw_files",),
+    input=names.NORMALIZED_FILES,
+    reads=(names.RAW_FILES,),
     config_key="language",
     config=language.LanguageConfig,
     code=(

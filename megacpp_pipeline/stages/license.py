@@ -24,6 +24,7 @@ from megacpp_pipeline.pipeline.registry import (
     PreparedGate,
     Stage,
 )
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import Manifest
 
 
@@ -83,7 +84,7 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
 
 
 def _only_allowed(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     not_allowed = 0
     for t in ctx.store.iter_tables(manifest, columns=["license_decision"]):
         not_allowed += int(pc.sum(pc.not_equal(t["license_decision"], "allowed")).as_py() or 0)
@@ -102,14 +103,14 @@ def _only_allowed(ctx: StageContext, stage: Stage, source: str | None) -> CheckO
 
 
 STAGE = Stage(
-    name="licensed_files",
+    name=names.LICENSED_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="File-level licence decision: SPDX-License-Identifier lines, REUSE metadata, "
     "standard notices, then the source's declared licence; expressions validated against the "
     "SPDX lists; only `allowed` files continue.",
-    input="quality_files",
-    reads=("raw_files",),
+    input=names.QUALITY_FILES,
+    reads=(names.RAW_FILES,),
     config_key="license",
     config=license.LicenseConfig,
     code=(license.__name__, __name__),

@@ -4,7 +4,6 @@ back with the project's own reader."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from megacpp_pipeline.pipeline.context import StageContext
@@ -18,23 +17,24 @@ from megacpp_pipeline.pipeline.registry import (
 )
 from megacpp_pipeline.snapshot import megatron
 from megacpp_pipeline.snapshot.promote import read_manifest
-from megacpp_pipeline.stages.snapshot import snapshot_dir_of, upload_beside_snapshot
-
-
-def export_dir(ctx: StageContext, snapshot_id: str) -> Path:
-    return ctx.store.local_root(ctx.cache_dir) / "megatron" / snapshot_id
+from megacpp_pipeline.stages import names
+from megacpp_pipeline.stages.snapshot import (
+    megatron_dir,
+    snapshot_dir_of,
+    upload_beside_snapshot,
+)
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     snap = snapshot_dir_of(ctx)
     manifest = read_manifest(snap)
-    out = export_dir(ctx, manifest.snapshot_id)
-    out.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {"snapshot_id": manifest.snapshot_id}
+    out = megatron_dir(ctx, manifest.snapshot_id)
     host = ctx.host_executor()  # the export is a folder of this host
+    # the promotion check's export of this very snapshot, when it is there; made here else
+    exported = megatron.export_once(snap, out, host.map)
+    meta: dict[str, Any] = {"snapshot_id": manifest.snapshot_id, "exported_here": exported}
     for split, entry in manifest.splits.items():
         if entry.rows:
-            megatron.export_snapshot(snap, out / split, split=split, mapper=host.map)
             meta[f"{split}_prefix"] = PathValue(str(out / split))
     # on an object store, the export goes beside the snapshot: <data dir>/megatron/<id>/
     if uri := upload_beside_snapshot(ctx, out, "megatron", manifest.snapshot_id):
@@ -45,7 +45,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
 def _matches_snapshot(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
     snap = snapshot_dir_of(ctx)
     manifest = read_manifest(snap)
-    out = export_dir(ctx, manifest.snapshot_id)
+    out = megatron_dir(ctx, manifest.snapshot_id)
     problems: list[str] = []
     meta: dict[str, Any] = {}
     for split, entry in manifest.splits.items():
@@ -67,12 +67,12 @@ def _matches_snapshot(ctx: StageContext, stage: Stage, partition: str | None) ->
 
 
 STAGE = Stage(
-    name="megatron_dataset",
+    name=names.MEGATRON_DATASET,
     grain=Grain.GLOBAL,
     group="snapshot",
     description="Megatron MMIDIDX .bin/.idx export of the promoted snapshot, one sequence "
     "per document, for trainers that read Megatron indexed datasets.",
-    input="snapshot",
+    input=names.SNAPSHOT,
     code=(megatron.__name__, __name__),
     body=_body,
     checks=(

@@ -1,5 +1,6 @@
-"""normalized_files: UTF-8, LF-normalized C/C++ text; binaries, oversized, minified,
-generated and non-C++ files dropped with a reason (the cheap filters, first)."""
+"""normalized_files: UTF-8, LF-normalized C/C++ text; binaries, Git LFS and git-annex
+pointers, minified, generated and non-C++ files dropped with a reason (the cheap filters,
+first). Oversized files never get here: collection applies the one size policy."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from megacpp_pipeline.core.schemas import NORMALIZED_FILES
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.pipeline.context import SourceInputs
 from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Stage
+from megacpp_pipeline.stages import names
 
 
 def _gate(inputs: SourceInputs) -> PreparedGate:
@@ -16,12 +18,12 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
 
 
 STAGE = Stage(
-    name="normalized_files",
+    name=names.NORMALIZED_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="UTF-8, LF-normalized C/C++ text with its original encoding recorded; binaries,"
-    " oversized, minified/data-like, generated and non-C++ files dropped with a reason.",
-    input="raw_files",
+    " LFS/annex pointers, minified/data-like, generated and non-C++ files dropped with a reason.",
+    input=names.RAW_FILES,
     config_key="normalize",
     config=normalize.NormalizeConfig,
     code=(normalize.__name__, __name__),
@@ -31,7 +33,7 @@ STAGE = Stage(
         DropReason.BINARY,
         DropReason.UNDECODABLE,
         DropReason.EMPTY,
-        DropReason.TOO_LARGE,
+        DropReason.POINTER_FILE,
         DropReason.LONG_LINES,
         DropReason.MEAN_LINE_LENGTH,
         DropReason.LOW_ALNUM,

@@ -41,6 +41,7 @@ from megacpp_pipeline.pipeline.registry import (
     Stage,
 )
 from megacpp_pipeline.snapshot import packed_rows as rows_contract
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.documents import split_tables
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import (
@@ -64,6 +65,23 @@ _PACKED_COLUMNS = [
     "token_ids",
     "chunk_kind",
 ]
+
+
+def pieces_table(split: str, copy: int = 0) -> str:
+    """The packed version's table of one split's pieces of one pass (the documents' copy
+    `copy`), in (doc_id, piece_index) order: a pass's blocks go through the split in doc
+    order, but a later pass starts over, so each pass has its own table."""
+    return f"pieces:{split}" if copy == 0 else f"pieces:{split}:copy{copy}"
+
+
+def pieces_tables(packed: Manifest) -> list[str]:
+    """The packed version's pieces tables, pass by pass (copy 0 first), each split's."""
+    found = []
+    for name in packed.tables:
+        split, _, copy = name.removeprefix("pieces:").partition(":copy")
+        if name.startswith("pieces:") and split in packing.SPLITS:
+            found.append((int(copy or 0), packing.SPLITS.index(split), name))
+    return [name for *_, name in sorted(found)]
 
 
 @dataclass(frozen=True)
@@ -127,9 +145,12 @@ def _pack_task(job: _Job, task: _Block) -> _Packed:
     batches = packing.pack_block(drawn(), task.split, task.block, config, special, task.copy)
     for window, batch in enumerate(batches):
         name = f"{task.split}-{task.block:05d}-{window:04d}.parquet"
+        # a window's pieces in document order: each split's pieces tables then come sorted
+        # by (doc_id, piece_index), the order the snapshot streams them in
+        placed = batch.pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
         for table, rows, rows_schema in (
             (f"data:{task.split}", batch.rows, schema),
-            ("pieces", batch.pieces, rows_contract.PIECES_SCHEMA),
+            (pieces_table(task.split, task.copy), placed, rows_contract.PIECES_SCHEMA),
         ):
             shard, written = uploader.write_parquet(f"{table.replace(':', '-')}-{name}", rows)
             out.shards.append((table, rows_schema, shard, written))
@@ -173,7 +194,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         schema = rows_contract.packed_rows_schema(config.seq_len)
         for split in packing.SPLITS:  # both exist even when a split has no document
             version.table(f"data:{split}", schema)
-        version.table("pieces", rows_contract.PIECES_SCHEMA)
+        for split in packing.SPLITS:
+            version.table(pieces_table(split), rows_contract.PIECES_SCHEMA)
         telemetry: dict[str, packing.PackingTelemetry] = {}
         whole: dict[str, repository.WholeDocumentRows] = {}
         stats: Counter[str] = Counter(documents=0, valid_tokens=0)
@@ -266,8 +288,8 @@ _ROWS = RowCheck(None, _row_problems)
 
 
 def _every_row_is_seq_len(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, None)
-    vocab = int(ctx.store.latest("tokenizer", None).extra["tokenizer"]["vocab_size"])
+    manifest = ctx.latest(stage.name, None)
+    vocab = int(ctx.latest(names.TOKENIZER, None).extra["tokenizer"]["vocab_size"])
     seq_len = int(manifest.extra["seq_len"])
     rows, problems = inspect_rows(ctx, manifest, _ROWS, (seq_len, vocab))
     return CheckOutcome(
@@ -278,14 +300,14 @@ def _every_row_is_seq_len(ctx: StageContext, stage: Stage, partition: str | None
 
 
 STAGE = Stage(
-    name="packed_rows",
+    name=names.PACKED_ROWS,
     grain=Grain.GLOBAL,
     group="tokens",
     description="BOS + tokens + EOS per document, cut into pieces of at most seq_len and "
     "packed best-fit into rows of exactly seq_len tokens (train and validation apart), with "
     "the pieces table that says where every piece of every document sits.",
-    input="documents",
-    reads=("tokenizer",),
+    input=names.DOCUMENTS,
+    reads=(names.TOKENIZER,),
     config_key="packing",
     config=packing.PackingConfig,
     catalog_defaults=lambda catalog: {

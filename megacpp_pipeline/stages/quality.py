@@ -15,6 +15,7 @@ from megacpp_pipeline.core.schemas import CLASSIFIED_FILES
 from megacpp_pipeline.gates import quality
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Markdown, PreparedGate, Stage
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import Manifest
 
 
@@ -40,13 +41,13 @@ def _report(ctx: StageContext, manifest: Manifest, stats: Mapping[str, float]) -
 
 
 STAGE = Stage(
-    name="quality_files",
+    name=names.QUALITY_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="C++ quality rules (multiple main, preprocessor / print / no-logic line "
     "fractions, repeated 5-grams, data tables, comment ratio); each drop names its rule and "
     "measured value.",
-    input="classified_files",
+    input=names.CLASSIFIED_FILES,
     config_key="quality",
     config=quality.QualityConfig,
     code=(quality.__name__, "megacpp_pipeline.gates.cpp_text", __name__),

@@ -19,6 +19,7 @@ from megacpp_pipeline.core.schemas import LICENSED_FILES
 from megacpp_pipeline.gates import removals
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import Manifest, config_hash
 
 
@@ -37,7 +38,7 @@ def loaded_removals(catalog: Catalog) -> list[removals.Removal]:
 
 
 def _near_config(ctx: StageContext) -> Any:
-    return ctx.config(ctx.registry.get("deduped_files"))
+    return ctx.config(names.DEDUPED_FILES)
 
 
 def _gate(inputs: SourceInputs) -> PreparedGate:
@@ -58,7 +59,7 @@ def _nothing_removed_continues(ctx: StageContext, stage: Stage, source: str | No
     """The kept output, run through the removal entries again, loses nothing."""
     assert source is not None
     entries = loaded_removals(ctx.catalog)
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     left: list[str] = []
     for t in ctx.store.iter_tables(manifest):
         again = removals.run(t, entries, source, _near_config(ctx))
@@ -80,18 +81,19 @@ def removed_table(ctx: StageContext) -> pa.Table:
     parts = [
         t
         for s in ctx.sources()
-        for t in ctx.store.iter_tables(ctx.store.latest(STAGE.name, s), "removed")
+        for t in ctx.store.iter_tables(ctx.latest(STAGE.name, s), "removed")
     ]
     return pa.concat_tables(parts) if parts else removals.REMOVED_FILES_SCHEMA.empty_table()
 
 
 STAGE = Stage(
-    name="removed_files",
+    name=names.REMOVED_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="Files named by `removals:` (a source, a path glob, a collected file's sha256, "
     "a request file) dropped before scrub; each ledger row names the entry that matched.",
-    input="licensed_files",
+    input=names.LICENSED_FILES,
+    config_reads=(names.DEDUPED_FILES,),
     code=(removals.__name__, __name__),
     version_data=lambda catalog: [r.model_dump(mode="json") for r in catalog.removals],
     schema=LICENSED_FILES,

@@ -16,6 +16,7 @@ from megacpp_pipeline.pipeline.registry import (
 )
 from megacpp_pipeline.snapshot import report
 from megacpp_pipeline.snapshot.promote import REPORT_DIR, read_manifest
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.snapshot import (
     snapshot_dir_of,
     summed_stats,
@@ -25,20 +26,20 @@ from megacpp_pipeline.stages.snapshot import (
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     snap = snapshot_dir_of(ctx)
-    promoted = ctx.latest("snapshot")
-    packed = ctx.latest("packed_rows")
-    dedup_manifest = ctx.latest("deduped_files")
+    promoted = ctx.latest(names.SNAPSHOT)
+    packed = ctx.latest(names.PACKED_ROWS)
+    dedup_manifest = ctx.latest(names.DEDUPED_FILES)
     clusters = dedup_manifest.tables.get("clusters")
     inputs = report.ReportInputs(
         snapshot_dir=snap,
-        license_stats=summed_stats(ctx, "licensed_files", ""),
-        scrub_stats=summed_stats(ctx, "scrubbed_files", "kind:"),
+        license_stats=summed_stats(ctx, names.LICENSED_FILES, ""),
+        scrub_stats=summed_stats(ctx, names.SCRUBBED_FILES, "kind:"),
         dedup_clusters=ctx.store.read_table(dedup_manifest, "clusters")
         if clusters is not None and clusters.rows
         else None,
         chunk_kind_bytes={
             k.removeprefix("kind_bytes:"): v
-            for k, v in summed_stats(ctx, "enriched_files", "kind_bytes:").items()
+            for k, v in summed_stats(ctx, names.ENRICHED_FILES, "kind_bytes:").items()
         },
         packing_telemetry=(packed.extra.get("telemetry") or {}).get("train"),
         stages=ctx.registry.ledger_stages(),
@@ -79,12 +80,19 @@ def _page_and_plots_exist(ctx: StageContext, stage: Stage, partition: str | None
 
 
 STAGE = Stage(
-    name="quality_report",
+    name=names.QUALITY_REPORT,
     grain=Grain.GLOBAL,
     group="snapshot",
     description="The quality dashboard of the promoted snapshot: an HTML page with PNG plots "
     "in <snapshot>/report/, and its key numbers as metadata (a time series across runs).",
-    input="snapshot",
+    input=names.SNAPSHOT,
+    reads=(
+        names.LICENSED_FILES,
+        names.SCRUBBED_FILES,
+        names.DEDUPED_FILES,
+        names.ENRICHED_FILES,
+        names.PACKED_ROWS,
+    ),
     code=(report.__name__, __name__),
     body=_body,
     checks=(

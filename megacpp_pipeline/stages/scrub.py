@@ -23,6 +23,7 @@ from megacpp_pipeline.pipeline.registry import (
     PreparedGate,
     Stage,
 )
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import Manifest
 
 
@@ -59,7 +60,7 @@ _RESCAN = RowCheck(("source_id", "path", "text"), _residual)
 
 
 def _no_detector_fires(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     files, residual = inspect_rows(ctx, manifest, _RESCAN, ctx.config(stage))
     return CheckOutcome(
         passed=not residual,
@@ -73,13 +74,13 @@ def _no_detector_fires(ctx: StageContext, stage: Stage, source: str | None) -> C
 
 
 STAGE = Stage(
-    name="scrubbed_files",
+    name=names.SCRUBBED_FILES,
     grain=Grain.PER_SOURCE,
     group="gates",
     description="PII and secrets replaced by exact placeholders (<EMAIL>, <IP_ADDRESS>, "
     "<API_KEY>, <PASSWORD>, <PRIVATE_KEY>, <SSH_KEY>, <LOCAL_PATH>); every replacement audited "
     "by a salted hash, never the value.",
-    input="removed_files",
+    input=names.REMOVED_FILES,
     config_key="scrub",
     config=scrub.ScrubConfig,
     code=(scrub.__name__, __name__),

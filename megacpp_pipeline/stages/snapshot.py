@@ -6,11 +6,13 @@ is a time series per property."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
+from megacpp_pipeline.core.schemas import DOCUMENT_FILES
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -24,6 +26,7 @@ from megacpp_pipeline.pipeline.registry import (
 from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
 from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
+from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA
 from megacpp_pipeline.snapshot.promote import (
     REPORT_DIR,
     ShardSource,
@@ -31,30 +34,84 @@ from megacpp_pipeline.snapshot.promote import (
     SnapshotManifest,
     SnapshotParts,
     SourceEntry,
+    SourceLedgers,
     build_snapshot,
+    final_ledger_chunks,
     promoted_in_store,
     read_manifest,
 )
+from megacpp_pipeline.snapshot.streams import merge
 from megacpp_pipeline.snapshot.text_release import TEXT_DIR, write_release
-from megacpp_pipeline.stages.documents import document_files_table, documents_table
+from megacpp_pipeline.stages import names
+from megacpp_pipeline.stages.documents import documents_stream
+from megacpp_pipeline.stages.packing import pieces_tables
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
-from megacpp_pipeline.storage.store import ShardStore, config_hash
+from megacpp_pipeline.storage.store import Manifest, ShardStore, config_hash
 from megacpp_pipeline.storage.versions import COMPLETE
 
 
-def ledger_tables(ctx: StageContext) -> Iterator[pa.Table]:
-    """Every stage's ledger, in registry order; a per-source stage source by source."""
-    for name in ctx.registry.ledger_stages():
-        partitions = ctx.partitions(name)
-        for partition in partitions:
-            yield from ctx.store.iter_tables(ctx.store.latest(name, partition), "ledger")
+class SourceRows:
+    """A stream of tables ordered by source (catalog order), handed out a source at a time:
+    a corpus-wide version's ledger or document files, read once for all sources."""
+
+    def __init__(self, tables: Iterable[pa.Table]) -> None:
+        self._tables = iter(tables)
+        self._head: pa.Table | None = None
+
+    def of(self, source: str) -> Iterator[pa.Table]:
+        while True:
+            if self._head is None:
+                self._head = next((t for t in self._tables if t.num_rows), None)
+                if self._head is None:
+                    return
+            ids = self._head["source_id"].to_numpy(zero_copy_only=False)
+            mine = int(np.argmax(ids != source)) if (ids != source).any() else len(ids)
+            if mine:
+                yield self._head.slice(0, mine)
+            if mine < len(ids):
+                self._head = self._head.slice(mine)
+                return
+            self._head = None
+
+
+def final_ledger_stream(
+    ctx: StageContext, document_files: Iterable[pa.Table]
+) -> Iterator[pa.Table]:
+    """The snapshot's ledger a chunk at a time: each source's collect ledger joined with
+    every later stage's drops and the source's document files (promote.final_ledger_chunks);
+    every stream is read once, in source then path order."""
+    stages = ctx.registry.ledger_stages()
+    corpus_wide = {
+        name: SourceRows(ctx.store.iter_tables(ctx.latest(name, None), "ledger"))
+        for name in stages[1:]
+        if not ctx.registry.get(name).per_source
+    }
+    files = SourceRows(document_files)
+
+    def later(name: str, source: str) -> Iterable[pa.Table]:
+        if name in corpus_wide:
+            return corpus_wide[name].of(source)
+        return ctx.store.iter_tables(ctx.latest(name, source), "ledger")
+
+    def sources() -> Iterator[SourceLedgers]:
+        for source in ctx.sources():
+            collected = ctx.store.iter_tables(ctx.latest(stages[0], source), "ledger")
+            mine: Iterable[pa.Table] = files.of(source)
+            if str(ctx.latest(names.DOCUMENTS).extra.get("mode", "file")) != "file":
+                # repository documents list their files in include order: sort the source's
+                mine = [
+                    pa.concat_tables(list(mine) or [DOCUMENT_FILES.empty_table()]).sort_by("path")
+                ]
+            yield SourceLedgers(collected, [later(n, source) for n in stages[1:]], mine)
+
+    return final_ledger_chunks(sources())
 
 
 def collected_sources(ctx: StageContext) -> dict[str, SourceEntry]:
     """Each operational source's kind and the revision its latest collection read."""
     out = {}
     for source in ctx.sources():
-        raw = ctx.store.latest(ctx.registry.ledger_stages()[0], source)
+        raw = ctx.latest(ctx.registry.collection(), source)
         spec = ctx.catalog.source(source)
         out[source] = SourceEntry(
             kind=spec.kind,
@@ -69,15 +126,15 @@ def summed_stats(ctx: StageContext, stage: str, prefix: str) -> dict[str, float]
     total: Counter[str] = Counter()
     partitions = ctx.partitions(stage)
     for partition in partitions:
-        stats = ctx.store.latest(stage, partition).stats
+        stats = ctx.latest(stage, partition).stats
         total.update({k: v for k, v in stats.items() if k.startswith(prefix)})
     return dict(total)
 
 
 def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
     """The stage figures the dataset card reports besides the snapshot's own files."""
-    dedup = ctx.latest("deduped_files").stats
-    decontaminated = ctx.latest("decontaminated_files")
+    dedup = ctx.latest(names.DEDUPED_FILES).stats
+    decontaminated = ctx.latest(names.DECONTAMINATED_FILES)
     index_stats = decontaminated.extra.get("index_stats") or {}
     found = decontaminated.stats
     benchmarks = [
@@ -89,13 +146,13 @@ def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
         }
         for b in ctx.catalog.benchmarks
     ]
-    packed = ctx.latest("packed_rows").extra
+    packed = ctx.latest(names.PACKED_ROWS).extra
     telemetry = (packed.get("telemetry") or {}).get("train") or {}
     whole = (packed.get("whole_documents") or {}).get("train") or {}
     return CardInputs(
         scrub_kinds={
             k.removeprefix("kind:"): int(v)
-            for k, v in summed_stats(ctx, "scrubbed_files", "kind:").items()
+            for k, v in summed_stats(ctx, names.SCRUBBED_FILES, "kind:").items()
         },
         dedup={
             "exact": int(dedup.get("dropped_exact_duplicate", 0)),
@@ -105,19 +162,19 @@ def card_inputs(ctx: StageContext, removed: CheckOutcome) -> CardInputs:
         benchmarks=benchmarks,
         removals={
             "entries": len(loaded_removals(ctx.catalog)),
-            "files": int(sum(summed_stats(ctx, "removed_files", "removed_by:").values())),
+            "files": int(sum(summed_stats(ctx, names.REMOVED_FILES, "removed_by:").values())),
             "near_remaining": int(removed.metadata.get("near_duplicates_remaining", 0)),
         },
         utilization=telemetry.get("utilization"),
         whole_document_rows=whole.get("one_whole_document_share"),
-        lengths=ctx.latest("documents").extra.get("lengths") or {},
+        lengths=ctx.latest(names.DOCUMENTS).extra.get("lengths") or {},
         checks=[f"{c.name}: {c.description}" for c in STAGE.checks],
     )
 
 
 def previous_snapshot(ctx: StageContext) -> Path | None:
     """The snapshot the latest `snapshot` version promoted, if it is still there."""
-    if not ctx.store.has_version("snapshot"):
+    if not ctx.store.has_version(names.SNAPSHOT):
         return None
     path = snapshot_dir_of(ctx)
     return path if (path / COMPLETE).exists() else None
@@ -151,9 +208,25 @@ def upload_beside_snapshot(ctx: StageContext, local: Path, *parts: str) -> str |
     return store.uri_of(target)
 
 
+def megatron_dir(ctx: StageContext, snapshot_id: str) -> Path:
+    """Where a snapshot's Megatron export is built: the promotion check exports there once
+    and the megatron stage takes it."""
+    return ctx.store.local_root(ctx.cache_dir) / "megatron" / snapshot_id
+
+
 def snapshot_dir_of(ctx: StageContext) -> Path:
     """The directory of the snapshot the latest `snapshot` version promoted."""
-    return Path(ctx.store.latest("snapshot", None).extra["snapshot_dir"])
+    return Path(ctx.latest(names.SNAPSHOT, None).extra["snapshot_dir"])
+
+
+def merged_pieces(store: ShardStore, packed: Manifest) -> Iterator[pa.Table]:
+    """Every pieces table of the packed version as one stream in (doc_id, copy, piece_index)
+    order: each table is in doc_id order, and a document's copies come pass by pass (the
+    merge keeps the earlier stream's rows first where a doc_id is in both)."""
+    stream: Iterable[pa.Table] = iter(())
+    for table in pieces_tables(packed):
+        stream = merge(stream, store.iter_tables(packed, table), "doc_id", PIECES_SCHEMA)
+    return iter(stream)
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -161,8 +234,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     config = ctx.config(stage)
     store = ctx.store
     packed = ctx.latest(stage.input)
-    tok = ctx.latest("tokenizer")
-    documents = ctx.latest("documents")
+    tok = ctx.latest(names.TOKENIZER)
+    documents = ctx.latest(names.DOCUMENTS)
     vdir = store.version_dir(packed)
     info = tok.extra["tokenizer"]
     parts = SnapshotParts(
@@ -180,12 +253,12 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             for split in ("train", "validation")
             if (name := f"data:{split}") in packed.tables
         },
-        documents=documents_table(ctx),
-        document_files=document_files_table(ctx),
+        documents=documents_stream(ctx),
+        document_files=store.iter_tables(documents, "document_files"),
         document_mode=str(documents.extra.get("mode", "file")),
         engine=ctx.engine.describe(),
-        pieces=store.iter_tables(packed, "pieces"),
-        ledger=ledger_tables(ctx),
+        pieces=merged_pieces(store, packed),
+        ledger=final_ledger_stream(ctx, store.iter_tables(documents, "document_files")),
         ledger_stages=ctx.registry.ledger_stages(),
         sources={
             sid: entry.model_copy(
@@ -218,8 +291,11 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             release = write_release(build_dir, build_dir / TEXT_DIR)
             ctx.log(f"snapshot: text release of {release.documents} documents in {TEXT_DIR}/")
         failures = []
+        exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
         for name in verify.ALL_CHECKS:
-            outcome = verify.run_check(name, build_dir, config, mapper=host.map)
+            outcome = verify.run_check(
+                name, build_dir, config, mapper=host.map, megatron_dir=exports
+            )
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
@@ -297,7 +373,11 @@ _DESCRIPTIONS = {
 def _promotion_check(name: str) -> Check:
     def evaluate(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
         mapper = ctx.host_executor().map
-        outcome = verify.run_check(name, snapshot_dir_of(ctx), ctx.config(stage), mapper=mapper)
+        snap = snapshot_dir_of(ctx)
+        exports = megatron_dir(ctx, read_manifest(snap).snapshot_id)
+        outcome = verify.run_check(
+            name, snap, ctx.config(stage), mapper=mapper, megatron_dir=exports
+        )
         return CheckOutcome(
             passed=outcome.passed,
             metadata={
@@ -317,12 +397,12 @@ def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) 
 
     removed = removed_table(ctx)
     requested = {r.sha256 for r in ctx.catalog.removals if r.sha256}
-    near = ctx.config(ctx.registry.get("deduped_files"))
+    near = ctx.config(names.DEDUPED_FILES)
     findings = []
     if removed.num_rows or requested:
         for source in ctx.sources():
-            kept = ctx.store.latest("tokenized_docs", source)
-            texts = ctx.store.latest("enriched_files", source)
+            kept = ctx.latest(names.TOKENIZED_DOCS, source)
+            texts = ctx.latest(names.ENRICHED_FILES, source)
             documents = {
                 p
                 for t in ctx.store.iter_tables(kept, columns=["path"])
@@ -348,7 +428,7 @@ def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) 
 
 
 STAGE = Stage(
-    name="snapshot",
+    name=names.SNAPSHOT,
     grain=Grain.GLOBAL,
     group="snapshot",
     description="The promoted training snapshot: manifest.json, tokenizer.json, documents, "
@@ -356,8 +436,19 @@ STAGE = Stage(
     "true` the text release in text/), _COMPLETE last. "
     "Built beside its final place and renamed in only when schema, token range, document "
     "consistency, round-trip, ledger, loader and Megatron checks all pass.",
-    input="packed_rows",
-    reads=("tokenizer", "documents"),
+    input=names.PACKED_ROWS,
+    reads=(
+        names.TOKENIZER,
+        names.DOCUMENTS,
+        names.REMOVED_FILES,  # the removal check and the card
+        names.SCRUBBED_FILES,  # the card's scrub kinds
+        names.DEDUPED_FILES,  # the card's dedup figures
+        names.DECONTAMINATED_FILES,  # the card's benchmarks
+        names.ENRICHED_FILES,  # the removal check reads the kept texts
+        names.TOKENIZED_DOCS,
+    ),
+    reads_ledgers=True,  # the snapshot's ledger joins every stage's
+    config_reads=(names.DEDUPED_FILES,),  # near duplicates of removed files
     config_key="snapshot",
     config=SnapshotConfig,
     code=(

@@ -5,10 +5,12 @@ decodes every document back to its text."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
@@ -20,14 +22,15 @@ from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
-from megacpp_pipeline.stages.tokenizer import ARTIFACT
+from megacpp_pipeline.stages import names
+from megacpp_pipeline.stages.tokenizer import ARTIFACT, split_version
 from megacpp_pipeline.storage.store import Manifest
 
 
 def load_artifact(ctx: StageContext) -> tuple[Tokenizer, Manifest]:
     """The tokenizer of the latest `tokenizer` version, its sha256 checked against the
     manifest (a mismatch is a clear error naming the file)."""
-    manifest = ctx.store.latest("tokenizer", None)
+    manifest = ctx.latest(names.TOKENIZER, None)
     entry = next(f for f in manifest.files if f.path == ARTIFACT)
     path = ctx.store.local_copy(
         f"{ctx.store.version_dir(manifest)}/{ARTIFACT}", entry.sha256, ctx.cache_dir
@@ -36,8 +39,8 @@ def load_artifact(ctx: StageContext) -> tuple[Tokenizer, Manifest]:
 
 
 def _gate(inputs: SourceInputs) -> PreparedGate:
-    config = inputs.config
-    path, sha256 = inputs.artifact("tokenizer", ARTIFACT)
+    config, split = inputs.config, inputs.catalog.split
+    path, sha256 = inputs.artifact(names.TOKENIZER, ARTIFACT)
     tok = tokenizer.load_tokenizer(path, sha256)
     # one thread: the executor's workers are the parallelism (a task per slice per core)
     encoder = encoders.select_encoder(tok, config.encoder, threads=1, artifact=path)
@@ -46,7 +49,7 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
     ):
         inputs.ctx.log(f"{inputs.stage.name} [{inputs.source.id}]: warning: {encoder.why}")
     return PreparedGate(
-        lambda table: tokenization.run(table, encoder, config),
+        lambda table: tokenization.run(table, encoder, config, split),
         # chunk kinds come from the enrich spans; ids from this exact tokenizer (the same
         # whichever encoder runs)
         salt=inputs.code_version(inputs.stage.input or "") + sha256,
@@ -70,6 +73,14 @@ def _undecodable(state: tuple[Tokenizer, encoders.TokenBytes | None], rows: pa.T
         paths = part["path"].to_pylist()
         shas = part["content_sha256"].to_pylist()
         if table is None:
+            lengths = pc.list_value_length(part["token_ids"]).to_numpy(zero_copy_only=False)
+            if (lengths > LONG_DOCUMENT_TOKENS).any():  # near the size limit: piece by piece
+                newline_ids = _newline_ids(tok)
+                for i, (path, sha) in enumerate(zip(paths, shas, strict=True)):
+                    ids = part["token_ids"][i].values.to_numpy(zero_copy_only=False)
+                    if _decoded_sha256(tok, ids, newline_ids) != sha:
+                        failures.append(path)
+                continue
             decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
             failures += [
                 p for p, text, sha in zip(paths, decoded, shas, strict=True)
@@ -96,7 +107,7 @@ def _every_document_round_trips(
     """decode(token_ids) against the sha256 of the enriched text each row carries, every
     slice of the partition in a task of its own."""
     tok, _ = load_artifact(ctx)
-    manifest = ctx.store.latest(stage.name, source)
+    manifest = ctx.latest(stage.name, source)
     state = (tok, encoders.TokenBytes.of(tok))
     checked, failures = inspect_rows(ctx, manifest, _ROUND_TRIP, state)
     return CheckOutcome(
@@ -106,16 +117,48 @@ def _every_document_round_trips(
     )
 
 
+# A document with more tokens than this (a file of several MB) is decoded a piece at a time:
+# a Python list of its ids alone would cost ~36 bytes a token.
+LONG_DOCUMENT_TOKENS = 1 << 20
+
+
+def _newline_ids(tok: Tokenizer) -> np.ndarray:
+    """Token ids whose bytes end with a newline (byte-level: the character 'Ċ'): decoding
+    may stop after one without cutting a UTF-8 character."""
+    return np.array(
+        sorted(i for token, i in tok.get_vocab().items() if token.endswith("\u010a")), np.int64
+    )
+
+
+def _decoded_sha256(tok: Tokenizer, ids: np.ndarray, newline_ids: np.ndarray) -> str:
+    """sha256 of decode(ids), decoded about LONG_DOCUMENT_TOKENS ids at a time, each piece
+    ending after a newline token (so pieces decode to exactly their share of the text)."""
+    ends = np.flatnonzero(np.isin(ids, newline_ids)) + 1
+    cuts = [0]
+    for end in ends.tolist():
+        if end - cuts[-1] >= LONG_DOCUMENT_TOKENS:
+            cuts.append(end)
+    if cuts[-1] != len(ids):
+        cuts.append(len(ids))
+    h = hashlib.sha256()
+    for lo, hi in itertools.pairwise(cuts):
+        piece = tok.decode(ids[lo:hi].tolist(), skip_special_tokens=False)
+        h.update(piece.encode("utf-8"))
+        del piece
+    return h.hexdigest()
+
+
 STAGE = Stage(
-    name="tokenized_docs",
+    name=names.TOKENIZED_DOCS,
     grain=Grain.PER_SOURCE,
     group="tokens",
     description="Token ids per document with a per-token chunk_kind from one offline "
     "char-to-token alignment, and a deterministic train/validation split per document.",
-    input="enriched_files",
-    reads=("tokenizer",),
+    input=names.ENRICHED_FILES,
+    reads=(names.TOKENIZER,),
     config_key="tokenize",
     config=tokenization.TokenizeConfig,
+    version_data=split_version,
     code=(tokenization.__name__, encoders.__name__, __name__),
     schema=TOKENIZED_DOCS,
     content_column="content_sha256",

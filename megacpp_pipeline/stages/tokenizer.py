@@ -5,8 +5,9 @@ snapshot), a pinned tokenizer.json (sha256 verified), or a byte-level BPE traine
 deterministically on a sample of the train split of the deduplicated files (`train`, and
 `reuse` when there is nothing to reuse); special tokens (BOS, EOS, PAD, FIM, scrub
 placeholders) at fixed ids. Tasks measure the train split and draw the hash-uniform sample
-slice by slice; the driver reads only the sample (bounded by max_train_bytes) and trains.
-The version records what was decided and why (`policy`), for the snapshot's card and diff."""
+slice by slice; one more task reads the sample (bounded by max_train_bytes) and trains: the
+driver holds neither the corpus nor the sample. The version records what was decided and
+why (`policy`), for the snapshot's card and diff."""
 
 from __future__ import annotations
 
@@ -19,22 +20,31 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from tokenizers import Tokenizer
 
+from megacpp_pipeline.core.catalog import Catalog, SplitConfig
 from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Materialized, PathValue, Stage
 from megacpp_pipeline.snapshot.promote import promoted_in_store
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, ShardStore, ShardUploader
 
 ARTIFACT = "tokenizer.json"
 
 
+def split_version(catalog: Catalog) -> Any:
+    """The split section versions the stages that use it: this one (it trains on the train
+    split alone) and the tokenize stage (it labels every file)."""
+    return catalog.split.model_dump(mode="json")
+
+
 @dataclass(frozen=True)
 class _Job:
     store: ShardStore
-    split: tokenization.TokenizeConfig
+    split: SplitConfig
     config: tokenizer.TokenizerConfig
     work: str  # where sample tasks put the texts they drew
     fraction: float = 1.0
@@ -64,10 +74,31 @@ def _sample_task(job: _Job, task: tuple[int, tuple[slices.Piece, ...]]) -> tuple
     return len(drawn), sum(len(x.encode()) for x in drawn)
 
 
+def _train_task(job: _Job, drawn: list[int]) -> str:
+    """Train on the tasks' sample (their files read in stream order, up to max_train_bytes)
+    in a worker of its own: the driver only plans and commits. The tokenizer's JSON."""
+    config = job.config
+
+    def sample() -> Iterator[str]:
+        budget = config.max_train_bytes
+        for index, texts in enumerate(drawn):
+            if not texts:
+                continue
+            table = pq.read_table(f"{job.work}/sample-{index:05d}.parquet", filesystem=job.store.fs)
+            for text in table["text"].to_pylist():
+                budget -= len(text.encode())
+                if budget < 0:
+                    return
+                yield text
+
+    tok = tokenizer.train_tokenizer(sample(), config, None)
+    return str(tok.to_str())
+
+
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     assert stage.input is not None
     config: tokenizer.TokenizerConfig = ctx.config(stage)
-    split_config = ctx.config(ctx.registry.get("tokenized_docs"))
+    split_config = ctx.catalog.split
     source = ctx.latest(stage.input)
     version = ctx.store.begin(
         stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
@@ -146,11 +177,12 @@ def _train(
     ctx: StageContext,
     source: Manifest,
     config: tokenizer.TokenizerConfig,
-    split: tokenization.TokenizeConfig,
+    split: SplitConfig,
     work: str,
 ) -> tuple[Any, dict[str, Any]]:
     """A BPE trained on a hash-uniform sample of the train split that tasks draw slice by
-    slice; the driver reads only the sample, in stream order, up to max_train_bytes."""
+    slice, by a task of its own that reads the sample in stream order up to
+    max_train_bytes: the driver holds neither the corpus nor the sample."""
     executor = ctx.executor()
     inputs = [(source, name) for name in source.data_tables()]
     task_bytes = slices.task_bytes_for(
@@ -162,23 +194,11 @@ def _train(
     fraction = tokenizer.effective_fraction(config, total)
     job = replace(job, fraction=fraction)
     try:
-        drawn = list(executor.map(_sample_task, job, list(enumerate(plan))))
-
-        def sample() -> Iterator[str]:
-            budget = config.max_train_bytes
-            for index, (texts, _) in enumerate(drawn):
-                if not texts:
-                    continue
-                table = pq.read_table(f"{work}/sample-{index:05d}.parquet", filesystem=ctx.store.fs)
-                for text in table["text"].to_pylist():
-                    budget -= len(text.encode())
-                    if budget < 0:
-                        return
-                    yield text
-
-        tok = tokenizer.train_tokenizer(sample(), config, None)
+        drawn = [texts for texts, _ in executor.map(_sample_task, job, list(enumerate(plan)))]
+        trained = executor.run_apart(_train_task, job, drawn)
     finally:
         ctx.store.delete_dir(work)
+    tok = Tokenizer.from_str(trained)
     training = {
         "train_split_bytes": total,
         "sample_fraction": fraction,
@@ -188,15 +208,16 @@ def _train(
 
 
 STAGE = Stage(
-    name="tokenizer",
+    name=names.TOKENIZER,
     grain=Grain.GLOBAL,
     group="tokens",
     description="The tokenizer artifact: the last promoted snapshot's (mode reuse, the "
     "default), a pinned tokenizer.json (sha256 verified) or a byte-level BPE trained "
     "deterministically on the deduped train split (mode train, or reuse with nothing to "
     "reuse); special tokens (BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids.",
-    input="decontaminated_files",
+    input=names.DECONTAMINATED_FILES,
     config_key="tokenizer",
+    version_data=split_version,
     config=tokenizer.TokenizerConfig,
     code=(tokenizer.__name__, __name__),
     body=_body,

@@ -1,47 +1,153 @@
 """Per-file results of the per-source gates, cached by (stage, stage code version, stage
-config hash, source, path, input content hash), so a nightly refresh in which 1% of the files
-changed recomputes about 1% of the per-file work. A config or code-version change moves the
-stage to a new namespace: it invalidates exactly that stage's entries.
+config hash, source, path, everything the gate reads of the row), so a nightly refresh in
+which 1% of the files changed recomputes about 1% of the per-file work. A config or code
+version change moves the stage to a new namespace: it invalidates exactly that stage's
+entries.
+
+An entry is used only once it proves itself: it is readable, it belongs to its keys (each
+key is recomputed from the source, path and row digest the entry recorded, and the file at
+that key in the input is the one recorded), it was written for this stage's code version,
+and each of its parts has the size and sha256 the entry recorded when it was written, and
+lists every file it answers for exactly once. An entry that does not is removed with one
+warning naming it, and its files are computed again.
 
 Entries are Arrow IPC files (kept rows, ledger rows and side-table rows, each with a `_key`
 column) under <root>/<stage>/<namespace>/<source>/, on any pyarrow filesystem: the cache dir
 on local disk, or the store's bucket (`file-results/`) when the data dir is an object store,
-so every node of a cluster and every later run share one cache. An entry's index object is
-written last; on local disk each object is written to a unique temp name and moved into
-place, an object store's PUT is whole already; a crash leaves at worst an unreferenced temp
-file or parts without an index, never a half entry.
+so every node of a cluster and every later run share one cache. An entry's index object
+(its keys, what each key was computed from, its parts' hashes) is written last; on local
+disk each object is written to a unique temp name and moved into place, an object store's
+PUT is whole already; a crash leaves at worst an unreferenced temp file or parts without an
+index, never a half entry (`megacpp cache prune` removes that debris).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import xxhash
 
 from megacpp_pipeline.core.gate import GateResult
 
 KEY = "_key"
+log = logging.getLogger(__name__)
+
+# The entry format; part of every namespace, so entries of an older format are never read
+# (they sit in namespaces nothing uses any more, which `megacpp cache prune` removes).
+FORMAT = "2"
+# Columns a cached row takes from the live input row instead of the entry: where the file was
+# collected from, which no gate reads. A refresh that moves a source to a new commit reuses
+# every unchanged file's results, stamped with the new revision.
+CARRIED_LIVE = ("revision",)
+
+_META_FORMAT = b"megacpp.cache.format"
+_META_CODE = b"megacpp.cache.code_version"
+_META_PARTS = b"megacpp.cache.parts"
+_MATERIAL = "material"  # what each key is the hash of
+
+
+class RowKeys(list[str]):
+    """The keys of a table's rows (a list of str), carrying what each one is the hash of
+    (`material`), which an entry records so that it can prove it belongs to its keys."""
+
+    material: list[str]
 
 
 def row_keys(table: pa.Table, content_column: str, salt: str = "") -> list[str]:
-    """One key per input row: the file's identity plus the hash of what the gate reads."""
-    out = []
-    for source, path, content in zip(
-        table["source_id"].to_pylist(),
-        table["path"].to_pylist(),
-        table[content_column].to_pylist(),
-        strict=True,
-    ):
-        digest = hashlib.sha256(f"{salt}\0{source}\0{path}\0{content}".encode()).hexdigest()
-        out.append(digest[:32])
-    return out
+    """One key per input row: the file's identity, the hash of what the gate reads
+    (`content_column`) and a digest of every other column of the row, since a gate's output
+    carries the whole row (enrich parses `text`; a row whose text changed under the same
+    `content_sha256` is another input). Only CARRIED_LIVE columns are left out."""
+    sources = table["source_id"].to_pylist()
+    paths = table["path"].to_pylist()
+    contents = table[content_column].to_pylist()
+    digests = _row_digests(table, [c for c in table.column_names if c not in CARRIED_LIVE])
+    keys = RowKeys()
+    keys.material = []
+    for source, path, content, digest in zip(sources, paths, contents, digests, strict=True):
+        material = f"{salt}\0{source}\0{path}\0{content}\0{digest}"
+        keys.material.append(material)
+        keys.append(_key_of(material))
+    return keys
+
+
+def _key_of(material: str) -> str:
+    return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _row_digests(table: pa.Table, columns: Sequence[str]) -> list[str]:
+    """xxh3-128 of each row's values in `columns`: text and binary columns straight from
+    their Arrow buffers (length-prefixed), the small columns through their Python values."""
+    n = table.num_rows
+    hashers = [xxhash.xxh3_128() for _ in range(n)]
+    small: list[list[object]] = []
+    for name in columns:
+        column = table.column(name)
+        if _is_bytes(column.type):
+            row = 0
+            for chunk in column.chunks:
+                for view in _views(chunk):
+                    h = hashers[row]
+                    if view is None:
+                        h.update(b"\xff")
+                    else:
+                        h.update(len(view).to_bytes(8, "little"))
+                        h.update(view)
+                    row += 1
+        else:
+            small.append(column.to_pylist())
+    for h, values in zip(hashers, zip(*small, strict=True) if small else [()] * n, strict=True):
+        h.update(repr(values).encode("utf-8", "surrogatepass"))
+    return [h.hexdigest() for h in hashers]
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or (pa.types.is_large_binary(t))
+    )
+
+
+def _views(array: pa.Array) -> Iterable[memoryview | None]:
+    """Each value's bytes as a view of the array's data buffer (None for a null)."""
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    offsets = np.frombuffer(array.buffers()[1], np.int64 if large else np.int32)
+    offsets = offsets[array.offset : array.offset + len(array) + 1]
+    data = array.buffers()[2]
+    view = memoryview(data) if data is not None else memoryview(b"")
+    valid = array.is_valid().to_numpy(zero_copy_only=False) if array.null_count else None
+    for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
+        yield None if valid is not None and not valid[i] else view[a:b]
+
+
+class EntryRejected(Exception):
+    """A cache entry that cannot prove itself; the message says why."""
+
+
+class OlderFormat(EntryRejected):
+    """An entry written by an older version of this module (it lives in a namespace no run
+    reads any more; `megacpp cache prune` removes it)."""
+
+
+@dataclass
+class ProvenEntry:
+    """An entry's rows, every one proven: its keys, and its tables by kind."""
+
+    keys: list[str]
+    tables: dict[str, pa.Table] = field(default_factory=dict)
 
 
 class FileResultCache:
@@ -60,35 +166,30 @@ class FileResultCache:
         source: str | None = None,
         fs: pafs.FileSystem | None = None,
     ) -> None:
-        namespace = hashlib.sha256(f"{code_version}\0{salt}".encode()).hexdigest()[:16]
+        self.code_version = code_version
+        self.namespace = namespace_of(code_version, salt)
         self.fs = fs or pafs.LocalFileSystem()
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
         base = f"{Path(root).as_posix() if self._local else str(root).rstrip('/')}/{stage}"
-        self.dir = f"{base}/{namespace}/{source}" if source else f"{base}/{namespace}"
+        self.dir = f"{base}/{self.namespace}/{source}" if source else f"{base}/{self.namespace}"
         if self._local:
             self.fs.create_dir(self.dir, recursive=True)
         self._index: dict[str, str] | None = None
+        self._entries: dict[str, pa.Table] = {}  # entry name -> its index table
 
     def _load_index(self) -> dict[str, str]:
         if self._index is None:
             index: dict[str, str] = {}
-            selector = pafs.FileSelector(self.dir, allow_not_found=True)
-            names = sorted(
-                i.base_name
-                for i in self.fs.get_file_info(selector)
-                if i.type == pafs.FileType.File
-                and i.base_name.startswith("e-")
-                and i.base_name.endswith(_SUFFIX)
-            )
-            for name in names:
-                if name.count(".") != 1:
-                    continue  # a part; only an entry's index file (written last) counts
+            for name in _index_names(self.fs, self.dir):
+                entry = name[: -len(ENTRY_SUFFIX)]
                 try:
-                    keys = _read(self.fs, f"{self.dir}/{name}")[KEY].to_pylist()
-                except (OSError, pa.ArrowInvalid):
-                    continue  # an unreadable entry is a miss, never an error
-                for key in keys:
-                    index.setdefault(key, name.split(".")[0])
+                    table = read_index(self.fs, f"{self.dir}/{name}", self.code_version)
+                except EntryRejected as e:
+                    self.discard(entry, str(e))
+                    continue
+                self._entries[entry] = table
+                for key in table[KEY].to_pylist():
+                    index.setdefault(key, entry)
             self._index = index
         return self._index
 
@@ -96,57 +197,291 @@ class FileResultCache:
         index = self._load_index()
         return np.fromiter((k in index for k in keys), dtype=bool, count=len(keys))
 
-    def fetch(self, keys: list[str], kind: str) -> pa.Table | None:
-        """Cached rows of `kind` (kept, dropped or a side table) for these keys."""
+    def fetch_proven(
+        self, keys: Sequence[str], identities: Sequence[tuple[str, str]], kinds: Iterable[str]
+    ) -> ProvenEntry:
+        """The cached rows of `kinds` for those of `keys` whose entries prove themselves
+        (`identities[i]`: the (source, path) the input holds at `keys[i]`). An entry that does
+        not is discarded with one warning; its keys are left out, to be computed again."""
         index = self._load_index()
-        parts = sorted({f"{self.dir}/{index[k]}.{kind}{_SUFFIX}" for k in keys})
-        wanted = pa.array(keys, pa.string())
-        tables = []
-        for part, info in zip(parts, self.fs.get_file_info(parts), strict=True):
-            if info.type == pafs.FileType.File:
-                t = _read(self.fs, part)
-                tables.append(t.filter(pc.is_in(t[KEY], value_set=wanted)))
-        if not tables:
-            return None
-        return pa.concat_tables(tables)
+        wanted: dict[str, dict[str, tuple[str, str]]] = {}
+        for key, ident in zip(keys, identities, strict=True):
+            entry = index.get(key)
+            if entry is not None:
+                wanted.setdefault(entry, {})[key] = ident
+        kinds = list(kinds)
+        out = ProvenEntry(keys=[])
+        parts: dict[str, list[pa.Table]] = {kind: [] for kind in kinds}
+        for entry, served in sorted(wanted.items()):
+            try:
+                tables = self._prove(entry, served)
+            except EntryRejected as e:
+                self.discard(entry, str(e), files=[f"{s}:{p}" for s, p in served.values()])
+                continue
+            out.keys.extend(served)
+            chosen = pa.array(list(served), pa.string())
+            for kind in kinds:
+                if kind in tables:
+                    t = tables[kind]
+                    parts[kind].append(t.filter(pc.is_in(t[KEY], value_set=chosen)))
+        out.tables = {k: pa.concat_tables(v) for k, v in parts.items() if v}
+        return out
 
-    def put(self, keys: list[str], table_keys: dict[str, list[str]], result: GateResult) -> None:
-        """Store one gate call's outputs; `table_keys[kind]` aligns keys with that table."""
+    def _prove(self, entry: str, served: dict[str, tuple[str, str]]) -> dict[str, pa.Table]:
+        index = self._entries[entry]
+        return prove_entry(self.fs, self.dir, entry, index, served)
+
+    def discard(self, entry: str, why: str, files: Sequence[str] = ()) -> None:
+        """Remove an entry that failed to prove itself (index first: no reader trusts parts
+        without it), with one warning naming it and the files computed again."""
+        path = f"{self.dir}/{entry}{ENTRY_SUFFIX}"
+        remove_entry(self.fs, self.dir, entry)
+        if self._index is not None:
+            self._index = {k: e for k, e in self._index.items() if e != entry}
+        self._entries.pop(entry, None)
+        which = f"; recomputing {len(files)} file(s): {', '.join(files[:3])}" if files else ""
+        which += " ..." if len(files) > 3 else ""
+        log.warning("%s: result cache entry discarded (%s)%s", path, why, which)
+
+    def put(
+        self,
+        keys: list[str],
+        table_keys: dict[str, list[str]],
+        result: GateResult,
+        identities: Sequence[tuple[str, str]] | None = None,
+        material: Sequence[str] | None = None,
+    ) -> None:
+        """Store one gate call's outputs; `table_keys[kind]` aligns keys with that table;
+        `identities`: each key's (source, path) (default: from the kept and dropped rows);
+        `material`: what each key is the hash of (RowKeys.material; without it the entry
+        proves its files' identities but not its keys' preimages)."""
+        if identities is None:
+            ident_of = {
+                k: ident
+                for kind in ("kept", "dropped")
+                for k, ident in zip(
+                    table_keys[kind],
+                    zip(
+                        getattr(result, kind)["source_id"].to_pylist(),
+                        getattr(result, kind)["path"].to_pylist(),
+                        strict=True,
+                    ),
+                    strict=True,
+                )
+            }
+            identities = [ident_of[k] for k in keys]
         entry = f"e-{uuid.uuid4().hex[:16]}"
         tables = {"kept": result.kept, "dropped": result.dropped, **result.extra}
+        recorded: dict[str, dict[str, object]] = {}
         for kind, table in tables.items():
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
-            self._write(keyed, f"{self.dir}/{entry}.{kind}{_SUFFIX}")
-        # the index file is written last: an entry exists only once all its parts do
-        self._write(pa.table({KEY: pa.array(keys, pa.string())}), f"{self.dir}/{entry}{_SUFFIX}")
+            size, sha256 = self._write_table(keyed, f"{self.dir}/{entry}.{kind}{ENTRY_SUFFIX}")
+            recorded[kind] = {"bytes": size, "sha256": sha256, "rows": keyed.num_rows}
+        # the index is written last: an entry exists only once all its parts do
+        index = pa.table(
+            {
+                KEY: pa.array(keys, pa.string()),
+                "source_id": pa.array([s for s, _ in identities], pa.string()),
+                "path": pa.array([p for _, p in identities], pa.string()),
+                _MATERIAL: pa.array(
+                    list(material) if material is not None else [None] * len(keys), pa.string()
+                ),
+            }
+        ).replace_schema_metadata(
+            {
+                _META_FORMAT: FORMAT.encode(),
+                _META_CODE: self.code_version.encode(),
+                _META_PARTS: json.dumps(recorded, sort_keys=True).encode(),
+            }
+        )
+        self._write(_ipc_bytes(index), f"{self.dir}/{entry}{ENTRY_SUFFIX}")
+        self._entries[entry] = index
         if self._index is not None:
             for key in keys:
                 self._index.setdefault(key, entry)
 
-    def _write(self, table: pa.Table, path: str) -> None:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        data = sink.getvalue()
+    def _write(self, data: pa.Buffer, path: str) -> None:
         if not self._local:  # an object store's PUT is whole or absent
             with self.fs.open_output_stream(path) as f:
                 f.write(data)
             return
-        tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+        tmp = f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
         with self.fs.open_output_stream(tmp) as f:
             f.write(data)
         self.fs.move(tmp, path)
+
+    def _write_table(self, table: pa.Table, path: str) -> tuple[int, str]:
+        """An entry's part, streamed to its object and hashed as it goes (a part the size
+        of a file at the size limit is never a second buffer in memory); (bytes, sha256)."""
+        target = path if not self._local else f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
+        with self.fs.open_output_stream(target) as out:
+            sink = _HashingSink(out)
+            with pa.ipc.new_file(pa.PythonFile(sink, mode="w"), table.schema) as writer:
+                writer.write_table(table)
+        if self._local:
+            self.fs.move(target, path)
+        return sink.size, sink.sha256.hexdigest()
 
 
 # Entries are Arrow IPC files: scratch that is written once and read whole, where parquet's
 # encoding and compression cost more than they save (a few ms an entry, and a stage writes
 # one entry per shard per source).
-_SUFFIX = ".arrow"
+ENTRY_SUFFIX = ".arrow"
+TMP_SUFFIX = ".tmp"
 
 
-def _read(fs: pafs.FileSystem, path: str) -> pa.Table:
-    with fs.open_input_file(path) as source:
-        return pa.ipc.open_file(source).read_all()
+class _HashingSink:
+    """A writable file object that hashes what passes through it to `out`."""
+
+    def __init__(self, out: pa.NativeFile) -> None:
+        self.out = out
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        self.out.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True  # `out` is closed by its owner
+
+
+def namespace_of(code_version: str, salt: str) -> str:
+    return hashlib.sha256(f"{FORMAT}\0{code_version}\0{salt}".encode()).hexdigest()[:16]
+
+
+def _ipc_bytes(table: pa.Table) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _index_names(fs: pafs.FileSystem, directory: str) -> list[str]:
+    """The index objects of a folder's entries (`e-<id>.arrow`; parts have a kind too)."""
+    selector = pafs.FileSelector(directory, allow_not_found=True)
+    return sorted(
+        i.base_name
+        for i in fs.get_file_info(selector)
+        if i.type == pafs.FileType.File
+        and i.base_name.startswith("e-")
+        and i.base_name.endswith(ENTRY_SUFFIX)
+        and i.base_name.count(".") == 1
+    )
+
+
+def _read_whole(fs: pafs.FileSystem, path: str) -> pa.Buffer:
+    with fs.open_input_stream(path) as f:
+        return f.read_buffer()
+
+
+def read_index(fs: pafs.FileSystem, path: str, code_version: str | None) -> pa.Table:
+    """An entry's index, checked to be readable, of this format and (when given) written by
+    this code version; EntryRejected says why not."""
+    try:
+        table = pa.ipc.open_file(_read_whole(fs, path)).read_all()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise EntryRejected(f"its index is unreadable: {e}") from e
+    meta = table.schema.metadata or {}
+    if meta.get(_META_FORMAT) != FORMAT.encode():
+        raise OlderFormat("its index is not of the current format")
+    written_by = meta.get(_META_CODE, b"").decode()
+    if code_version is not None and written_by != code_version:
+        raise EntryRejected(f"written by code version {written_by!r}, not {code_version!r}")
+    missing = {KEY, "source_id", "path", _MATERIAL} - set(table.column_names)
+    if missing or _META_PARTS not in meta:
+        raise EntryRejected(f"its index lacks {sorted(missing) or 'its parts'}")
+    return table
+
+
+def prove_entry(
+    fs: pafs.FileSystem,
+    directory: str,
+    entry: str,
+    index: pa.Table,
+    served: dict[str, tuple[str, str]] | None = None,
+) -> dict[str, pa.Table]:
+    """Every part of one entry, read once and checked: each key is the hash of what the
+    entry recorded for it, and that names the recorded file (and, for `served`, the file the
+    input holds at that key); each part has its recorded size and sha256 and only the
+    entry's keys, each with its own file; the kept and dropped rows hold every key exactly
+    once. EntryRejected says what failed."""
+    keys = index[KEY].to_pylist()
+    recorded_idents = list(
+        zip(index["source_id"].to_pylist(), index["path"].to_pylist(), strict=True)
+    )
+    ident_of = dict(zip(keys, recorded_idents, strict=True))
+    for key, material, (source, path) in zip(
+        keys, index[_MATERIAL].to_pylist(), recorded_idents, strict=True
+    ):
+        if material is None:
+            continue  # keys that were not made by row_keys: their files' identities still count
+        if _key_of(material) != key or material.split("\0")[1:3] != [source, path]:
+            raise EntryRejected(f"key {key} is not the hash of what the entry records for it")
+    for key, ident in (served or {}).items():
+        if ident_of.get(key) != ident:
+            raise EntryRejected(f"key {key} belongs to {ident_of.get(key)}, not {ident}")
+    parts = json.loads((index.schema.metadata or {})[_META_PARTS])
+    tables: dict[str, pa.Table] = {}
+    for kind, want in sorted(parts.items()):
+        path = f"{directory}/{entry}.{kind}{ENTRY_SUFFIX}"
+        try:
+            data = _read_whole(fs, path)
+        except FileNotFoundError as e:
+            raise EntryRejected(f"its {kind} part is missing") from e
+        except OSError as e:
+            raise EntryRejected(f"its {kind} part is unreadable: {e}") from e
+        digest = hashlib.sha256(memoryview(data)).hexdigest()
+        if data.size != want["bytes"] or digest != want["sha256"]:
+            raise EntryRejected(
+                f"its {kind} part has {data.size} bytes, sha256 {digest[:12]}...; the entry "
+                f"recorded {want['bytes']} bytes, sha256 {want['sha256'][:12]}..."
+            )
+        try:
+            table = pa.ipc.open_file(data).read_all()
+        except (OSError, pa.ArrowInvalid) as e:
+            raise EntryRejected(f"its {kind} part is unreadable: {e}") from e
+        if table.num_rows != want["rows"] or KEY not in table.column_names:
+            raise EntryRejected(f"its {kind} part does not hold the rows it recorded")
+        row_keys_ = table[KEY].to_pylist()
+        if "source_id" in table.column_names and "path" in table.column_names:
+            rows = zip(table["source_id"].to_pylist(), table["path"].to_pylist(), strict=True)
+            for key, ident in zip(row_keys_, rows, strict=True):
+                if ident_of.get(key) != ident:
+                    raise EntryRejected(f"its {kind} part holds a row of {ident} under key {key}")
+        elif any(k not in ident_of for k in row_keys_):
+            raise EntryRejected(f"its {kind} part holds a key the entry does not list")
+        tables[kind] = table
+    decided = Counter(
+        k for kind in ("kept", "dropped") if kind in tables for k in tables[kind][KEY].to_pylist()
+    )
+    if decided != Counter(keys):
+        raise EntryRejected("its kept and dropped rows do not decide each of its files once")
+    return tables
+
+
+def remove_entry(fs: pafs.FileSystem, directory: str, entry: str) -> None:
+    """An entry's index, then its parts (whatever of them is there)."""
+    try:
+        fs.delete_file(f"{directory}/{entry}{ENTRY_SUFFIX}")
+    except OSError:
+        pass
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    except OSError:
+        return
+    for info in infos:
+        if info.base_name.startswith(f"{entry}."):
+            try:
+                fs.delete_file(info.path)
+            except OSError:
+                pass
 
 
 def cached_gate_call(
@@ -156,31 +491,44 @@ def cached_gate_call(
     gate_call: Callable[[pa.Table], GateResult],
     schemas: dict[str, pa.Schema],
 ) -> tuple[GateResult, int]:
-    """The gate's result for `table`, computing only the rows whose key is not cached.
-    `schemas` names every output table ("kept", "dropped", side tables) with its schema.
-    Rows come back in input order, so a cached run writes the same shards as a cold one."""
-    hits = cache.lookup(keys)
-    misses = np.flatnonzero(~hits)
+    """The gate's result for `table`, computing only the rows whose key is cached in an
+    entry that proves itself. `schemas` names every output table ("kept", "dropped", side
+    tables) with its schema. Rows come back in input order, so a cached run writes the same
+    shards as a cold one; a cached row carries the input's CARRIED_LIVE columns."""
     identity = list(zip(table["source_id"].to_pylist(), table["path"].to_pylist(), strict=True))
     position = {ident: i for i, ident in enumerate(identity)}
     key_of = dict(zip(identity, keys, strict=True))
-    fresh = gate_call(table.take(misses)) if len(misses) else None
+    hit_rows = np.flatnonzero(cache.lookup(keys))
+    proven = cache.fetch_proven(
+        [keys[i] for i in hit_rows], [identity[i] for i in hit_rows], schemas
+    )
+    served = set(proven.keys)
+    misses = np.array([i for i, k in enumerate(keys) if k not in served], dtype=np.int64)
+    fresh: GateResult | None = None
+    if len(misses) == len(keys) and len(keys):
+        fresh = gate_call(table)  # nothing cached: the table as it is, no copy of it
+    elif len(misses):
+        fresh = gate_call(table.take(misses))
     fresh_tables: dict[str, pa.Table] = {}
     if fresh is not None:
         fresh_tables = {"kept": fresh.kept, "dropped": fresh.dropped, **fresh.extra}
+        material = getattr(keys, "material", None)
         cache.put(
-            [keys[i] for i in misses], {k: _keys(t, key_of) for k, t in fresh_tables.items()}, fresh
+            [keys[i] for i in misses],
+            {k: _keys(t, key_of) for k, t in fresh_tables.items()},
+            fresh,
+            identities=[identity[i] for i in misses],
+            material=[material[i] for i in misses] if material is not None else None,
         )
-    hit_keys = [k for k, h in zip(keys, hits, strict=True) if h]
+    live = {c: table[c].to_pylist() for c in CARRIED_LIVE if c in table.column_names}
     out: dict[str, pa.Table] = {}
     for kind, schema in schemas.items():
         parts = (
             [fresh_tables[kind].select(schema.names).cast(schema)] if kind in fresh_tables else []
         )
-        if hit_keys:
-            cached = cache.fetch(hit_keys, kind)
-            if cached is not None and cached.num_rows:
-                parts.append(cached.select(schema.names).cast(schema))
+        cached = proven.tables.get(kind)
+        if cached is not None and cached.num_rows:
+            parts.append(_carry_live(cached, live, position).select(schema.names).cast(schema))
         t = pa.concat_tables(parts) if parts else schema.empty_table()
         order = np.array(
             [
@@ -189,10 +537,29 @@ def cached_gate_call(
             ],
             dtype=np.int64,
         )
-        out[kind] = t.take(np.argsort(order, kind="stable")) if len(order) else t
+        in_order = len(order) < 2 or bool(np.all(order[:-1] <= order[1:]))
+        out[kind] = t if in_order else t.take(np.argsort(order, kind="stable"))  # no copy
     stats: Counter[str] = Counter(fresh.stats) if fresh is not None else Counter()
     result = GateResult(kept=out.pop("kept"), dropped=out.pop("dropped"), stats=stats, extra=out)
-    return result, int(hits.sum())
+    return result, len(served)
+
+
+def _carry_live(
+    cached: pa.Table, live: dict[str, list[object]], position: dict[tuple[str, str], int]
+) -> pa.Table:
+    """Cached rows with the live input's values of CARRIED_LIVE columns."""
+    if not any(c in cached.column_names for c in live):
+        return cached
+    rows = [
+        position[ident]
+        for ident in zip(cached["source_id"].to_pylist(), cached["path"].to_pylist(), strict=True)
+    ]
+    for name, values in live.items():
+        if name in cached.column_names:
+            i = cached.schema.get_field_index(name)
+            column = pa.array([values[r] for r in rows], cached.schema.field(i).type)
+            cached = cached.set_column(i, cached.schema.field(i), column)
+    return cached
 
 
 def _keys(table: pa.Table, key_of: dict[tuple[str, str], str]) -> list[str]:

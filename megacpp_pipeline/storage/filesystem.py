@@ -15,6 +15,8 @@ import os
 
 import pyarrow.fs as pafs
 
+_OBJECT_STORES = ("s3", "gcs")  # no directories, no rename; errors name the bucket
+
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the root path inside it (query parameters consumed)."""
@@ -36,4 +38,24 @@ def is_local(fs: pafs.FileSystem) -> bool:
 
 def needs_directories(fs: pafs.FileSystem) -> bool:
     """Object stores have no directories to create (a prefix exists once an object does)."""
-    return fs.type_name not in ("s3", "gcs")
+    return fs.type_name not in _OBJECT_STORES
+
+
+def describe(fs: pafs.FileSystem, path: str) -> str:
+    """A path as an error message names it: on an object store the bucket and the key
+    (`s3 bucket 'b', key 'p/x'`), so a failure says which bucket; locally the path."""
+    if fs.type_name not in _OBJECT_STORES:
+        return path
+    bucket, _, key = path.partition("/")
+    return f"{fs.type_name} bucket {bucket!r}, key {key!r}"
+
+
+def bucket_exists(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether the bucket `path` lies in exists (always True off object stores): a listing
+    of a deleted bucket looks empty, which must not read as "nothing written yet"."""
+    if fs.type_name not in _OBJECT_STORES:
+        return True
+    try:
+        return fs.get_file_info(path.split("/", 1)[0]).type != pafs.FileType.NotFound
+    except OSError:
+        return False

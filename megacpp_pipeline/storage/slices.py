@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.storage.store import Manifest, ShardStore, StoreError
+from megacpp_pipeline.storage.store import Manifest, ShardInfo, ShardStore, StoreError
 
 # Slices per worker the planner aims for when a version is small: enough for the workers
 # to even out, never below MIN_TASK_BYTES of parquet a task (a task has fixed costs).
@@ -24,11 +24,19 @@ MIN_TASK_BYTES = 64 << 10
 
 @dataclass(frozen=True)
 class Piece:
-    """Rows [lo, hi) of one shard (its full store path)."""
+    """Rows [lo, hi) of one shard of a committed version (its folder and manifest entry,
+    so the task that reads it checks the bytes against the recorded size and sha256); a
+    shard outside any version (a test's, a work file) has no entry and is read as it is."""
 
-    path: str
+    vdir: str
+    shard: ShardInfo | None
     lo: int
     hi: int
+    file: str = ""  # the path of a shard with no entry
+
+    @property
+    def path(self) -> str:
+        return f"{self.vdir}/{self.shard.path}" if self.shard is not None else self.file
 
     @property
     def rows(self) -> int:
@@ -87,7 +95,7 @@ def plan(
                     max(1, math.floor((task_bytes - size) / row_bytes)) if row_bytes else shard.rows
                 )
                 hi = min(shard.rows, lo + room)
-                pieces.append(Piece(f"{vdir}/{shard.path}", lo, hi))
+                pieces.append(Piece(vdir, shard, lo, hi))
                 size += (hi - lo) * row_bytes
                 row += hi - lo
                 lo = hi
@@ -116,7 +124,7 @@ def plan_rows(
             lo = 0
             while lo < shard.rows:
                 hi = min(shard.rows, lo + rows_per_slice - (row - start))
-                pieces.append(Piece(f"{vdir}/{shard.path}", lo, hi))
+                pieces.append(Piece(vdir, shard, lo, hi))
                 row += hi - lo
                 lo = hi
                 if row - start == rows_per_slice:
@@ -146,9 +154,13 @@ def read_each(
 ) -> Iterator[pa.Table]:
     """A slice's rows shard by shard (a task that streams holds one shard at a time)."""
     for path, group in itertools.groupby(pieces, key=lambda p: p.path):
-        try:
-            shard = pq.read_table(path, filesystem=store.fs, columns=columns)
-        except (OSError, pa.ArrowInvalid) as e:
-            raise StoreError(f"{path}: unreadable shard ({e})") from e
-        for p in group:
+        first, *rest = list(group)
+        if first.shard is not None:  # verified as it is read (ShardVerificationError)
+            shard = store.read_shard(first.vdir, first.shard, columns)
+        else:
+            try:
+                shard = pq.read_table(path, filesystem=store.fs, columns=columns)
+            except (OSError, pa.ArrowInvalid) as e:
+                raise StoreError(f"{path}: unreadable shard ({e})") from e
+        for p in (first, *rest):
             yield shard.slice(p.lo, p.rows)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import uuid
 import weakref
@@ -38,7 +39,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from megacpp_pipeline.storage.filesystem import is_local, needs_directories, resolve
+from megacpp_pipeline.storage.filesystem import (
+    bucket_exists,
+    describe,
+    is_local,
+    needs_directories,
+    resolve,
+)
 from megacpp_pipeline.storage.lease import (
     DEFAULT_TTL_S,
     Lease,
@@ -80,8 +87,10 @@ __all__ = [
     "IncompleteVersionError",
     "LeaseLostError",
     "Manifest",
+    "NoVersionError",
     "ShardInfo",
     "ShardStore",
+    "ShardVerificationError",
     "StoreError",
     "TableInfo",
     "VersionWriter",
@@ -98,6 +107,23 @@ class StoreError(Exception):
 
 class IncompleteVersionError(StoreError):
     """A reader was pointed at a directory without `_COMPLETE`."""
+
+
+class NoVersionError(StoreError):
+    """An asset partition has no complete version yet (materialize it first)."""
+
+
+class ShardVerificationError(StoreError):
+    """A committed version's object is not what its manifest records (missing, another size,
+    another sha256): its bytes changed after the commit, so no gate produced them. The
+    message names the version, the object, the expected hash and what to do."""
+
+
+log = logging.getLogger(__name__)
+_CHUNK = 1 << 20
+# Manifests of committed versions read for verifying `read_bytes` of their files; a version
+# never changes once committed (its id is unique), so this only saves re-reading them.
+_MANIFESTS_KEPT = 256
 
 
 def _utcnow() -> datetime:
@@ -140,6 +166,7 @@ class ShardStore:
         self.clock = clock
         self._local = is_local(self.fs)
         self._dirs = needs_directories(self.fs)
+        self._manifests: dict[str, Manifest] = {}
 
     # paths -------------------------------------------------------------------------------
     def join(self, *parts: str) -> str:
@@ -160,14 +187,22 @@ class ShardStore:
 
     # low-level file ops --------------------------------------------------------------------
     def exists(self, path: str) -> bool:
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+        try:
+            return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+        except OSError as e:
+            raise StoreError(f"{describe(self.fs, path)}: stat failed ({e})") from e
 
     def read_bytes(self, path: str) -> bytes:
+        """The object's bytes. An object a committed version's manifest lists (a shard, an
+        artifact) is verified against it as it is read (ShardVerificationError)."""
+        listed = self._listed(path)
+        if listed is not None:
+            return self._read_verified(listed[0], listed[1]).to_pybytes()
         try:
             with self.fs.open_input_stream(path) as f:
                 return bytes(f.read())
         except (FileNotFoundError, OSError) as e:
-            raise StoreError(f"{path}: cannot read ({e})") from e
+            raise StoreError(f"{describe(self.fs, path)}: read failed ({e})") from e
 
     def read_bytes_if_exists(self, path: str) -> bytes | None:
         """The object's bytes, or None when there is none (other failures raise OSError)."""
@@ -206,7 +241,7 @@ class ShardStore:
                 self._discard(tmp)
                 raise
         except OSError as e:
-            raise StoreError(f"{path}: write failed ({e})") from e
+            raise StoreError(f"{describe(self.fs, path)}: write failed ({e})") from e
 
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """The former name of `put_bytes`."""
@@ -218,22 +253,63 @@ class ShardStore:
     # local copies, for libraries that need a file (a tokenizer, shards to copy) -------------
     def local_copy(self, path: str, sha256: str, cache_dir: str | Path) -> str:
         """An OS path holding the object at `path`, whose sha256 must be `sha256`: the path
-        itself on a local store; else a copy under `cache_dir/store-objects/`, named by its
-        hash (fetched once, checked, written to a temp name and renamed into place)."""
+        itself on a local store (hashed first); else a copy under `cache_dir/store-objects/`,
+        named by its hash, fetched once (hashed as it streams to a temp name, then renamed
+        into place) and hashed again whenever it is handed out. A mismatch raises
+        ShardVerificationError (a copy in the cache that changed is fetched again)."""
+        listed = self._listed(path)
+        expected = listed[1] if listed is not None else None
         if self._local:
+            self._check_local_file(Path(path), sha256, expected, what=path)
             return path
         local = Path(cache_dir) / "store-objects" / sha256[:2] / sha256
         if local.exists():
-            return str(local)
-        data = self.read_bytes(path)
-        got = hashlib.sha256(data).hexdigest()
-        if got != sha256:
-            raise StoreError(f"{path}: sha256 {got[:12]}... is not the recorded {sha256[:12]}...")
+            try:
+                self._check_local_file(local, sha256, None, what=path)
+                return str(local)
+            except ShardVerificationError as e:
+                log.warning("%s; fetching it again", e)
+                local.unlink(missing_ok=True)
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex}")
-        tmp.write_bytes(data)
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with self.fs.open_input_stream(path) as src, tmp.open("wb") as out:
+                while chunk := src.read(_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+        except FileNotFoundError as e:
+            tmp.unlink(missing_ok=True)
+            raise self._mismatch(path, expected, sha256, None, None) from e
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"{describe(self.fs, path)}: read failed ({e})") from e
+        got = h.hexdigest()
+        if got != sha256 or (expected is not None and size != expected.bytes):
+            tmp.unlink(missing_ok=True)
+            raise self._mismatch(path, expected, sha256, size, got)
         os.replace(tmp, local)
         return str(local)
+
+    def _check_local_file(
+        self, local: Path, sha256: str, expected: ShardInfo | None, *, what: str
+    ) -> None:
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with local.open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+        except FileNotFoundError as e:
+            raise self._mismatch(what, expected, sha256, None, None) from e
+        except OSError as e:
+            raise StoreError(f"{local}: read failed ({e})") from e
+        got = h.hexdigest()
+        if got != sha256 or (expected is not None and size != expected.bytes):
+            raise self._mismatch(what, expected, sha256, size, got)
 
     def uri_of(self, path: str) -> str:
         """A store path as a URI a person can pass back (`s3://bucket/...`); a local path
@@ -296,6 +372,7 @@ class ShardStore:
         as a context manager to have a failing gate's version removed at once."""
         pdir = self.partition_dir(asset, partition)
         self.clean_abandoned(pdir)
+        replaced = self._replaced_unsound(asset, partition)
         now = datetime.now(UTC)
         version = new_version_id(now)
         vdir = f"{pdir}/{version}"
@@ -339,10 +416,33 @@ class ShardStore:
                 run_id=run_id,
                 code_version=code_version,
                 config_hash=config_hash(config),
+                extra={"replaced_unverified": replaced} if replaced else {},
             ),
             vdir,
             keeper,
         )
+
+    def _replaced_unsound(self, asset: str, partition: str | None) -> dict[str, str] | None:
+        """The partition's newest complete version, when it no longer verifies (an object
+        changed after its commit): a new version replaces it, and says so in one warning
+        line and in its manifest's `replaced_unverified`. None when there is none or it is
+        sound. One listing for the sizes, then one streaming hash per object."""
+        try:
+            previous = self.latest(asset, partition)
+        except StoreError:
+            return None  # none yet, or unreadable: the new version's own writes say why
+        problem = next(iter(self.verify_objects(previous)), None)
+        if problem is None:
+            return None
+        where = "" if previous.partition == UNPARTITIONED else f" [{previous.partition}]"
+        log.warning(
+            "%s%s: replacing version %s, which failed verification (%s)",
+            asset,
+            where,
+            previous.version,
+            problem,
+        )
+        return {"version": previous.version, "problem": problem}
 
     # cleaning ------------------------------------------------------------------------------
     def clean_abandoned(self, pdir: str) -> list[str]:
@@ -438,11 +538,16 @@ class ShardStore:
             self._discard(f"{info.path}/{COMPLETE}")
             self._delete_dir(info.path)
 
-    def _list_dirs(self, path: str) -> list[pafs.FileInfo]:
+    def _list_dirs(self, path: str, *, op: str | None = None) -> list[pafs.FileInfo]:
+        """Version folders under `path`, oldest first. A listing that fails is [] for
+        best-effort callers (pruning), a StoreError naming the operation when `op` says
+        what the caller was doing."""
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        except OSError:
-            return []
+        except OSError as e:
+            if op is None:
+                return []
+            raise StoreError(f"{describe(self.fs, path)}: {op} failed ({e})") from e
         return sorted(
             (
                 i
@@ -463,10 +568,18 @@ class ShardStore:
                 version = None
         if version is None:
             complete = [
-                i.base_name for i in self._list_dirs(pdir) if self.exists(f"{i.path}/{COMPLETE}")
+                i.base_name
+                for i in self._list_dirs(pdir, op="list the versions")
+                if self.exists(f"{i.path}/{COMPLETE}")
             ]
             if not complete:
-                raise StoreError(
+                if not bucket_exists(self.fs, pdir):
+                    raise StoreError(
+                        f"{describe(self.fs, pdir)}: the bucket does not exist (reading the "
+                        f"latest version of {asset!r}); was it deleted, or is this the wrong "
+                        "endpoint or account?"
+                    )
+                raise NoVersionError(
                     f"{pdir}: no complete version of asset {asset!r}"
                     f" partition {partition or UNPARTITIONED!r}; materialize it first"
                 )
@@ -501,17 +614,14 @@ class ShardStore:
     def iter_tables(
         self, manifest: Manifest, table: str = "data", columns: list[str] | None = None
     ) -> Iterator[pa.Table]:
-        """One shard at a time, so memory is bounded by the shard size."""
+        """One shard at a time, so memory is bounded by the shard size; each shard is
+        verified against the manifest (size, sha256) as it is read."""
         info = manifest.tables.get(table)
         if info is None:
             return
         vdir = self.version_dir(manifest)
         for shard in info.shards:
-            path = f"{vdir}/{shard.path}"
-            try:
-                yield pq.read_table(path, filesystem=self.fs, columns=columns)
-            except (OSError, pa.ArrowInvalid) as e:
-                raise StoreError(f"{path}: unreadable shard ({e})") from e
+            yield self.read_shard(vdir, shard, columns)
 
     def read_table(self, manifest: Manifest, table: str = "data") -> pa.Table:
         """A whole (small) side table; never use this for a corpus table."""
@@ -519,6 +629,114 @@ class ShardStore:
         if not parts:
             raise StoreError(f"{self.version_dir(manifest)}: no table {table!r}")
         return pa.concat_tables(parts)
+
+    # verified reads ------------------------------------------------------------------------
+    def read_shard(
+        self, where: Manifest | str, shard: ShardInfo, columns: list[str] | None = None
+    ) -> pa.Table:
+        """One parquet shard of a committed version (`where`: its manifest, or its version
+        folder), read once: its bytes are hashed as they arrive and must be exactly the
+        size and sha256 the manifest records (else ShardVerificationError naming the
+        version, the shard and the expected hash); the table is then decoded from those
+        same bytes in memory (`columns`: only these)."""
+        vdir = where if isinstance(where, str) else self.version_dir(where)
+        data = self._read_verified(vdir, shard)
+        try:
+            return pq.read_table(pa.BufferReader(data), columns=columns)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise StoreError(f"{vdir}/{shard.path}: unreadable shard ({e})") from e
+
+    def read_shard_bytes(self, where: Manifest | str, shard: ShardInfo) -> pa.Buffer:
+        """The verified bytes of one object a committed version lists (as `read_shard`)."""
+        vdir = where if isinstance(where, str) else self.version_dir(where)
+        return self._read_verified(vdir, shard)
+
+    def _read_verified(self, vdir: str, shard: ShardInfo) -> pa.Buffer:
+        """One streaming pass: read into a buffer of the recorded size, hashing each chunk
+        as it lands; one more byte means the object grew."""
+        path = f"{vdir}/{shard.path}"
+        h = hashlib.sha256()
+        buf = pa.allocate_buffer(shard.bytes)
+        view = memoryview(buf)
+        got = 0
+        try:
+            with self.fs.open_input_stream(path) as f:
+                while got < shard.bytes:
+                    n = f.readinto(view[got : got + _CHUNK])
+                    if not n:
+                        break
+                    h.update(view[got : got + n])
+                    got += n
+                extra = len(f.read(1)) if got == shard.bytes else 0
+        except OSError as e:
+            if not bucket_exists(self.fs, path):
+                raise StoreError(
+                    f"{describe(self.fs, path)}: read failed: the bucket does not exist (was it "
+                    "deleted, or is this the wrong endpoint or account?)"
+                ) from e
+            if isinstance(e, FileNotFoundError) or not self.exists(path):
+                raise self._mismatch(path, shard, shard.sha256, None, None) from e
+            raise StoreError(f"{describe(self.fs, path)}: read failed ({e})") from e
+        if got != shard.bytes or extra:
+            raise self._mismatch(path, shard, shard.sha256, got + extra, None)
+        digest = h.hexdigest()
+        if digest != shard.sha256:
+            raise self._mismatch(path, shard, shard.sha256, got, digest)
+        return buf
+
+    def _mismatch(
+        self,
+        path: str,
+        shard: ShardInfo | None,
+        sha256: str,
+        size: int | None,
+        got: str | None,
+    ) -> ShardVerificationError:
+        """The error for an object of a committed version that is not what was recorded."""
+        vdir, name = path.rsplit("/", 1)
+        if shard is not None and path.endswith("/" + shard.path):
+            vdir, name = path[: -len(shard.path) - 1], shard.path
+        parts = vdir.rsplit("/", 3)
+        asset, partition, version = parts[-3:] if len(parts) == 4 else ("?", "?", vdir)
+        if size is None:
+            found = "it is missing"
+        elif shard is not None and size > shard.bytes:
+            found = f"it has more than the recorded {shard.bytes} bytes"
+        elif shard is not None and size != shard.bytes:
+            found = f"it has {size} bytes, not the recorded {shard.bytes}"
+        else:
+            found = f"its sha256 is {got}"
+        where = "" if partition == UNPARTITIONED else f" [{partition}]"
+        return ShardVerificationError(
+            f"{self.uri_of(path)}: shard {name} of version {version} of {asset}{where} does not"
+            f" match its manifest: {found}; the manifest records sha256 {sha256}. It changed"
+            f" after it was committed, so no gate wrote these bytes: re-materialize {asset}"
+            f"{where} (megacpp run rebuilds it) instead of reading it"
+        )
+
+    def _listed(self, path: str) -> tuple[str, ShardInfo] | None:
+        """(version folder, manifest entry) when `path` is an object a committed asset
+        version lists; None for anything else (markers, leases, versions being written)."""
+        prefix = self.join("assets") + "/"
+        if not path.startswith(prefix):
+            return None
+        parts = path[len(prefix) :].split("/", 3)
+        if len(parts) < 4 or not is_version_name(parts[2]) or parts[3] in (MANIFEST, COMPLETE):
+            return None
+        vdir = path[: len(prefix) + len("/".join(parts[:3]))]
+        manifest = self._manifests.get(vdir)
+        if manifest is None:
+            try:
+                manifest = self.read_manifest(vdir)
+            except StoreError:
+                return None
+            if len(self._manifests) >= _MANIFESTS_KEPT:
+                self._manifests.pop(next(iter(self._manifests)))
+            self._manifests[vdir] = manifest
+        for shard in manifest.all_shards():
+            if shard.path == parts[3]:
+                return vdir, shard
+        return None
 
     def verify(
         self,
@@ -573,6 +791,32 @@ class ShardStore:
         if schema_fingerprint(schema) != fingerprint:
             problems.append(f"{path}: schema differs from the manifest's table {name!r}")
         return meta.num_rows, problems
+
+    def verify_objects(self, manifest: Manifest) -> list[str]:
+        """Every object the version lists that is missing, of another size or another
+        sha256 than recorded (one listing, then a streaming hash of each object whose size
+        is right); [] when its bytes are exactly what was committed."""
+        vdir = self.version_dir(manifest)
+        try:
+            infos = self.fs.get_file_info(
+                pafs.FileSelector(vdir, recursive=True, allow_not_found=True)
+            )
+        except OSError as e:
+            raise StoreError(f"{describe(self.fs, vdir)}: list failed ({e})") from e
+        sizes = {i.path[len(vdir) + 1 :]: i.size for i in infos}
+        problems = []
+        for shard in manifest.all_shards():
+            path = f"{vdir}/{shard.path}"
+            size = sizes.get(shard.path)
+            if size is None:
+                problems.append(f"{self.uri_of(path)}: missing")
+            elif size != shard.bytes:
+                problems.append(f"{self.uri_of(path)}: {size} bytes, manifest says {shard.bytes}")
+            elif (got := self.sha256_of(path)) != shard.sha256:
+                problems.append(
+                    f"{self.uri_of(path)}: sha256 {got[:12]}..., manifest says {shard.sha256}"
+                )
+        return problems
 
     def _verify_manifest_bytes(self, vdir: str) -> list[str]:
         """The manifest's sha256 against the one `_COMPLETE` recorded (older versions have
@@ -657,7 +901,7 @@ class ShardUploader:
             got = self.store.sha256_of(final)
         except OSError as e:
             self.store._discard(final)
-            raise StoreError(f"{final}: write failed ({e})") from e
+            raise StoreError(f"{describe(fs, final)}: write failed ({e})") from e
         if got != want:
             self.store._discard(final)
             raise StoreError(f"{final}: sha256 read back differs from the bytes written")

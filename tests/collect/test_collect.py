@@ -262,11 +262,11 @@ def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: P
 
     export = tmp_path / "export.jsonl"
     lines = [
-        json.dumps({"path": "include/vector.h", "content": VECTOR_H.decode()}),
+        json.dumps({"path": "src/main.cc", "content": MAIN_CC.decode(), "license": "MIT"}),
         '{"path": "src/broken.cc", "content": 42}',
         "not json at all",
         json.dumps({"path": "../escape.h", "content": "int x;"}),
-        json.dumps({"path": "src/main.cc", "content": MAIN_CC.decode(), "license": "MIT"}),
+        json.dumps({"path": "include/vector.h", "content": VECTOR_H.decode()}),
     ]
     export.write_text("\n".join(lines) + "\n")
     spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
@@ -277,3 +277,88 @@ def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: P
     malformed = [e for e in files.values() if e.reason == DropReason.MALFORMED_RECORD]
     assert len(malformed) == 2
     assert any("export.jsonl:2: field 'content'" in (e.detail or "") for e in malformed)
+    # whatever order the export's lines are in, the files come out in path order
+    assert list(files) == sorted(files)
+    assert list(files) == ["../escape.h", "<line 2>", "<line 3>", "include/vector.h", "src/main.cc"]
+
+
+# odd files named in the ledger ------------------------------------------------------------
+ANNEX_KEY = "SHA256E-s1048576--9f2c0a51e1b7d3c4a6f8e0b2d4c6a8e0f2b4d6c8e0a2c4e6a8c0e2a4c6e8a0b2.h"
+ANNEX_TARGET = f"../.git/annex/objects/Xk/Mv/{ANNEX_KEY}/{ANNEX_KEY}"
+
+
+def _odd_tree(root: Path) -> None:
+    """A non-UTF-8 name, a name spelled with that name's escapes, an annex link, a header."""
+    (root / "inc").mkdir(parents=True)
+    (root / "inc" / "vector.h").write_bytes(VECTOR_H)
+    with open(os.fsencode(root / "inc") + b"/odd\xff.h", "wb") as f:
+        f.write(VECTOR_H)
+    (root / "inc" / "odd\\xff.h").write_bytes(VECTOR_H)  # a backslash, then "xff"
+    os.symlink(ANNEX_TARGET, root / "inc" / "table.h")
+
+
+def _check_odd(files: dict[str, collect.Entry]) -> None:
+    assert set(files) == {"inc/vector.h", "inc/odd\\xff.h", "inc/odd\\\\xff.h", "inc/table.h"}
+    not_utf8, literal = files["inc/odd\\xff.h"], files["inc/odd\\\\xff.h"]
+    assert not_utf8.reason == DropReason.UNSAFE_PATH and "not UTF-8" in (not_utf8.detail or "")
+    assert literal.reason == DropReason.UNSAFE_PATH and "backslash" in (literal.detail or "")
+    assert collect.unescape_name("inc/odd\\xff.h") == b"inc/odd\xff.h"
+    assert collect.unescape_name("inc/odd\\\\xff.h") == b"inc/odd\\xff.h"
+    link = files["inc/table.h"]
+    assert link.reason == DropReason.POINTER_FILE and ANNEX_KEY in (link.detail or "")
+
+
+def test_odd_names_stay_apart_and_an_annex_link_is_named_in_a_dir_source(tmp_path: Path) -> None:
+    _odd_tree(tmp_path / "src")
+    spec = SourceSpec(id="demo", kind="dir", uri=str(tmp_path / "src"))
+    _check_odd(_files(spec, str(tmp_path / "src"), tmp_path))
+
+
+def test_odd_names_stay_apart_and_an_annex_link_is_named_in_a_git_source(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    _odd_tree(repo)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "odd")
+    spec = SourceSpec(
+        id="demo", kind="git", uri=str(repo), revision=_git(repo, "rev-parse", "HEAD")
+    )
+    _check_odd(_files(spec, str(repo), tmp_path))
+
+
+def test_a_tar_member_name_that_is_not_utf8_and_an_annex_link_are_named(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in (("inc/vector.h", VECTOR_H), ("inc/odd\udcff.h", VECTOR_H)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("inc/table.h")
+        link.type, link.linkname = tarfile.SYMTYPE, ANNEX_TARGET
+        tf.addfile(link)
+    archive = tmp_path / "odd.tar"
+    archive.write_bytes(buf.getvalue())
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=sha)
+    files = _files(spec, str(archive), tmp_path)
+    assert set(files) == {"inc/vector.h", "inc/odd\\xff.h", "inc/table.h"}
+    assert files["inc/odd\\xff.h"].reason == DropReason.UNSAFE_PATH
+    assert files["inc/table.h"].reason == DropReason.POINTER_FILE
+
+
+def test_one_size_policy_refuses_a_file_naming_the_setting_without_reading_past_it(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "big.h").write_bytes(b"int x;\n" * 2000)
+    (root / "small.h").write_bytes(VECTOR_H)
+    spec = SourceSpec(id="demo", kind="dir", uri=str(root), max_file_bytes=4096)
+    sf = collect.open_source(
+        spec, str(root), cache_dir=tmp_path / "c", limits=CollectLimits(), max_file_bytes=4096
+    )
+    files = {e.path: e for e in sf.entries()}
+    assert files["small.h"].content == VECTOR_H
+    big = files["big.h"]
+    assert big.reason == DropReason.TOO_LARGE and big.content is None
+    assert big.detail is not None and "14000 bytes > max_file_bytes 4096" in big.detail

@@ -450,6 +450,82 @@ def test_sigkill_at_each_commit_step_resumes_to_the_uninterrupted_result(tmp_pat
     assert (out / REJECTS_FILE).read_bytes() == (tmp_path / "reference" / REJECTS_FILE).read_bytes()
 
 
+CRASH_PLAN_PROBE = r"""
+import sys
+from megacpp_pipeline.collect.jsonl_stream import CrashPlan
+plan = CrashPlan.from_environ({"MEGACPP_JSONL_CRASH_AT": "after_promote:2"})
+for step in ("after_shard_tmp", "after_promote", "after_state", "after_shard_tmp"):
+    plan.passed(step)
+    print(step, flush=True)
+plan.passed("after_promote")
+print("survived", flush=True)
+"""
+
+
+def test_crash_plan_kills_on_the_nth_pass_of_its_own_step_and_no_other():
+    probe = subprocess.run(
+        [sys.executable, "-c", CRASH_PLAN_PROBE],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode == -signal.SIGKILL
+    assert probe.stdout.split() == [
+        "after_shard_tmp",
+        "after_promote",
+        "after_state",
+        "after_shard_tmp",
+    ]
+
+
+CONVERT_IN_PROCESS = r"""
+import sys
+from pathlib import Path
+from megacpp_pipeline.collect.jsonl_stream import JsonlConverterConfig, convert
+convert(Path(sys.argv[1]), Path(sys.argv[2]), JsonlConverterConfig(rows_per_file=5))
+"""
+
+
+def test_the_crash_variable_is_read_by_the_cli_only_not_by_a_library_caller(tmp_path):
+    src = tmp_path / "corpus.jsonl"
+    write_jsonl(src, [cpp_record(i) for i in range(12)])
+    library = subprocess.run(
+        [sys.executable, "-c", CONVERT_IN_PROCESS, str(src), str(tmp_path / "library")],
+        env=subprocess_env(MEGACPP_JSONL_CRASH_AT="after_promote:1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert library.returncode == 0, library.stderr
+    assert shard_rows(tmp_path / "library") == expected_rows(src)
+    cli = run_converter(
+        src, tmp_path / "cli", "--rows-per-file", "5", MEGACPP_JSONL_CRASH_AT="after_promote:1"
+    )
+    assert cli.returncode == -signal.SIGKILL
+    assert [p.name for p in (tmp_path / "cli" / "train").iterdir()] == ["part-00000.parquet"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "rule"),
+    [
+        ("after_promte:2", "'after_promte' is not one of after_shard_tmp, after_promote"),
+        ("after_promote:two", "'two' is not a count"),
+    ],
+)
+def test_a_malformed_crash_variable_is_one_line_before_anything_is_written(
+    tmp_path, capsys, spec, rule
+):
+    src = tmp_path / "corpus.jsonl"
+    write_jsonl(src, [cpp_record(i) for i in range(3)])
+    out = tmp_path / "out"
+    argv = [str(src), "--out", str(out), "--rows-per-file", "5"]
+    assert main_jsonl_to_parquet(argv, {"MEGACPP_JSONL_CRASH_AT": spec}) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"jsonl-to-parquet: error: MEGACPP_JSONL_CRASH_AT={spec!r}: {rule}")
+    assert not out.exists()
+
+
 WRITER = r"""
 import json, random, sys, time
 path, n, seed, held = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from megacpp_pipeline.core.catalog import CatalogError, load_catalog
+from megacpp_pipeline.core.catalog import CatalogError
+from tests.fixtures.catalogs import load_catalog
 
 GOOD = """
 snapshot: demo
@@ -98,3 +99,85 @@ def test_missing_file_and_bad_yaml_are_clear(tmp_path: Path) -> None:
 def test_the_demo_catalog_is_valid() -> None:
     cat = load_catalog(Path(__file__).resolve().parents[2] / "examples/demo/sources.yaml")
     assert {s.id for s in cat.operational} == {"pythran", "pybind11", "nanobind"}
+
+
+DIR_SOURCE = """
+snapshot: demo
+{top}sources:
+  - id: tree
+    kind: dir
+    uri: src
+{field}
+"""
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        '    include: ["../*.h"]',
+        '    exclude: ["**/x.h", "a/../../b.h"]',
+        '    include: ["/etc/*"]',
+    ],
+    ids=["include-dotdot", "exclude-dotdot", "include-absolute"],
+)
+def test_a_pattern_that_reaches_outside_the_source_is_refused_at_load(
+    tmp_path: Path, field: str
+) -> None:
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(_write(tmp_path, DIR_SOURCE.format(top="", field=field)))
+    message = str(caught.value)
+    name = field.split(":")[0].strip()
+    assert f"source 'tree': field {name}: " in message and "outside the source" in message
+
+
+def test_one_size_policy_for_every_stage_with_a_per_source_override(tmp_path: Path) -> None:
+    cat = load_catalog(_write(tmp_path, DIR_SOURCE.format(top="max_file_bytes: 4096\n", field="")))
+    assert cat.file_limit(cat.sources[0]) == 4096
+    own = load_catalog(
+        _write(
+            tmp_path,
+            DIR_SOURCE.format(top="max_file_bytes: 4096\n", field="    max_file_bytes: 65536"),
+        )
+    )
+    assert own.file_limit(own.sources[0]) == 65536
+    assert load_catalog(_write(tmp_path, DIR_SOURCE.format(top="", field=""))).file_limit(
+        cat.sources[0].model_copy(update={"max_file_bytes": None})
+    ) == (1 << 20)
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        "collect: {max_file_bytes: 1000}\n",
+        "stages: {normalize: {max_file_bytes: 1000}}\n",
+        "stages: {enrich: {max_file_bytes: 1000}}\n",
+    ],
+    ids=["collect", "normalize", "enrich"],
+)
+def test_the_old_per_stage_size_limits_say_where_the_one_setting_is(
+    tmp_path: Path, section: str
+) -> None:
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(_write(tmp_path, DIR_SOURCE.format(top=section, field="")))
+    message = str(caught.value)
+    assert "max_file_bytes: there is one size policy now" in message, message
+    assert "(the entry itself)" not in message
+
+
+@pytest.mark.parametrize(
+    ("section", "moved"),
+    [
+        ("stages: {tokenize: {validation_fraction: 0.2}}\n", "split.validation_fraction"),
+        ("stages: {tokenize: {split_salt: other}}\n", "split.salt"),
+    ],
+    ids=["fraction", "salt"],
+)
+def test_the_split_has_its_own_section_and_the_old_place_says_so(
+    tmp_path: Path, section: str, moved: str
+) -> None:
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(_write(tmp_path, DIR_SOURCE.format(top=section, field="")))
+    assert f"has its own section now: set {moved}" in str(caught.value)
+    top = "split: {validation_fraction: 0.2, salt: other}\n"
+    cat = load_catalog(_write(tmp_path, DIR_SOURCE.format(top=top, field="")))
+    assert (cat.split.validation_fraction, cat.split.salt) == (0.2, "other")

@@ -231,13 +231,13 @@ def test_parquet_benchmark_reads_the_listed_columns(tmp_path: Path) -> None:
 
 # the index ------------------------------------------------------------------------------
 def test_every_punctuation_byte_has_its_own_token_hash() -> None:
-    from megacpp_pipeline.corpus.decontaminate import _PUNCTUATION, _is_word
+    from megacpp_pipeline.corpus.decontaminate.ngrams import PUNCTUATION, is_word
 
     # 31 printable (not `_`), 27 control (not the 5 whitespace ones) and DEL
-    assert len(set(_PUNCTUATION.tolist())) == len(_PUNCTUATION) == 59
+    assert len(set(PUNCTUATION.tolist())) == len(PUNCTUATION) == 59
     tokens = minhash.token_hashes(["std::vector<int>& v_2 = x->y;"]).hashes
     words = ["std", "vector", "int", "v_2", "x", "y"]
-    assert np.count_nonzero(_is_word(tokens)) == len(words)
+    assert np.count_nonzero(is_word(tokens)) == len(words)
 
 
 def test_a_file_holding_the_canonical_solution_is_contaminated() -> None:
@@ -345,11 +345,11 @@ def test_matches_name_every_benchmark_separately() -> None:
 def test_a_window_hashes_the_same_wherever_its_file_sits_in_a_batch(
     texts: list[str], n: int
 ) -> None:
-    from megacpp_pipeline.corpus.decontaminate import _Batch
+    from megacpp_pipeline.corpus.decontaminate.ngrams import LexedBatch
 
-    together = _Batch(texts, "word").windows(n)
+    together = LexedBatch(texts, "word").windows(n)
     for i, text in enumerate(texts):
-        alone = _Batch([text], "word").windows(n)
+        alone = LexedBatch([text], "word").windows(n)
         assert together.hashes[together.file == i].tolist() == alone.hashes.tolist()
 
 

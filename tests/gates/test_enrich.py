@@ -431,14 +431,46 @@ def test_a_runaway_parse_is_cancelled_and_recorded_and_the_next_file_still_parse
     assert not parser.parse(b"int ok();\n").root_node.has_error
 
 
-def test_files_over_max_bytes_are_not_parsed_and_say_why() -> None:
-    result = enrich.run(
-        deduped({"big.h": "int x;\n" * 100, "small.h": "int y;\n"}),
-        EnrichConfig(max_file_bytes=100),
+def _top_level_cpp(n: int) -> str:
+    """Top-level declarations of real-looking C++, a blank line between each."""
+    return "\n".join(
+        f"/// Sum of the first {i} widgets.\n"
+        f"template <class T>\nT widget_sum_{i}(const T* xs) {{\n  T s{{}};\n"
+        f"  for (int k = 0; k < {i}; ++k) s += xs[k];\n  return s;\n}}\n\n"
+        f"struct Gadget{i} {{\n  int id = {i};\n  int twice() const {{ return id * 2; }}\n}};\n"
+        for i in range(n)
     )
-    assert result.kept.column("path").to_pylist() == ["small.h"]
-    (row,) = result.dropped.to_pylist()
-    assert row["reason"] == DropReason.TOO_LARGE and "max_file_bytes 100" in row["detail"]
+
+
+def test_a_file_over_the_segment_size_is_parsed_a_segment_at_a_time_to_the_same_spans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory for a file at the size policy's limit: the tree holds one segment, never the
+    file; where the cuts fall between top-level declarations, the spans are the same."""
+    data = _top_level_cpp(300).encode()
+    parser = CppStructureParser()
+    whole = enrich.partition([data], [parser.regions(data)]).file(0, parser.regions(data))
+    monkeypatch.setattr(enrich, "SEGMENT_BYTES", 4096)
+    cuts = enrich.segments(data, enrich.SEGMENT_BYTES)
+    assert len(cuts) > 10 and cuts[0][0] == 0 and cuts[-1][1] == len(data)
+    assert all(hi - lo <= 4096 and data[lo - 2 : lo] == b"\n\n" for lo, hi in cuts[1:])
+    regions = parser.regions(data)
+    segmented = enrich.partition([data], [regions]).file(0, regions)
+    for field in ("starts", "ends", "kinds", "depths"):
+        assert np.array_equal(getattr(segmented, field), getattr(whole, field)), field
+    assert segmented.names == whole.names
+    assert (segmented.n_functions, segmented.n_classes) == (whole.n_functions, whole.n_classes)
+    assert segmented.n_functions == 300 * 2 and segmented.n_classes == 300
+    assert_partition(data.decode(), segmented)
+
+
+def test_a_segmented_parse_keeps_the_whole_files_time_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(enrich, "SEGMENT_BYTES", 4096)
+    data = _top_level_cpp(300).encode()
+    with pytest.raises(enrich.ParseTimeout, match=f"of {len(data)}"):
+        CppStructureParser().regions(data, budget_seconds=1e-9)
 
 
 def test_gate_output_matches_the_enriched_schema_and_accounts_for_every_file() -> None:

@@ -146,23 +146,53 @@ def test_control_characters_without_nul_are_binary():
     assert "max_non_text_ratio" in detail
 
 
-def test_five_megabyte_single_line_table_is_too_large_before_decoding():
+def test_five_megabyte_single_line_table_has_too_long_lines():
+    """No size limit here (collection applies the one size policy, max_file_bytes): a 5 MB
+    one-line table that got this far is dropped for what it is."""
     table = b"static const int t[] = {" + b"1," * (5 * (1 << 20) // 2 - 13) + b"};"
-    assert len(table) == 5 * (1 << 20)
     _, dropped = normalize({"gen/table.cpp": table})
-    assert dropped["gen/table.cpp"] == (
-        DropReason.TOO_LARGE,
-        "size 5242880 > 1048576 (max_file_bytes)",
-    )
-
-
-def test_five_megabyte_single_line_table_has_too_long_lines_when_size_allows():
-    table = b"static const int t[] = {" + b"1," * (5 * (1 << 20) // 2 - 13) + b"};"
-    _, dropped = normalize({"gen/table.cpp": table}, max_file_bytes=8 << 20)
     assert dropped["gen/table.cpp"] == (
         DropReason.LONG_LINES,
         "max line 5242880 > 1000 (max_line_length)",
     )
+
+
+def test_the_size_limit_is_not_a_normalize_setting_any_more():
+    with pytest.raises(ValidationError, match="max_file_bytes"):
+        NormalizeConfig(max_file_bytes=1 << 20)
+
+
+LFS_POINTER = (
+    b"version https://git-lfs.github.com/spec/v1\n"
+    b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+    b"size 12345678\n"
+)
+ANNEX_POINTER = (
+    b"/annex/objects/SHA256E-s52428800--"
+    b"0b8e3c5b2a9c4f1e6d7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e.hpp\n"
+)
+
+
+def test_git_lfs_and_git_annex_pointers_are_dropped_as_pointer_files_naming_the_object():
+    files = {
+        "include/model_weights.hpp": LFS_POINTER,
+        "include/lfs_with_extension.h": LFS_POINTER.replace(
+            b"oid", b"ext-0-foo sha256:" + b"0" * 64 + b"\noid"
+        ),
+        "include/huge_table.hpp": ANNEX_POINTER,
+        "include/span.hpp": HEADER.encode(),
+        # a header that quotes the pointer format is C++, not a pointer
+        "include/lfs_doc.h": b"// " + LFS_POINTER.replace(b"\n", b"\n// ") + HEADER.encode(),
+    }
+    kept, dropped = normalize(files)
+    assert set(kept) == {"include/span.hpp", "include/lfs_doc.h"}
+    reason, detail = dropped["include/model_weights.hpp"]
+    assert reason == DropReason.POINTER_FILE
+    assert "Git LFS pointer to 12345678 bytes" in detail and "4d7a214614ab2935" in detail
+    assert dropped["include/lfs_with_extension.h"][0] == DropReason.POINTER_FILE
+    reason, detail = dropped["include/huge_table.hpp"]
+    assert reason == DropReason.POINTER_FILE
+    assert detail.startswith("git-annex pointer to SHA256E-s52428800--0b8e3c5b")
 
 
 def test_line_length_counts_characters_not_utf8_bytes():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.catalog import SplitConfig
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.corpus.encoders import FastEncoder, ReferenceEncoder, select_encoder
 from megacpp_pipeline.corpus.tokenizer import SPECIAL_TOKENS, TokenizerConfig, train_tokenizer
@@ -128,7 +129,7 @@ def test_every_kept_document_decodes_back_to_its_text(tokenizer: Tokenizer) -> N
         ("b.cpp", '#include <cstdio>\nint main() {\r\n\tputs("<|eos|>");\n}\n'),
         ("c.h", "// mail <EMAIL> or <IP_ADDRESS>\n"),
     ]
-    result = run(enriched(docs), tokenizer, TokenizeConfig())
+    result = run(enriched(docs), tokenizer, TokenizeConfig(), SplitConfig())
     assert result.kept.schema == schemas.TOKENIZED_DOCS
     assert result.kept.column("path").to_pylist() == ["a.hpp", "b.cpp", "c.h"]
     for (_, text), ids in zip(docs, result.kept.column("token_ids").to_pylist(), strict=True):
@@ -146,7 +147,10 @@ def test_chunk_kind_of_each_token_is_the_span_holding_its_first_byte_across_mult
 ) -> None:
     starts, ends, kinds = spans_of(MULTIBYTE, MULTIBYTE_SPANS)
     result = run(
-        enriched([("m.cpp", MULTIBYTE)], [(starts, ends, kinds)]), tokenizer, TokenizeConfig()
+        enriched([("m.cpp", MULTIBYTE)], [(starts, ends, kinds)]),
+        tokenizer,
+        TokenizeConfig(),
+        SplitConfig(),
     )
     ids = result.kept.column("token_ids")[0].as_py()
     got = result.kept.column("chunk_kind")[0].as_py()
@@ -164,7 +168,12 @@ def test_chunk_kind_of_each_token_is_the_span_holding_its_first_byte_across_mult
 def test_tokens_outside_every_span_are_kind_other(tokenizer: Tokenizer) -> None:
     text = "int x;\n// note\nint y;\n"
     starts, ends, kinds = spans_of(text, [("// note\n", COMMENT)])
-    result = run(enriched([("g.h", text)], [(starts, ends, kinds)]), tokenizer, TokenizeConfig())
+    result = run(
+        enriched([("g.h", text)], [(starts, ends, kinds)]),
+        tokenizer,
+        TokenizeConfig(),
+        SplitConfig(),
+    )
     got = result.kept.column("chunk_kind")[0].as_py()
     assert got[0] == OTHER and got[-1] == OTHER and COMMENT in got
 
@@ -174,12 +183,17 @@ def test_a_span_reaching_past_its_text_does_not_leak_into_the_next_document(
 ) -> None:
     first, second = "int a;\n", "int b;\n"
     table = enriched([("a.h", first), ("b.h", second)], [([0], [10_000], [COMMENT]), ([], [], [])])
-    result = run(table, tokenizer, TokenizeConfig())
+    result = run(table, tokenizer, TokenizeConfig(), SplitConfig())
     assert set(result.kept.column("chunk_kind")[1].as_py()) == {OTHER}
 
 
 def test_empty_document_is_dropped_as_empty_after_tokenize(tokenizer: Tokenizer) -> None:
-    result = run(enriched([("empty.h", ""), ("ok.h", "int x;\n")]), tokenizer, TokenizeConfig())
+    result = run(
+        enriched([("empty.h", ""), ("ok.h", "int x;\n")]),
+        tokenizer,
+        TokenizeConfig(),
+        SplitConfig(),
+    )
     assert result.kept.column("path").to_pylist() == ["ok.h"]
     dropped = result.dropped.to_pylist()
     assert [(d["path"], d["reason"]) for d in dropped] == [
@@ -193,7 +207,7 @@ def test_a_document_that_does_not_round_trip_is_dropped_naming_the_file(
     lossy = Tokenizer.from_str(tokenizer.to_str())
     lossy.normalizer = normalizers.Lowercase()  # a pinned artifact with a lossy normalizer
     docs = [("Upper.hpp", "#define MAX_SIZE 10\n"), ("lower.hpp", "int x;\n")]
-    result = run(enriched(docs), lossy, TokenizeConfig())
+    result = run(enriched(docs), lossy, TokenizeConfig(), SplitConfig())
     assert result.kept.column("path").to_pylist() == ["lower.hpp"]
     (drop,) = result.dropped.to_pylist()
     assert drop["reason"] == DropReason.ROUND_TRIP_FAILED
@@ -206,39 +220,39 @@ def test_a_tokenizer_without_byte_level_decoder_is_refused(tokenizer: Tokenizer)
     other = Tokenizer.from_str(tokenizer.to_str())
     other.decoder = decoders.WordPiece()
     with pytest.raises(TokenizerNotByteLevelError, match="ByteLevel"):
-        run(enriched([("a.h", "int x;\n")]), other, TokenizeConfig())
+        run(enriched([("a.h", "int x;\n")]), other, TokenizeConfig(), SplitConfig())
 
 
 def test_small_batches_give_the_same_rows_as_one_batch(tokenizer: Tokenizer) -> None:
     docs = [(f"f{i}.h", f"int v{i} = {i};  // 世界 {i}\n") for i in range(25)]
     spans = [spans_of(text, [(f"// 世界 {i}\n", COMMENT)]) for i, (_, text) in enumerate(docs)]
-    one = run(enriched(docs, spans), tokenizer, TokenizeConfig())
-    many = run(enriched(docs, spans), tokenizer, TokenizeConfig(batch_bytes=40))
+    one = run(enriched(docs, spans), tokenizer, TokenizeConfig(), SplitConfig())
+    many = run(enriched(docs, spans), tokenizer, TokenizeConfig(batch_bytes=40), SplitConfig())
     assert one.kept.equals(many.kept)
     assert all(COMMENT in kinds for kinds in many.kept.column("chunk_kind").to_pylist())
 
 
 def test_split_is_a_stable_hash_of_source_and_path_near_the_configured_fraction() -> None:
     paths = [f"include/lib/file_{i}.hpp" for i in range(4000)]
-    config = TokenizeConfig(validation_fraction=0.1)
+    config = SplitConfig(validation_fraction=0.1)
     splits = assign_split(["demo"] * 4000, paths, config)
     assert splits == assign_split(["demo"] * 4000, paths, config)
     assert 300 < splits.count("validation") < 500
     # The same path in another source is an independent draw; another salt reshuffles.
     assert splits != assign_split(["other"] * 4000, paths, config)
     assert splits != assign_split(
-        ["demo"] * 4000, paths, TokenizeConfig(validation_fraction=0.1, split_salt="other-salt")
+        ["demo"] * 4000, paths, SplitConfig(validation_fraction=0.1, salt="other-salt")
     )
-    assert set(
-        assign_split(["demo"] * 50, paths[:50], TokenizeConfig(validation_fraction=0.0))
-    ) == {"train"}
+    assert set(assign_split(["demo"] * 50, paths[:50], SplitConfig(validation_fraction=0.0))) == {
+        "train"
+    }
 
 
 def test_split_is_recorded_per_document(tokenizer: Tokenizer) -> None:
     docs = [(f"f{i}.h", f"int v{i};\n") for i in range(40)]
-    config = TokenizeConfig(validation_fraction=0.5)
-    result = run(enriched(docs), tokenizer, config)
-    expected = assign_split(["demo"] * 40, [p for p, _ in docs], config)
+    split = SplitConfig(validation_fraction=0.5)
+    result = run(enriched(docs), tokenizer, TokenizeConfig(), split)
+    expected = assign_split(["demo"] * 40, [p for p, _ in docs], split)
     assert result.kept.column("split").to_pylist() == expected
     assert result.stats["docs_train"] + result.stats["docs_validation"] == 40
 
@@ -314,10 +328,75 @@ def test_the_gate_gives_the_same_rows_with_either_encoder(tokenizer: Tokenizer) 
     reference = select_encoder(tokenizer, "tokenizers")
     assert isinstance(fast, FastEncoder) and isinstance(reference, ReferenceEncoder)
     by_fast, by_reference = (
-        run(table, fast, TokenizeConfig()),
-        run(table, reference, TokenizeConfig()),
+        run(table, fast, TokenizeConfig(), SplitConfig()),
+        run(table, reference, TokenizeConfig(), SplitConfig()),
     )
     assert by_fast.kept.equals(by_reference.kept)
     assert by_fast.dropped.equals(by_reference.dropped)
     assert by_fast.stats == by_reference.stats
     assert by_fast.kept.num_rows == 4  # the empty one is dropped both ways
+
+
+def test_a_long_document_is_encoded_a_piece_at_a_time_to_the_ids_of_the_whole(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file at the size policy's limit: its Encoding is never held whole, and the ids are
+    those of encoding it whole (byte-level pre-tokens never cross a newline before a
+    non-space character)."""
+    from megacpp_pipeline.gates import tokenization
+
+    text = (MULTIBYTE + "int main() {\n  return 0;\n}\n\n  // indented\n") * 200
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenization.splits_exactly(tokenizer)
+    monkeypatch.setattr(tokenization, "PIECE_CHARS", 500)
+    pieces = list(tokenization.text_pieces(text, 500))
+    assert len(pieces) > 20 and "".join(pieces) == text
+    assert all(p.endswith("\n") for p in pieces[:-1])
+    assert all(not p[0].isspace() for p in pieces[1:])
+    table = enriched([("big.h", text), ("small.h", "int y;\n")])
+    result = run(table, tokenizer, TokenizeConfig(), SplitConfig())
+    assert result.kept["token_ids"][0].as_py() == whole
+    assert result.kept["num_tokens"][0].as_py() == len(whole)
+    assert result.dropped.num_rows == 0
+
+
+def test_tokens_aligned_block_by_block_get_the_kinds_of_the_vectorized_alignment(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from megacpp_pipeline.gates import tokenization
+
+    docs = [("a.cc", MULTIBYTE), ("b.cc", MULTIBYTE * 3), ("c.cc", "int z;\n")]
+    spans = [spans_of(MULTIBYTE, MULTIBYTE_SPANS)]
+    spans.append(spans_of(MULTIBYTE * 3, MULTIBYTE_SPANS * 3))
+    spans.append(([0], [3], [FUNC_SIGNATURE]))
+    vectorized = run(enriched(docs, spans), tokenizer, TokenizeConfig(), SplitConfig())
+    monkeypatch.setattr(tokenization, "BLOCK_TOKENS", 7)
+    blocks = run(enriched(docs, spans), tokenizer, TokenizeConfig(), SplitConfig())
+    assert blocks.kept["chunk_kind"].to_pylist() == vectorized.kept["chunk_kind"].to_pylist()
+    assert blocks.kept.equals(vectorized.kept) and blocks.dropped.num_rows == 0
+
+
+def test_a_tokenizer_that_normalizes_is_never_split(tokenizer: Tokenizer) -> None:
+    from megacpp_pipeline.gates import tokenization
+
+    changed = Tokenizer.from_str(tokenizer.to_str())
+    changed.normalizer = normalizers.NFC()
+    assert not tokenization.splits_exactly(changed)
+
+
+def test_the_round_trip_check_decodes_a_long_document_a_piece_at_a_time_to_its_hash(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenized_docs check on a file near the size limit: pieces end after a newline
+    token, so multibyte characters are never cut and the hash is the whole text's."""
+    import numpy as np
+
+    from megacpp_pipeline.stages import tokenize as stage
+
+    text = MULTIBYTE * 300
+    ids = np.array(tokenizer.encode(text, add_special_tokens=False).ids, np.int64)
+    monkeypatch.setattr(stage, "LONG_DOCUMENT_TOKENS", 50)
+    newline_ids = stage._newline_ids(tokenizer)
+    assert newline_ids.size and np.isin(ids, newline_ids).sum() > 100
+    assert stage._decoded_sha256(tokenizer, ids, newline_ids) == schemas.text_sha256(text)
+    assert stage._decoded_sha256(tokenizer, ids[:-1], newline_ids) != schemas.text_sha256(text)

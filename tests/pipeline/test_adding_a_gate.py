@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from assets.runner import run_pipeline
-from megacpp_pipeline.core.catalog import CatalogError, load_catalog
+from megacpp_pipeline.core.catalog import CatalogError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import drops
 from megacpp_pipeline.core.schemas import SCRUBBED_FILES
@@ -28,6 +28,7 @@ from megacpp_pipeline.pipeline.context import SourceInputs
 from megacpp_pipeline.pipeline.parallel import polars_threads_run
 from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Registry, Stage
 from megacpp_pipeline.stages import default_registry
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.pipeline.executor import LocalExecutor, TaskLost
-from megacpp_pipeline.pipeline.parallel import default_workers
+from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
 from tests.gates.test_normalize import HEADER, raw_table
 
 
@@ -45,7 +45,7 @@ def test_normalize_over_forked_workers_equals_the_inline_loop():
     job = (table, normalize.NormalizeConfig())
     bounds = [(lo, min(lo + 17, table.num_rows)) for lo in range(0, table.num_rows, 17)]
     inline = list(LocalExecutor(1).map(_normalize_slice, job, bounds))
-    forked = list(LocalExecutor(2).map(_normalize_slice, job, bounds))
+    forked = list(LocalExecutor(2, cap=False).map(_normalize_slice, job, bounds))
     assert [r[:2] for r in inline] == [r[:2] for r in forked]
     assert {r[2] for r in inline} == {os.getpid()}
     assert os.getpid() not in {r[2] for r in forked}  # the work ran in the workers
@@ -54,7 +54,7 @@ def test_normalize_over_forked_workers_equals_the_inline_loop():
 
 def test_a_worker_inherits_a_job_that_cannot_be_pickled():
     job = {"scale": lambda x: x * 3}  # a lambda: pickle refuses it, a fork inherits it
-    out = list(LocalExecutor(2).map(lambda j, x: j["scale"](x), job, range(20)))
+    out = list(LocalExecutor(2, cap=False).map(lambda j, x: j["scale"](x), job, range(20)))
     assert out == [3 * x for x in range(20)]
 
 
@@ -66,7 +66,7 @@ def _die_once(marker: str, x: int) -> int:
 
 
 def test_a_task_whose_worker_is_killed_runs_again(tmp_path: Path):
-    executor = LocalExecutor(2)
+    executor = LocalExecutor(2, cap=False)
     out = list(executor.map(_die_once, str(tmp_path / "killed"), range(12)))
     assert out == [x * x for x in range(12)]
     assert (tmp_path / "killed").exists()
@@ -81,7 +81,7 @@ def _always_die(job: None, x: int) -> int:
 
 def test_a_task_that_always_kills_its_worker_is_lost_with_its_number():
     with pytest.raises(TaskLost, match=r"task 4 of 6: its worker died 2 times"):
-        list(LocalExecutor(2, retries=1).map(_always_die, None, range(6)))
+        list(LocalExecutor(2, retries=1, cap=False).map(_always_die, None, range(6)))
 
 
 def _refuse(job: None, x: int) -> int:
@@ -92,7 +92,7 @@ def _refuse(job: None, x: int) -> int:
 
 def test_a_task_error_is_raised_with_its_type_and_message():
     with pytest.raises(ValueError, match=r"include/a7.hpp: refused by the test gate"):
-        list(LocalExecutor(2).map(_refuse, None, range(10)))
+        list(LocalExecutor(2, cap=False).map(_refuse, None, range(10)))
 
 
 def test_one_worker_or_one_item_runs_inline():
@@ -100,14 +100,19 @@ def test_one_worker_or_one_item_runs_inline():
     assert list(LocalExecutor(4).map(lambda j, x: os.getpid(), None, [0])) == [os.getpid()]
 
 
-def test_workers_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("MEGACPP_WORKERS", "3")
-    assert default_workers() == 3
-    monkeypatch.setenv("MEGACPP_WORKERS", "0")
-    assert default_workers() == 1
-    monkeypatch.setenv("MEGACPP_WORKERS", "many")
+def test_no_more_workers_than_cpus_unless_asked():
+    from megacpp_pipeline.pipeline.parallel import cpu_count
+
+    assert LocalExecutor(cpu_count() + 14).workers == cpu_count()
+    assert LocalExecutor(cpu_count() + 14, cap=False).workers == cpu_count() + 14
+
+
+def test_workers_come_from_the_environment_the_edge_hands_over():
+    assert workers_from({"MEGACPP_WORKERS": "3"}) == 3
+    assert workers_from({"MEGACPP_WORKERS": "0"}) == 1
+    assert workers_from({}) == cpu_count()
     with pytest.raises(ValueError, match="MEGACPP_WORKERS='many'"):
-        default_workers()
+        workers_from({"MEGACPP_WORKERS": "many"})
 
 
 def test_workers_end_even_when_the_parent_defers_sigterm_as_dagster_does():
@@ -119,14 +124,14 @@ from megacpp_pipeline.pipeline.executor import LocalExecutor
 signal.signal(signal.SIGTERM, lambda *a: None)
 signal.signal(signal.SIGINT, lambda *a: None)
 for _ in range(5):
-    assert list(LocalExecutor(2).map(lambda j, x: x, None, range(8))) == list(range(8))
+    assert list(LocalExecutor(2, cap=False).map(lambda j, x: x, None, range(8))) == list(range(8))
 def bad(j, x):
     if x == 3:
         raise RuntimeError("a.hpp: refused")
     import time; time.sleep(0.2)
     return x
 try:
-    list(LocalExecutor(2).map(bad, None, range(8)))
+    list(LocalExecutor(2, cap=False).map(bad, None, range(8)))
 except RuntimeError as e:
     print("raised:", e)
 """

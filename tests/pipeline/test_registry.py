@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.pipeline.registry import Grain, Registry, RegistryError, Stage
 from megacpp_pipeline.stages import default_registry
+from tests.fixtures.catalogs import load_catalog
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "demo" / "sources.yaml"

@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import drops
 from megacpp_pipeline.pipeline.context import StageContext
@@ -19,6 +18,7 @@ from megacpp_pipeline.pipeline.registry import PreparedGate
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 
 HEADER = """\
 #pragma once

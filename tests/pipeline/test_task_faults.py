@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import yaml
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.engine import Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
@@ -24,6 +23,7 @@ from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.snapshot.promote import latest_snapshot
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 
 
@@ -47,7 +47,7 @@ class KillingExecutor(LocalExecutor):
     """Forked workers, one of which dies at the start of every map that forks."""
 
     def __init__(self, workers: int, markers: Path) -> None:
-        super().__init__(workers)
+        super().__init__(workers, cap=False)
         self.markers = markers
 
     def map(self, task: Any, job: Any, items: Any) -> Any:

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from megacpp_pipeline import cli, collect
-from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec, load_catalog
+from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.plan.forecast import forecast
 from megacpp_pipeline.plan.rates import Calibration, GroupRates, Linear, Rates, load_rates
 from megacpp_pipeline.plan.sizing import MB, SourceSize, StoreUsage, size_sources
 from megacpp_pipeline.stages import default_registry
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +34,9 @@ HEADER = b"// SPDX-License-Identifier: MIT\n#pragma once\nnamespace p { int f(in
 
 def collected(spec: SourceSpec, uri: str, cache: Path) -> tuple[int, int]:
     """Files and bytes collection keeps of a source: what the listing must predict."""
-    limits = CollectLimits(max_file_bytes=4000)
-    files = collect.open_source(spec, uri, cache_dir=cache, limits=limits)
+    files = collect.open_source(
+        spec, uri, cache_dir=cache, limits=CollectLimits(), max_file_bytes=4000
+    )
     kept = [e for e in files.entries() if e.content is not None]
     wanted = collect.PathFilter(spec.include, spec.exclude)
     kept = [e for e in kept if wanted(e.path)]
@@ -42,7 +44,9 @@ def collected(spec: SourceSpec, uri: str, cache: Path) -> tuple[int, int]:
 
 
 def listed(spec: SourceSpec, uri: str, cache: Path) -> tuple[int, int]:
-    out = collect.list_source(spec, uri, cache_dir=cache, limits=CollectLimits(max_file_bytes=4000))
+    out = collect.list_source(
+        spec, uri, cache_dir=cache, limits=CollectLimits(), max_file_bytes=4000
+    )
     return out.files, out.bytes
 
 

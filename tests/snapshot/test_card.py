@@ -13,8 +13,16 @@ import pytest
 import yaml
 
 from megacpp_pipeline import cli
-from megacpp_pipeline.snapshot.card import CARD, licence_ids, read_front_matter, size_category
+from megacpp_pipeline.snapshot.card import (
+    CARD,
+    CardInputs,
+    licence_ids,
+    read_front_matter,
+    render_card,
+    size_category,
+)
 from megacpp_pipeline.snapshot.promote import read_manifest
+from megacpp_pipeline.snapshot.verify import check_documents, check_ledger
 from tests.fixtures.snapshot_fixture import build_snapshot
 
 datasets = pytest.importorskip("datasets", reason="datasets is a dev dependency")
@@ -62,3 +70,15 @@ def test_licence_ids_split_expressions_into_lowercase_ids() -> None:
         "llvm-exception",
         "mit",
     ]
+
+
+def test_the_card_and_the_checks_count_labels_across_row_groups(tmp_path: Path) -> None:
+    """Each row group of the ledger brings its own dictionary of labels (kept rows first,
+    the drops in later groups): the card's funnel and the ledger check count across them."""
+    fixture = build_snapshot(tmp_path / "snap", row_group_rows=3, dropped=5)
+    manifest = read_manifest(fixture.path)
+    text = render_card(fixture.path, manifest, CardInputs())
+    assert "exact_duplicate" in text and "near_duplicate" in text
+    outcome = check_ledger(fixture.path, manifest)
+    assert outcome.passed, outcome.messages
+    assert check_documents(fixture.path, manifest).passed

@@ -3,6 +3,8 @@ sequence, and both our reader and (when installed) megatron-core's read it back.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import struct
 from pathlib import Path
 
@@ -132,6 +134,38 @@ def test_megatron_dtype_follows_the_vocabulary_size() -> None:
     assert megatron_token_dtype(None) == np.int32
 
 
+def _record_again(snapshot: Path, rel: str) -> None:
+    """Record a rewritten file's size and sha256 in the snapshot manifest, as a (buggy)
+    builder would have: the export's own consistency checks are what is tested then."""
+    manifest = json.loads((snapshot / "manifest.json").read_text())
+    data = (snapshot / rel).read_bytes()
+    for entry in manifest["files"]:
+        if entry["path"] == rel:
+            entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (snapshot / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("rel", ["train/part-00000.parquet", "pieces.parquet"])
+def test_a_snapshot_file_changed_after_promotion_is_not_exported(tmp_path: Path, rel: str) -> None:
+    fixture = build_snapshot(tmp_path / "snap")
+    recorded = next(
+        f
+        for f in json.loads((fixture.path / "manifest.json").read_text())["files"]
+        if f["path"] == rel
+    )
+    data = bytearray((fixture.path / rel).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (fixture.path / rel).write_bytes(bytes(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(MegatronExportError) as caught:
+        export_snapshot(fixture.path, out / "train")
+    message = str(caught.value)
+    assert str(fixture.path / rel) in message and recorded["sha256"] in message, message
+    assert "changed after promotion" in message
+    assert not list(out.iterdir())
+
+
 def test_a_piece_whose_row_is_missing_fails_the_export_naming_the_document(
     tmp_path: Path,
 ) -> None:
@@ -142,6 +176,7 @@ def test_a_piece_whose_row_is_missing_fails_the_export_naming_the_document(
     )
     pieces = pieces.set_column(pieces.schema.get_field_index("pack_id"), "pack_id", pack_ids)
     pq.write_table(pieces.cast(pieces.schema), fixture.path / "pieces.parquet")
+    _record_again(fixture.path, "pieces.parquet")
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(MegatronExportError, match="pack_id 1000000000 found 0 times"):
@@ -153,6 +188,7 @@ def test_pieces_that_disagree_with_documents_parquet_fail_the_export(tmp_path: P
     fixture = build_snapshot(tmp_path / "snap")
     pieces = pq.read_table(fixture.path / "pieces.parquet")
     pq.write_table(pieces.slice(1), fixture.path / "pieces.parquet")
+    _record_again(fixture.path, "pieces.parquet")
     first_doc = pieces["doc_id"][0].as_py()
     with pytest.raises(MegatronExportError, match=f"doc_id {first_doc}"):
         export_snapshot(fixture.path, tmp_path / "train")

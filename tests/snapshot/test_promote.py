@@ -20,6 +20,7 @@ from megacpp_pipeline import cli
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.core.schemas import DOCUMENTS, git_blob_sha, text_sha256
 from megacpp_pipeline.corpus import packing
+from megacpp_pipeline.corpus.repository import file_document_files
 from megacpp_pipeline.corpus.tokenizer import (
     TokenizerConfig,
     save_tokenizer,
@@ -32,6 +33,7 @@ from megacpp_pipeline.snapshot.promote import (
     SnapshotConfig,
     SnapshotParts,
     build_snapshot,
+    final_ledger,
     latest_snapshot,
     read_manifest,
 )
@@ -103,12 +105,17 @@ def snapshot_parts(work: Path, splits: dict[str, int], name: str = "edge") -> Sn
         ],
         schema=LEDGER_SCHEMA,
     )
+    # the streams come in document order, the ledger already final (as the stage makes them)
+    in_order = pa.concat_tables(pieces).sort_by(
+        [("doc_id", "ascending"), ("piece_index", "ascending")]
+    )
+    final = final_ledger([ledger], file_document_files(documents), LEDGER_STAGE)
     return SnapshotParts(
         name=name, seq_len=SEQ_LEN, vocab_size=info.vocab_size,
         tokenizer_json=(work / "tokenizer.json").read_bytes(),
-        tokenizer_info=info.model_dump(), rows=rows, documents=documents, pieces=pieces,
-        ledger=[ledger], ledger_stages=[LEDGER_STAGE], inputs={}, code_version=name,
-        config_hash="0" * 64,
+        tokenizer_info=info.model_dump(), rows=rows, documents=documents.sort_by("doc_id"),
+        pieces=[in_order], ledger=[final], ledger_stages=[LEDGER_STAGE], inputs={},
+        code_version=name, config_hash="0" * 64,
     )  # fmt: skip
 
 

@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from megacpp_pipeline import cli
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.snapshot.promote import read_manifest
@@ -36,6 +35,7 @@ from megacpp_pipeline.snapshot.text_release import (
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 from megacpp_pipeline.storage.versions import COMPLETE, complete_marker, sha256_file
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 
 

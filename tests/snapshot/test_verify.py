@@ -130,30 +130,54 @@ def test_a_snapshot_without_complete_fails_every_check_as_not_a_snapshot(
 ) -> None:
     snap = damaged(pristine, tmp_path)
     (snap / "_COMPLETE").unlink()
-    code, last = megacpp_verify(snap)
-    assert code == 1
-    assert last == (
-        f"megacpp verify: FAILED file_checksums: {snap}: SnapshotError: "
-        f"{snap}: no _COMPLETE; not a snapshot"
-    )
     outcomes = verify.verify_snapshot(snap)
     assert [o.name for o in outcomes if o.passed] == []
 
 
-@pytest.mark.parametrize("command", ["inspect", "export-megatron"])
+def test_verify_on_an_asset_version_of_the_store_is_one_line_saying_what_it_is(
+    tmp_path: Path,
+) -> None:
+    """What an operator tries first: the store version's folder instead of the snapshot."""
+    import pyarrow as pa
+
+    from megacpp_pipeline.storage.store import ShardStore
+
+    store = ShardStore(str(tmp_path / "data"))
+    version = store.begin("packed_rows", None, code_version="t")
+    version.table("data", pa.schema([("n", pa.int64())])).write(pa.table({"n": [1, 2]}))
+    folder = store.version_dir(version.commit())
+    for target in (folder, str(tmp_path)):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["verify", target])
+        assert code == 2 and out.getvalue() == "", out.getvalue()
+        [line] = err.getvalue().splitlines()
+        assert line.startswith(f"megacpp verify: SnapshotError: {target}: "), line
+    assert "an asset version of packed_rows (version" in megacpp_line(folder)
+    assert "no _COMPLETE; not a snapshot" in megacpp_line(str(tmp_path))
+
+
+def megacpp_line(target: str) -> str:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        cli.main(["verify", target])
+    return err.getvalue()
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect", "export-megatron"])
 def test_the_other_snapshot_commands_refuse_a_directory_without_complete_in_one_line(
     pristine: Path, tmp_path: Path, command: str
 ) -> None:
     snap = damaged(pristine, tmp_path)
     (snap / "_COMPLETE").unlink()
-    argv = [command, str(snap)] + (["--out", str(tmp_path / "out")] if command != "inspect" else [])
+    out_arg = ["--out", str(tmp_path / "out")] if command == "export-megatron" else []
+    argv = [command, str(snap), *out_arg]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(argv)
     assert code == 2 and out.getvalue() == ""
-    assert err.getvalue().splitlines() == [
-        f"megacpp {command}: SnapshotError: {snap}: no _COMPLETE; not a snapshot"
-    ]
+    [line] = err.getvalue().splitlines()
+    assert line.startswith(f"megacpp {command}: SnapshotError: {snap}: no _COMPLETE; not a snap")
 
 
 # --- document_consistency: every row against the pieces that say what it holds -------------

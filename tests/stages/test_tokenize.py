@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.corpus.encoders import FastEncoderRefusedError
 from megacpp_pipeline.corpus.tokenizer import (
     SPECIAL_TOKENS,
@@ -23,6 +22,7 @@ from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import checks_of, run_all, run_stage
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.tokenizer_artifacts import improper_merges
 
@@ -30,9 +30,10 @@ SOURCES = ("tree", "repo")
 
 
 def context(tmp_path: Path, catalog: Path, name: str, stages: str) -> StageContext:
-    """A run of `catalog` with `stages` (yaml lines) in place of its own tokenize section,
-    on a data dir of its own."""
-    text = catalog.read_text().replace("  tokenize:\n", stages, 1)
+    """A run of `catalog` with `stages` (yaml lines) added to its stages, after the tokenizer
+    section (the fixture's has none of its own), on a data dir of its own."""
+    assert "  tokenize:" not in catalog.read_text()
+    text = catalog.read_text().replace("  packing:\n", stages + "  packing:\n", 1)
     path = catalog.with_name(f"sources-{name}.yaml")
     path.write_text(text)
     registry = default_registry()
@@ -119,7 +120,7 @@ def test_the_round_trip_check_names_a_document_whose_ids_do_not_decode_to_its_te
     tmp_path: Path,
 ) -> None:
     catalog, _ = write_catalog(tmp_path)
-    ctx = context(tmp_path, catalog, "check", "  tokenize:\n")
+    ctx = context(tmp_path, catalog, "check", "")
     registry = ctx.registry
     tokenize = registry.get("tokenized_docs")
     for stage in list(registry)[: registry.names().index("tokenized_docs") + 1]:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.snapshot.card import CARD
@@ -17,6 +16,7 @@ from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
 from megacpp_pipeline.snapshot.promote import read_manifest
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 
 

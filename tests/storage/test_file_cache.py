@@ -3,9 +3,11 @@ as a cold run, and a config or code change invalidates exactly its stage."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
@@ -114,3 +116,142 @@ def test_an_entry_without_its_index_file_is_a_miss(tmp_path: Path) -> None:
     gate = CountingGate(cfg)
     _call(FileResultCache(tmp_path, "normalize", "c", "k"), table, gate)
     assert gate.files_seen == 6
+
+
+# entries prove themselves -------------------------------------------------------------------
+def _entry_files(cache: FileResultCache) -> dict[str, Path]:
+    """An entry's objects by kind ("index" for the index) of a cache holding one entry."""
+    files = sorted(Path(cache.dir).glob("e-*.arrow"))
+    return {(p.name.split(".")[1] if p.name.count(".") == 2 else "index"): p for p in files}
+
+
+def _warm(tmp_path: Path, table: pa.Table, caplog: pytest.LogCaptureFixture) -> tuple:
+    cfg = normalize.NormalizeConfig()
+    gate = CountingGate(cfg)
+    with caplog.at_level("WARNING", logger="megacpp_pipeline"):
+        result = _call(FileResultCache(tmp_path, "normalize", "c", "k"), table, gate)
+    return result, gate, [r.getMessage() for r in caplog.records]
+
+
+def test_changed_bytes_inside_an_entry_are_discarded_with_one_warning_and_recomputed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = _raw(_corpus(5))
+    cache = FileResultCache(tmp_path, "normalize", "c", "k")
+    cold = _call(cache, table, CountingGate(normalize.NormalizeConfig()))
+    kept = _entry_files(cache)["kept"]
+    data = kept.read_bytes()
+    kept.write_bytes(data.replace(b"return 3;", b"return 9;"))  # still a valid Arrow file
+    warm, gate, warnings = _warm(tmp_path, table, caplog)
+    assert gate.files_seen == 6  # the entry's files went through the gate again
+    assert warm.kept.equals(cold.kept) and b"return 9;" not in str(warm.kept).encode()
+    [line] = warnings
+    index = kept.with_name(kept.name.replace(".kept", ""))
+    assert line.startswith(f"{index}: result cache entry discarded") and "sha256" in line, line
+    assert "demo:include/m0.hpp" in line
+
+
+@pytest.mark.parametrize("damage", ["truncated part", "emptied part", "truncated index"])
+def test_an_unreadable_or_emptied_entry_is_discarded_and_its_files_recomputed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    table = _raw(_corpus(5))
+    cache = FileResultCache(tmp_path, "normalize", "c", "k")
+    cold = _call(cache, table, CountingGate(normalize.NormalizeConfig()))
+    files = _entry_files(cache)
+    if damage == "truncated part":
+        files["kept"].write_bytes(files["kept"].read_bytes()[:100])  # "Not an Arrow file"
+    elif damage == "emptied part":
+        for kind in ("kept", "dropped"):
+            t = pa.ipc.open_file(pa.memory_map(str(files[kind]))).read_all().slice(0, 0)
+            with pa.ipc.new_file(str(files[kind]), t.schema) as w:
+                w.write_table(t)
+    else:
+        files["index"].write_bytes(files["index"].read_bytes()[:64])
+    warm, gate, warnings = _warm(tmp_path, table, caplog)
+    assert gate.files_seen == 6
+    assert warm.kept.equals(cold.kept) and warm.dropped.equals(cold.dropped)
+    assert len(warnings) == 1 and "result cache entry discarded" in warnings[0], warnings
+    assert str(files["index"]) in warnings[0]
+    again, gate, _ = _warm(tmp_path, table, caplog)  # the recomputed entry serves the next run
+    assert gate.files_seen == 0 and again.kept.equals(cold.kept)
+
+
+def test_an_entry_that_decides_no_file_cannot_prove_itself_even_with_matching_hashes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consistent entry (its index records its parts' hashes) that decides none of its
+    files: `54 files in, 0 kept + 0 in the ledger` must not come out of a cache."""
+    import json
+
+    from megacpp_pipeline.storage import file_cache
+
+    table = _raw(_corpus(5))
+    cache = FileResultCache(tmp_path, "normalize", "c", "k")
+    cold = _call(cache, table, CountingGate(normalize.NormalizeConfig()))
+    files = _entry_files(cache)
+    index = pa.ipc.open_file(pa.memory_map(str(files["index"]))).read_all()
+    parts = json.loads(index.schema.metadata[b"megacpp.cache.parts"])
+    for kind in ("kept", "dropped"):
+        t = pa.ipc.open_file(pa.memory_map(str(files[kind]))).read_all().slice(0, 0)
+        data = file_cache._ipc_bytes(t)
+        files[kind].write_bytes(data.to_pybytes())
+        parts[kind] = {"bytes": data.size, "sha256": hashlib.sha256(data).hexdigest(), "rows": 0}
+    meta = {**index.schema.metadata, b"megacpp.cache.parts": json.dumps(parts).encode()}
+    files["index"].write_bytes(file_cache._ipc_bytes(index.replace_schema_metadata(meta)))
+    warm, gate, warnings = _warm(tmp_path, table, caplog)
+    assert gate.files_seen == 6 and warm.kept.equals(cold.kept)
+    assert "do not decide each of its files once" in warnings[0]
+
+
+def test_an_entry_recorded_for_another_file_or_code_version_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = _raw(_corpus(3))
+    old = FileResultCache(tmp_path, "normalize", "c-old", "k")
+    _call(old, table, CountingGate(normalize.NormalizeConfig()))
+    new = FileResultCache(tmp_path, "normalize", "c", "k")
+    for path in Path(old.dir).glob("e-*.arrow"):  # an entry copied into another namespace
+        (Path(new.dir) / path.name).write_bytes(path.read_bytes())
+    _, gate, warnings = _warm(tmp_path, table, caplog)
+    assert gate.files_seen == 4
+    assert "written by code version 'c-old'" in warnings[0]
+
+
+def test_a_text_changed_under_the_same_content_hash_is_another_key() -> None:
+    """Enrich's cache key is not the upstream's claim about the text (`content_sha256`) but
+    the row it parses: a changed text is recomputed even where the claim did not change."""
+    from megacpp_pipeline.core.schemas import NORMALIZED_FILES
+
+    cfg = normalize.NormalizeConfig()
+    rows = normalize.run(_raw(_corpus(3)), cfg).kept
+    assert rows.schema.equals(NORMALIZED_FILES)
+    texts = rows["text"].to_pylist()
+    texts[1] = texts[1].replace("return 1;", "return 7;")
+    edited = rows.set_column(rows.schema.get_field_index("text"), "text", pa.array(texts))
+    before = row_keys(rows, "content_sha256")
+    after = row_keys(edited, "content_sha256")
+    assert before[0] == after[0] and before[2] == after[2] and before[1] != after[1]
+    revision = rows.set_column(
+        rows.schema.get_field_index("revision"), "revision", pa.array(["r2"] * rows.num_rows)
+    )
+    assert row_keys(revision, "content_sha256") == before  # where it came from: not a key
+
+
+def test_a_refresh_at_a_new_revision_reuses_every_result_stamped_with_the_new_revision(
+    tmp_path: Path,
+) -> None:
+    cfg = normalize.NormalizeConfig()
+    files = _corpus(5)
+    _call(FileResultCache(tmp_path, "normalize", "c", "k"), _raw(files), CountingGate(cfg))
+    moved = _raw(files)
+    moved = moved.set_column(
+        moved.schema.get_field_index("revision"),
+        moved.schema.field("revision"),
+        pa.array(["r2"] * moved.num_rows),
+    )
+    gate = CountingGate(cfg)
+    warm = _call(FileResultCache(tmp_path, "normalize", "c", "k"), moved, gate)
+    assert gate.files_seen == 0
+    assert set(warm.kept["revision"].to_pylist()) == {"r2"}
+    assert warm.kept.equals(normalize.run(moved, cfg).kept)

@@ -16,6 +16,7 @@ from megacpp_pipeline.storage.store import (
     COMPLETE,
     IncompleteVersionError,
     ShardStore,
+    ShardVerificationError,
     StoreError,
 )
 
@@ -195,3 +196,129 @@ def test_unwritable_data_dir_is_a_clear_error_and_the_previous_version_stays(
     with pytest.raises(StoreError, match="cannot create"):
         store.begin("raw_files", "other", code_version="t")
     assert store.latest("raw_files", "demo").rows == 3 and pdir.is_dir()
+
+
+# verified reads ------------------------------------------------------------------------------
+def _edit_shard_in_place(store: ShardStore, shard_path: Path) -> None:
+    """What a careless hand does: a valid parquet file with one value changed, written over
+    the committed shard (the manifest still records the old bytes)."""
+    table = pq.read_table(shard_path)
+    paths = table["path"].to_pylist()
+    paths[0] = paths[0] + "  // appended"
+    pq.write_table(table.set_column(0, "path", pa.array(paths, pa.string())), shard_path)
+
+
+def test_a_shard_edited_after_its_commit_fails_the_read_naming_version_shard_and_hash(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore(str(tmp_path), max_rows_per_shard=10)
+    _write_version(store, rows=25)
+    m = store.latest("raw_files", "demo")
+    shard = m.tables["data"].shards[1]
+    _edit_shard_in_place(store, Path(store.version_dir(m)) / shard.path)
+    with pytest.raises(ShardVerificationError) as caught:
+        list(store.iter_tables(m))
+    message = str(caught.value)
+    assert m.version in message and shard.path in message and shard.sha256 in message
+    assert "raw_files [demo]" in message and "re-materialize" in message
+    with pytest.raises(ShardVerificationError):
+        store.read_table(m)
+    with pytest.raises(ShardVerificationError):
+        store.read_shard(m, shard, columns=["n"])  # a column the edit did not touch
+
+
+def test_a_flipped_bit_of_the_same_size_fails_the_read(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path))
+    _write_version(store, rows=25)
+    m = store.latest("raw_files", "demo")
+    shard = m.tables["data"].shards[0]
+    path = Path(store.version_dir(m)) / shard.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        ShardVerificationError, match=f"its sha256 is .*records sha256 {shard.sha256}"
+    ):
+        next(store.iter_tables(m))
+    path.unlink()
+    with pytest.raises(ShardVerificationError, match="it is missing"):
+        next(store.iter_tables(m))
+
+
+def test_read_shard_decodes_only_the_asked_columns_of_the_verified_bytes(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), max_rows_per_shard=10)
+    _write_version(store, rows=25)
+    m = store.latest("raw_files", "demo")
+    vdir = store.version_dir(m)
+    parts = [store.read_shard(vdir, s, columns=["n"]) for s in m.tables["data"].shards]
+    assert [p.column_names for p in parts] == [["n"]] * 3
+    assert sum(p.num_rows for p in parts) == 25
+    assert pa.concat_tables(store.iter_tables(m)).equals(_table(0, 25))
+
+
+def test_read_bytes_and_local_copy_verify_a_file_the_manifest_lists(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path))
+    v = store.begin("tokenizer", None, code_version="t")
+    info = v.write_file("tokenizer.json", b'{"model": "bpe"}')
+    m = v.commit()
+    path = f"{store.version_dir(m)}/tokenizer.json"
+    assert store.read_bytes(path) == b'{"model": "bpe"}'
+    assert store.local_copy(path, info.sha256, tmp_path / "cache") == path
+    Path(path).write_bytes(b'{"model": "bpf"}')  # same size, other bytes
+    with pytest.raises(ShardVerificationError, match=info.sha256):
+        store.read_bytes(path)
+    with pytest.raises(ShardVerificationError, match=info.sha256):
+        store.local_copy(path, info.sha256, tmp_path / "cache")
+    # the version's own markers and the partition's LATEST are not manifest entries
+    assert store.read_bytes(store.manifest_path(m)).startswith(b"{")
+    pdir = store.partition_dir("tokenizer", None)
+    assert store.read_bytes(f"{pdir}/LATEST").decode() == m.version
+
+
+def test_a_copy_fetched_from_a_non_local_store_is_checked_each_time_it_is_handed_out(
+    tmp_path: Path,
+) -> None:
+    import pyarrow.fs as pafs
+
+    remote = pafs.SubTreeFileSystem(str(tmp_path / "bucket"), pafs.LocalFileSystem())
+    (tmp_path / "bucket").mkdir()
+    store = ShardStore("data", filesystem=remote)
+    v = store.begin("tokenizer", None, code_version="t")
+    info = v.write_file("tokenizer.json", b"x" * 5000)
+    m = v.commit()
+    path = f"{store.version_dir(m)}/tokenizer.json"
+    copy = Path(store.local_copy(path, info.sha256, tmp_path / "cache"))
+    assert copy.read_bytes() == b"x" * 5000 and copy.is_relative_to(tmp_path / "cache")
+    copy.write_bytes(b"y" * 5000)  # the cached copy changed: it is fetched again
+    assert Path(store.local_copy(path, info.sha256, tmp_path / "cache")).read_bytes() == (
+        b"x" * 5000
+    )
+    (tmp_path / "bucket" / path).write_bytes(b"z" * 5000)  # the store's object changed
+    copy.unlink()
+    with pytest.raises(ShardVerificationError, match=info.sha256):
+        store.local_copy(path, info.sha256, tmp_path / "cache")
+    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))
+
+
+def test_a_new_version_says_which_version_it_replaces_when_that_one_failed_verification(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ShardStore(str(tmp_path))
+    _write_version(store, rows=5)
+    sound = store.latest("raw_files", "demo")
+    with caplog.at_level("WARNING", logger="megacpp_pipeline"):
+        _write_version(store, rows=5)
+    assert caplog.records == []
+    assert "replaced_unverified" not in store.latest("raw_files", "demo").extra
+    assert store.latest("raw_files", "demo").version != sound.version
+    edited = store.latest("raw_files", "demo")
+    shard = edited.tables["data"].shards[0]
+    _edit_shard_in_place(store, Path(store.version_dir(edited)) / shard.path)
+    with caplog.at_level("WARNING", logger="megacpp_pipeline"):
+        _write_version(store, rows=5)
+    [record] = caplog.records
+    line = record.getMessage()
+    assert "\n" not in line and edited.version in line and shard.path in line
+    assert line.startswith("raw_files [demo]: replacing version") and "failed verification" in line
+    replaced = store.latest("raw_files", "demo").extra["replaced_unverified"]
+    assert replaced["version"] == edited.version and shard.path in replaced["problem"]

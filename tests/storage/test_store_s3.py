@@ -173,3 +173,30 @@ def test_writers_on_two_hosts_share_an_s3_store_and_a_dead_ones_version_goes_aft
     pdir = store.partition_dir("raw_files", "demo")
     assert not any(n.endswith(LEASE_SUFFIX) for n in _names(s3, pdir))
     assert _names(s3, pdir) == sorted([LATEST, b.version])
+
+
+def test_a_bucket_that_vanished_is_named_with_the_operation_not_taken_for_a_missing_version(
+    s3: S3Server,
+) -> None:
+    """The store's errors on an object store say which bucket and what was being done: a
+    bucket deleted mid-run is not "no complete version of asset ...; materialize it first"."""
+    bucket = f"vanishing-{uuid.uuid4().hex[:8]}"
+    pafs.S3FileSystem(
+        endpoint_override=s3.endpoint, scheme="http", allow_bucket_creation=True
+    ).create_dir(bucket)
+    uri = f"s3://{bucket}/run?endpoint_override={s3.endpoint}&scheme=http"
+    store = ShardStore(uri)
+    _commit(store, 5)
+    m = store.latest("raw_files", "demo")
+    pafs.S3FileSystem(
+        endpoint_override=s3.endpoint, scheme="http", allow_bucket_deletion=True
+    ).delete_dir(bucket)
+    with pytest.raises(StoreError) as caught:
+        store.latest("raw_files", "demo")
+    message = str(caught.value)
+    assert f"s3 bucket '{bucket}'" in message and "does not exist" in message, message
+    assert "materialize it first" not in message
+    with pytest.raises(StoreError, match=f"s3 bucket '{bucket}', key .*: read failed: the buck"):
+        list(store.iter_tables(m))
+    with pytest.raises(StoreError, match=f"s3 bucket '{bucket}', key .*: write failed"):
+        store.put_bytes(f"{bucket}/run/x", b"x")

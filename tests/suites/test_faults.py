@@ -272,6 +272,110 @@ def test_a_flipped_byte_fails_the_blocking_check_naming_the_file_and_nothing_dow
     assert got["ran"] == [] and got["same"], got
 
 
+# a shard edited in place ----------------------------------------------------------------------
+# What the careful operator found: a committed `scrubbed_files` shard edited by hand into valid
+# parquet (a line appended to one file's text, its content hash recomputed). Materializing the
+# assets downstream from Dagster (as the UI does, the edited asset's checks not selected) must
+# fail naming the version, the shard and its expected hash; `megacpp run` must say it replaces
+# that version, and its snapshot must be the untouched one.
+INJECTED = "\nint injected_by_hand = 1;  // not written by any gate\n"
+
+
+def _edit_scrubbed_shard(data: Path) -> tuple[str, str, str]:
+    """(version, shard path, recorded sha256) of the edited shard."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    st = ShardStore(str(data))
+    m = st.latest("scrubbed_files", "tree")
+    shard = m.tables["data"].shards[0]
+    path = Path(st.version_dir(m)) / shard.path
+    table = pq.read_table(path)
+    texts = table["text"].to_pylist()
+    texts[0] += INJECTED
+    shas = table["content_sha256"].to_pylist()
+    shas[0] = hashlib.sha256(texts[0].encode()).hexdigest()
+    for name, values in (("text", texts), ("content_sha256", shas)):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(i), pa.array(values, pa.string()))
+    pq.write_table(table, path)
+    return m.version, shard.path, shard.sha256
+
+
+def test_an_edited_shard_stops_a_dagster_materialization_of_what_reads_it(
+    base: Baseline, tmp_path: Path
+) -> None:
+    import dagster as dg
+
+    from assets.defs import build_defs
+
+    ws = new_workspace(tmp_path / "edited", base.catalog)
+    shutil.copytree(base.ws.data, ws.data)
+    version, shard, sha = _edit_scrubbed_shard(ws.data)
+    st = ShardStore(str(ws.data))
+    before = st.latest("snapshot").version
+    defs = build_defs(ws.catalog, ws.data, cache_dir=ws.root / "cache")
+    downstream = ["deduped_files", "decontaminated_files", "tokenizer"]
+    result = dg.materialize(
+        [*defs.assets, *defs.asset_checks],  # type: ignore[list-item]
+        selection=dg.AssetSelection.assets(*downstream),
+        instance=dg.DagsterInstance.ephemeral(),
+        resources=defs.resources,
+        raise_on_error=False,
+    )
+    failures = [
+        (ev.step_key, ev.step_failure_data.error)
+        for ev in result.all_events
+        if ev.event_type_value == "STEP_FAILURE" and ev.step_failure_data
+    ]
+    assert [key for key, _ in failures] == ["deduped_files"], failures
+    error = failures[0][1]
+    message = (error.cause.message if error.cause else error.message) or ""
+    assert "ShardVerificationError" in message, message
+    assert version in message and shard in message and sha in message, message
+    assert result.get_asset_materialization_events() == []
+    assert st.latest("snapshot").version == before
+
+
+def test_megacpp_run_names_the_edited_version_it_replaces_and_promotes_the_untouched_text(
+    base: Baseline, tmp_path: Path
+) -> None:
+    ws = new_workspace(tmp_path / "edited", base.catalog)
+    shutil.copytree(base.ws.data, ws.data)
+    version, shard, _ = _edit_scrubbed_shard(ws.data)
+    out = run(ws)
+    snap = completed_snapshot(out)
+    notices = [line for line in out.stderr.splitlines() if "failed verification" in line]
+    assert len(notices) == 1, out.stderr
+    assert notices[0].startswith("   ! scrubbed_files [tree]: replacing version " + version)
+    assert shard in notices[0]
+    assert snapshot_files(snap) == snapshot_files(base.snapshot)
+
+
+def test_a_poisoned_result_cache_entry_is_discarded_named_and_the_snapshot_is_unchanged(
+    base: Baseline, tmp_path: Path
+) -> None:
+    """A few bytes of one file's text changed inside a scrub cache entry (the entry stays a
+    valid Arrow file): the run names the entry once, recomputes its files, and promotes the
+    snapshot an untouched cache gives."""
+    ws = new_workspace(tmp_path / "poisoned", base.catalog)
+    shutil.copytree(base.ws.root / "cache", ws.root / "cache")
+    shutil.copytree(base.ws.data, ws.data)
+    parts = sorted((ws.root / "cache" / "file-results" / "scrubbed_files").rglob("e-*.kept.arrow"))
+    part = next(p for p in parts if b"#include" in p.read_bytes())
+    data = part.read_bytes()
+    at = data.index(b"#include")
+    part.write_bytes(data[:at] + b"#exclude" + data[at + 8 :])
+    out = run(ws)
+    snap = completed_snapshot(out)
+    notices = [line for line in out.stderr.splitlines() if "result cache entry discarded" in line]
+    assert len(notices) == 1, out.stderr
+    index = str(part).replace(".kept.arrow", ".arrow")
+    assert notices[0].startswith(f"   ! {index}: result cache entry discarded"), notices
+    assert snapshot_files(snap) == snapshot_files(base.snapshot)
+
+
 # full disk, unwritable data dir -------------------------------------------------------------
 class _FullDisk(pafs.FileSystemHandler):
     """A local filesystem whose output streams raise ENOSPC once `budget` bytes are written."""

@@ -15,13 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from assets import cli as megacpp
 from megacpp_pipeline import collect
-from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
+from megacpp_pipeline.core.catalog import DEFAULT_MAX_FILE_BYTES, CollectLimits, SourceSpec
 from megacpp_pipeline.gates import scrub
 from tests.fixtures.hostile.cases import (
     KEPT,
@@ -95,6 +94,36 @@ def _check_outcomes(run: HostileRun) -> tuple[list[str], dict[str, dict[str, str
     return wrong, outcomes
 
 
+def _explain(run: HostileRun, file_id: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = megacpp.main(["explain", str(run.snapshot), file_id])
+    return code, out.getvalue()
+
+
+def test_explain_tells_a_name_that_is_not_utf8_from_one_spelled_with_its_escapes(
+    run: HostileRun,
+) -> None:
+    """`hostile/caf\\xe9.h` is two files: one named with the byte 0xE9 (not UTF-8), one named
+    with a backslash and `xe9` (a separator on Windows). Both are refused, each under its own
+    ledger path and reason, and explain answers for the file it is asked about."""
+    ledger = _ledger(run)
+    not_utf8, literal = ("hdir", "hostile/caf\\xe9.h"), ("hdir", "hostile/caf\\\\xe9.h")
+    assert "not UTF-8" in ledger[not_utf8]["detail"]
+    assert "backslash" in ledger[literal]["detail"]
+    code, out = _explain(run, "hdir:hostile/caf\\\\xe9.h")  # the literal name's ledger path
+    assert code == 1 and "backslash" in out and "not UTF-8" not in out, out
+    assert "b'hostile/caf\\\\xe9.h'" in out, out
+    code, out = _explain(run, os.fsdecode(b"hdir:hostile/caf\xe9.h"))  # the bytes, as a shell
+    assert code == 1 and "not UTF-8" in out and "backslash" not in out, out
+    assert "b'hostile/caf\\xe9.h'" in out, out
+    code, out = _explain(run, "hdir:hostile/caf\\xe9.h")  # the non-UTF-8 name's ledger path
+    assert code == 1 and out.index("not UTF-8") < out.index("backslash"), out
+
+
 def test_the_ledger_accounts_for_every_file_of_every_source(run: HostileRun) -> None:
     manifest = json.loads((run.snapshot / "manifest.json").read_text())
     assert set(manifest["ledger"]) == {source for source, _ in run.corpus.good}
@@ -121,8 +150,16 @@ def test_no_escaping_tar_member_is_written_anywhere(run: HostileRun) -> None:
 
 
 # --- zip and JSONL through the collect stage --------------------------------------------
-def _collect(spec: SourceSpec, uri: Path, limits: CollectLimits, cache: Path) -> dict:
-    files = collect.open_source(spec, str(uri), cache_dir=cache, limits=limits)
+def _collect(
+    spec: SourceSpec,
+    uri: Path,
+    limits: CollectLimits,
+    cache: Path,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> dict:
+    files = collect.open_source(
+        spec, str(uri), cache_dir=cache, limits=limits, max_file_bytes=max_file_bytes
+    )
     out = {}
     for batch in collect.collect_batches(spec, files, is_metadata=lambda _p: False):
         for row in batch.ledger.to_pylist():
@@ -141,8 +178,7 @@ def test_zip_bomb_lying_header_escapes_and_member_flood_are_ledgered(tmp_path: P
     archive = tmp_path / "hostile.zip"
     cases = write_zip(archive, good)
     spec = SourceSpec(id="hzip", kind="archive", uri=str(archive), sha256=collect_sha(archive))
-    limits = CollectLimits(max_files=40, max_file_bytes=4 << 20)
-    got = _collect(spec, archive, limits, tmp_path / "cache")
+    got = _collect(spec, archive, CollectLimits(max_files=40), tmp_path / "cache", 4 << 20)
     for rel in good:
         assert _outcome(got.get(rel)) == KEPT, rel
     for case in cases:
@@ -225,8 +261,9 @@ def collect_sha(path: Path) -> str:
 def test_an_oversized_compile_database_is_refused_by_size_without_being_read(
     tmp_path: Path,
 ) -> None:
-    """The default-suite stand-in for 1 GB of flags: the bound is collect.max_file_bytes,
-    exceeded here by a 3 MiB database under a 1 MiB limit (the slow test writes 1 GB)."""
+    """The default-suite stand-in for 1 GB of flags: the bound is max_file_bytes (the one size
+    policy), exceeded here by a 3 MiB database under a 1 MiB limit (the slow test writes
+    1 GB)."""
     root = tmp_path / "src"
     (root / "src").mkdir(parents=True)
     (root / "src/a.cc").write_text(good_cpp(600))
@@ -235,9 +272,8 @@ def test_an_oversized_compile_database_is_refused_by_size_without_being_read(
     (root / "compile_commands.json").write_text(json.dumps(db))
     assert (root / "compile_commands.json").stat().st_size > 3 << 20
     spec = SourceSpec(id="big", kind="dir", uri=str(root), compile_commands="compile_commands.json")
-    limits = CollectLimits(max_file_bytes=1 << 20)
     files = collect.open_source(
-        spec, str(root), cache_dir=tmp_path / "c", limits=limits,
+        spec, str(root), cache_dir=tmp_path / "c", limits=CollectLimits(), max_file_bytes=1 << 20,
         keep_also=lambda p: p == "compile_commands.json",
     )  # fmt: skip
     batches = list(collect.collect_batches(spec, files, is_metadata=lambda p: p.endswith(".json")))
@@ -406,10 +442,10 @@ def test_a_git_pin_that_does_not_exist_fails_the_catalog_check_naming_the_revisi
 ) -> None:
     """The blocking check on source_catalog runs before any per-source asset; the slow
     variant drives it through `megacpp run`."""
-    from megacpp_pipeline.core.catalog import load_catalog
     from megacpp_pipeline.pipeline.context import StageContext
     from megacpp_pipeline.stages import default_registry
     from megacpp_pipeline.storage.store import ShardStore
+    from tests.fixtures.catalogs import load_catalog
 
     config, missing = _missing_pin_catalog(tmp_path)
     registry = default_registry()
@@ -445,11 +481,9 @@ def test_a_git_pin_that_does_not_exist_stops_the_run_before_any_source_is_collec
 # --- slow variants: the real sizes ------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_50mb_single_line_is_refused_by_size_at_collect_and_at_normalize(
+def test_a_50mb_single_line_is_refused_by_size_at_collect_naming_the_setting(
     tmp_path: Path,
 ) -> None:
-    from megacpp_pipeline.gates import normalize
-
     root = tmp_path / "src"
     root.mkdir()
     (root / "ok.h").write_text(good_cpp(800))
@@ -459,16 +493,11 @@ def test_a_50mb_single_line_is_refused_by_size_at_collect_and_at_normalize(
             f.write(b"7," * (1 << 19))
         f.write(b"};")
     spec = SourceSpec(id="big", kind="dir", uri=str(root))
-    got = _collect(spec, root, CollectLimits(), tmp_path / "c")  # default 16 MiB bound
+    got = _collect(spec, root, CollectLimits(), tmp_path / "c")  # the default 1 MiB policy
     assert got["line.h"]["reason"] == "too_large" and got["ok.h"]["status"] == "kept"
-    raised = CollectLimits(max_file_bytes=64 << 20)  # let it through: normalize refuses it
-    files = collect.open_source(spec, str(root), cache_dir=tmp_path / "c", limits=raised)
-    batches = collect.collect_batches(spec, files, is_metadata=lambda _p: False)
-    kept = pa.concat_tables([batch.kept for batch in batches])
-    result = normalize.run(kept, normalize.NormalizeConfig())
-    dropped = {row["path"]: row["reason"] for row in result.dropped.to_pylist()}
-    assert dropped == {"line.h": "too_large"}
-    assert result.kept["path"].to_pylist() == ["ok.h"]
+    assert f"> max_file_bytes {DEFAULT_MAX_FILE_BYTES}" in got["line.h"]["detail"]
+    raised = _collect(spec, root, CollectLimits(), tmp_path / "c", 64 << 20)
+    assert raised["line.h"]["status"] == "kept"  # under a raised policy: the gates judge it
 
 
 @pytest.mark.slow

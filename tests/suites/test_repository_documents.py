@@ -22,7 +22,6 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.snapshot import verify
@@ -31,6 +30,7 @@ from megacpp_pipeline.snapshot.texts import file_texts
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.stages.documents import include_roots
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from megacpp_pipeline.core.catalog import load_catalog
 from megacpp_pipeline.corpus.tokenizer import special_ids
 from megacpp_pipeline.loader import PackedRowsLoader
 from megacpp_pipeline.pipeline.context import StageContext
@@ -25,6 +24,7 @@ from megacpp_pipeline.snapshot.promote import read_manifest
 from megacpp_pipeline.snapshot.verify import verify_snapshot
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 
 

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.core.row_runs import rows_where
 from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.dedup import decisions, grouping, signing
@@ -368,11 +369,11 @@ def apply_task(job: DedupJob, task: ApplyTask) -> ApplyResult:
     rows = decisions.decision_rows(
         table, piece.first_doc, task.member_doc, task.member_rep, task.member_exact, sim, names
     )
-    keep = pc.equal(rows["status"], "kept")
+    keep = pc.equal(rows["status"], "kept").to_numpy(zero_copy_only=False)
     uploader = ShardUploader(job.store, job.out_dir)
     shards: dict[str, tuple[pa.Schema, ShardInfo, WrittenSchema]] = {}
     outputs = [
-        (f"data:{piece.source}", table.filter(keep), DEDUPED_FILES),
+        (f"data:{piece.source}", rows_where(table, keep), DEDUPED_FILES),
         (
             "ledger",
             ledger.stamp(decisions.ledger_rows(rows), job.ledger_stage),
@@ -427,7 +428,10 @@ def deduplicate(
     bounds = np.array([s.first_doc for s in plan] + [n_docs], dtype=np.int64)
     area = WorkArea(store.fs, f"{out_dir}/_work-{uuid.uuid4().hex[:8]}")
     job = DedupJob(store, config, area, out_dir, n_docs, p, bounds, open_cache, ledger_stage)
-    stats: Counter[str] = Counter(shards=shards, files=n_docs)
+    # every counter recorded, zero included: an empty corpus reports the same keys
+    stats: Counter[str] = Counter(
+        shards=shards, files=n_docs, bytes=0, tokens=0, empty_signatures=0, cached_files=0
+    )
     try:
         order = StreamOrder()
         for signed in run(sign_task, job, plan):
@@ -535,7 +539,9 @@ def find_duplicates(
         pq.write_table(shard, path)
         source = str(shard["source_id"][0])
         plan.append(
-            SliceOfSource(len(plan), source, (slices.Piece(str(path), 0, shard.num_rows),), first)
+            SliceOfSource(
+                len(plan), source, (slices.Piece("", None, 0, shard.num_rows, str(path)),), first
+            )
         )
         first += shard.num_rows
     out = str(workdir / "out")

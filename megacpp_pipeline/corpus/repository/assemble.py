@@ -289,13 +289,18 @@ def document_files_problems(
     ids = documents["doc_id"].to_numpy()
     if not np.array_equal(ids, np.arange(ids.size)):
         problems.append("documents: doc_ids are not 0..N-1 in order")
-    listed_per_source = Counter(document_files["source_id"].to_pylist())
+    listed_per_source = Counter(
+        {r["values"]: r["counts"] for r in pc.value_counts(document_files["source_id"]).to_pylist()}
+    )
     for source, n in kept.items():
         if listed_per_source.get(source, 0) != n:
             problems.append(
                 f"{source}: {n} kept files but {listed_per_source.get(source, 0)} in documents"
             )
-    keys = pc.binary_join_element_wise(document_files["source_id"], document_files["path"], "\0")
+    source = document_files["source_id"]
+    if pa.types.is_dictionary(source.type):
+        source = source.cast(pa.string())
+    keys = pc.binary_join_element_wise(source, document_files["path"], "\0")
     if len(pc.unique(keys)) != document_files.num_rows:
         problems.append("document_files: a file is listed more than once")
     df = document_files.sort_by([("doc_id", "ascending"), ("position", "ascending")])

@@ -1,0 +1,148 @@
+"""Reading JSONL records: decides, line by line, whether a line is a valid
+`{path, content[, license, revision]}` record or a reject naming its line and first bad field.
+The converter and the `jsonl` collector both read through this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict
+
+JSONL_SCHEMA_VERSION = "1"
+
+JSONL_RECORDS = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("content", pa.string(), nullable=False),
+        pa.field("license", pa.string()),  # SPDX expression as the record declared it
+        pa.field("revision", pa.string()),
+        pa.field("line_no", pa.int64(), nullable=False),  # 1-based line in the input file
+    ],
+    metadata={"megacpp.table": "jsonl_records", "megacpp.schema_version": JSONL_SCHEMA_VERSION},
+)
+
+# Field checks in the order they are reported: a line is rejected for its first bad field.
+_REQUIRED_FIELDS = ("path", "content")
+_OPTIONAL_FIELDS = ("license", "revision")
+
+
+class RecordReject(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    line_no: int
+    byte_offset: int  # where the line starts in the input
+    field: str  # a record field, or "<json>" / "<record>" / "<line>" for the line itself
+    reason: str
+
+    def describe(self, input_path: Path | str) -> str:
+        return f"{input_path}:{self.line_no}: field '{self.field}': {self.reason}"
+
+
+def parse_line(line: bytes, line_no: int, offset: int) -> dict[str, object] | RecordReject:
+    """One JSONL line -> a normalized record, or the reject naming the first bad field."""
+    try:
+        obj = json.loads(line)
+    except UnicodeDecodeError as exc:
+        return RecordReject(
+            line_no=line_no, byte_offset=offset, field="<json>", reason=f"not UTF-8: {exc.reason}"
+        )
+    except ValueError as exc:
+        return RecordReject(
+            line_no=line_no, byte_offset=offset, field="<json>", reason=f"not valid JSON: {exc}"
+        )
+    if not isinstance(obj, dict):
+        return RecordReject(
+            line_no=line_no,
+            byte_offset=offset,
+            field="<record>",
+            reason=f"a JSON object expected, got {type(obj).__name__}",
+        )
+    record: dict[str, object] = {}
+    for name in (*_REQUIRED_FIELDS, *_OPTIONAL_FIELDS):
+        value = obj.get(name)
+        if value is None:
+            if name in _REQUIRED_FIELDS:
+                reason = "missing" if name not in obj else "null, a string expected"
+                return RecordReject(line_no=line_no, byte_offset=offset, field=name, reason=reason)
+            record[name] = None
+            continue
+        if not isinstance(value, str):
+            return RecordReject(
+                line_no=line_no,
+                byte_offset=offset,
+                field=name,
+                reason=f"a string expected, got {type(value).__name__}",
+            )
+        if name == "path" and not value:
+            return RecordReject(line_no=line_no, byte_offset=offset, field=name, reason="empty")
+        # A JSON \uD800-style escape decodes to a lone surrogate that UTF-8 (and Arrow)
+        # cannot hold. isascii() is O(1) in CPython, so only non-ASCII text pays for the check.
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return RecordReject(
+                    line_no=line_no,
+                    byte_offset=offset,
+                    field=name,
+                    reason="holds a lone UTF-16 surrogate escape, not encodable as UTF-8",
+                )
+        record[name] = value
+    record["line_no"] = line_no
+    return record
+
+
+def torn_tail_reject(line_no: int, offset: int, size: int) -> RecordReject:
+    return RecordReject(
+        line_no=line_no,
+        byte_offset=offset,
+        field="<line>",
+        reason=f"unterminated last line ({size} bytes, no newline yet) was not ingested",
+    )
+
+
+def iter_records(path: Path, rejects: list[RecordReject] | None = None) -> Iterator[dict]:
+    """Read a finished JSONL file once (no following). Yields records shaped like
+    JSONL_RECORDS rows; bad lines, and an unterminated last line, go to `rejects`."""
+    for record, _, _ in iter_located_records(path, rejects):
+        yield record
+
+
+def iter_located_records(
+    path: Path, rejects: list[RecordReject] | None = None
+) -> Iterator[tuple[dict, int, int]]:
+    """iter_records, each record with its line's byte offset and length (record_at reads
+    it again from there)."""
+    line_no = 0
+    offset = 0
+    with open(path, "rb") as f:
+        for line in f:
+            line_no += 1
+            start = offset
+            offset += len(line)
+            if not line.endswith(b"\n"):
+                if rejects is not None:
+                    rejects.append(torn_tail_reject(line_no, start, len(line)))
+                break
+            if not line.strip():
+                continue
+            parsed = parse_line(line, line_no, start)
+            if isinstance(parsed, RecordReject):
+                if rejects is not None:
+                    rejects.append(parsed)
+            else:
+                yield parsed, start, len(line)
+
+
+def record_at(f: BinaryIO, offset: int, size: int, line_no: int) -> dict:
+    """The record iter_located_records found at `offset` of the open file `f`."""
+    f.seek(offset)
+    parsed = parse_line(f.read(size), line_no, offset)
+    if isinstance(parsed, RecordReject):  # the file changed under the reader
+        raise ValueError(f"line {line_no}: no longer the record read before ({parsed.reason})")
+    return parsed
