@@ -128,8 +128,8 @@ def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
         "refresh:\n  cron: '* * * * *'\n"
         f"sources:\n  - id: upstream\n    kind: git\n    uri: {repo}\n    track: main\n"
         "    declared_license: MIT\n"
+        "split:\n  validation_fraction: 0.2\n"
         "stages:\n  tokenizer:\n    vocab_size: 320\n    min_frequency: 1\n"
-        "  tokenize:\n    validation_fraction: 0.2\n"
     )
     home = tmp_path / "home"
     home.mkdir()
