@@ -23,7 +23,7 @@ from megacpp_pipeline.storage.store import ShardStore
 def _cmd_run(args: argparse.Namespace) -> int:
     if not args.no_plan:  # the same check as `megacpp plan`, before any work
         try:
-            plan = plan_command.plan_from_args(args)
+            plan = plan_command.plan_from_args(args, run_here=True)
         except RatesError as e:  # no rates to plan with: say so, and run unchecked
             print(f"plan: not checked ({e})", file=sys.stderr)
             return _run(args)
@@ -69,6 +69,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of workers, at least 1")
+    return int(text)
+
+
 def _register_run(p: argparse.ArgumentParser) -> None:
     p.description = "materialize the whole DAG through Dagster"
     p.add_argument("--config", required=True, help="sources.yaml")
@@ -92,7 +98,14 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         help="the Ray cluster for --engine ray (default: RAY_ADDRESS, else a local Ray "
         "instance sized to this machine)",
     )
-    plan_command.add_arguments(p)
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="forked workers and concurrent steps on this host (default: MEGACPP_WORKERS, "
+        "else every CPU this process may use; 1 runs everything in the step's process)",
+    )
+    plan_command.add_arguments(p, workers=False)  # the run's --workers is the plan's
     p.add_argument(
         "--no-plan",
         action="store_true",

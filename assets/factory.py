@@ -69,7 +69,7 @@ def build_stage_asset(
 
     @dg.asset(
         name=stage.name,
-        deps=[dg.AssetKey(up) for up in stage.upstream],
+        deps=[dg.AssetKey(up) for up in registry.reads_of(stage)],  # every read, declared
         partitions_def=sources if partitioned else None,
         backfill_policy=dg.BackfillPolicy.single_run() if partitioned else None,
         group_name=stage.group,

@@ -6,7 +6,7 @@ group, the CPU the driver processes spent themselves (`megacpp run` and the Dags
 forks per group) against everything (their workers, Ray's processes), and the driver's own
 memory high-water mark per group.
 
-    .venv/bin/python -m bench.bench_scaleout workers --scale 4 --workers 2,16
+    .venv/bin/python -m bench.bench_scaleout workers --scale 4 --workers 2,16 [--pin]
     .venv/bin/python -m bench.bench_scaleout serial --scale 16 [--engines local,ray]
     .venv/bin/python -m bench.bench_scaleout memory --scales 16,64
     .venv/bin/python -m bench.bench_scaleout refresh --scale 16 [--changed 0.01]
@@ -105,11 +105,26 @@ def _summary(result: endtoend.EndToEnd, corpus: scaleup.ScaledCorpus) -> dict[st
     }
 
 
-def workers(scale: int, counts: list[int], work: Path) -> dict[str, Any]:
+def _pinned_run(
+    corpus: scaleup.ScaledCorpus, work: Path, label: str, n: int, pin: bool
+) -> dict[str, Any]:
+    """One run at n workers; with pin, it and every process it starts (affinity is inherited)
+    get only n CPUs, so the comparison is more hardware, not more processes on the same."""
+    every = os.sched_getaffinity(0)
+    if pin:
+        if n > len(every):
+            raise SystemExit(f"--pin: {n} workers but this process may use {len(every)} CPUs")
+        os.sched_setaffinity(0, sorted(every)[:n])
+    try:
+        return _summary(_run(corpus.catalog, work, label, workers=n), corpus)
+    finally:
+        os.sched_setaffinity(0, every)
+
+
+def workers(scale: int, counts: list[int], work: Path, pin: bool = False) -> dict[str, Any]:
     """The same corpus at each worker count; the stage times against the first count's."""
     corpus = scaleup.build(scale, REPO / ".cache" / "bench")
-    runs = {n: _summary(_run(corpus.catalog, work / f"w{n}", f"{scale}x w{n}", workers=n), corpus)
-            for n in counts}  # fmt: skip
+    runs = {n: _pinned_run(corpus, work / f"w{n}", f"{scale}x w{n}", n, pin) for n in counts}
     base = runs[counts[0]]
     compare = {}
     for n in counts[1:]:
@@ -124,7 +139,8 @@ def workers(scale: int, counts: list[int], work: Path) -> dict[str, Any]:
             "slowest_group": min(stages.items(), key=lambda kv: kv[1]) if stages else None,
             "same_snapshot": runs[n]["snapshot"] == base["snapshot"],
         }
-    return {"scale": scale, "cpus": len(os.sched_getaffinity(0)), "runs": runs, "compare": compare}
+    cpus = len(os.sched_getaffinity(0))
+    return {"scale": scale, "cpus": cpus, "pinned": pin, "runs": runs, "compare": compare}
 
 
 def serial(scale: int, engines: list[str], work: Path) -> dict[str, Any]:
@@ -279,6 +295,10 @@ def main() -> None:
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument(
+        "--pin", action="store_true",
+        help="workers: confine each run to as many CPUs as it has workers",
+    )  # fmt: skip
+    parser.add_argument(
         "--baseline", type=Path, action="append", default=[],
         help="serial: also run this checkout (e.g. a worktree at an older commit) on the corpus",
     )  # fmt: skip
@@ -286,7 +306,7 @@ def main() -> None:
     BASELINE.extend(args.baseline)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
     if args.what == "workers":
-        result = workers(args.scale, [int(n) for n in args.workers.split(",")], work)
+        result = workers(args.scale, [int(n) for n in args.workers.split(",")], work, args.pin)
     elif args.what == "serial":
         result = serial(args.scale, [e for e in args.engines.split(",") if e], work)
     elif args.what == "memory":

@@ -22,6 +22,8 @@ import tiktoken
 import tokenizers
 from tokenizers import Tokenizer, decoders
 
+from megacpp_pipeline.snapshot import layout
+
 # tokenizers' ByteLevel pre-tokenizer regex (GPT-2's), as tiktoken takes it.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -448,7 +450,7 @@ def select_encoder(
     mode: EncoderMode | str = EncoderMode.AUTO,
     *,
     threads: int = 1,
-    artifact: str = "tokenizer.json",
+    artifact: str = layout.TOKENIZER,
 ) -> TokenEncoder:
     """The encoder `mode` asks for over `tokenizer` (built once per artifact and process).
     `auto` falls back to tokenizers with a FastEncoderFallbackWarning naming why; `fast`

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.packed_rows import (
     IGNORE_INDEX,
     PAD_DOC_ID,
@@ -47,7 +48,7 @@ from megacpp_pipeline.snapshot.packed_rows import (
     packed_rows_schema,
 )
 
-SPLITS = ("train", "validation")
+SPLITS = layout.SPLITS
 PACK_ID_BASE = {"train": 0, "validation": 1 << 62}
 BLOCK_SHIFT = 32  # a block's rows are numbered from its base: fewer than 2**32 of them
 WEIGHT_STREAM = 3  # the seeded uniform of a weighted draw (streams 0-2 are FIM's)

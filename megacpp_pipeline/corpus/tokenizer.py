@@ -217,7 +217,7 @@ def check_special_tokens(tok: Tokenizer, path: str | os.PathLike[str] = "<memory
 def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
     """The pinned artifact, refused unless its bytes hash to `sha256`."""
     if not Path(path).is_file():
-        raise TokenizerArtifactError(path, "pinned tokenizer.json does not exist")
+        raise TokenizerArtifactError(path, "pinned tokenizer file does not exist")
     actual = sha256_file(path)
     if actual != sha256:
         raise TokenizerArtifactError(path, f"sha256 mismatch: pinned {sha256}, file has {actual}")

@@ -36,10 +36,11 @@ from megacpp_pipeline.corpus.encoders import (
     TokenizerNotByteLevelError,
     select_encoder,
 )
+from megacpp_pipeline.snapshot import layout
 
 __all__ = ["TokenizeConfig", "TokenizerNotByteLevelError", "assign_split", "run"]
 
-SPLITS = ("train", "validation")
+SPLITS = layout.SPLITS
 
 
 class TokenizeConfig(BaseModel):

@@ -4,15 +4,14 @@ packed-row schema and row groups, checked once when a loader opens the split."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from megacpp_pipeline.loader.errors import (
     ShardChecksumError,
@@ -20,8 +19,9 @@ from megacpp_pipeline.loader.errors import (
     SnapshotIncompleteError,
     SnapshotManifestError,
 )
+from megacpp_pipeline.snapshot.layout import COMPLETE, MANIFEST, SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import REQUIRED_COLUMNS, packed_rows_schema
-from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
+from megacpp_pipeline.storage.versions import sha256_file
 
 COMPLETE_MARKER = COMPLETE
 MANIFEST_NAME = MANIFEST
@@ -38,8 +38,9 @@ class Shard:
     row_group_rows: tuple[int, ...]
 
 
-def read_snapshot_manifest(snapshot_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a promoted snapshot; refuses a directory without `_COMPLETE`."""
+def read_snapshot_manifest(snapshot_dir: str | os.PathLike[str]) -> SnapshotManifest:
+    """The manifest of a promoted snapshot, as the layout types it; refuses a directory
+    without `_COMPLETE`, and names the first field that breaks the model."""
     root = Path(snapshot_dir)
     if not (root / COMPLETE_MARKER).is_file():
         raise SnapshotIncompleteError(root, COMPLETE_MARKER)
@@ -47,26 +48,21 @@ def read_snapshot_manifest(snapshot_dir: str | os.PathLike[str]) -> dict[str, An
     if not manifest_path.is_file():
         raise SnapshotIncompleteError(root, MANIFEST_NAME)
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise SnapshotManifestError(manifest_path, "<document>", f"not JSON: {exc}") from exc
-    for key, kind in (("seq_len", int), ("splits", dict), ("files", list)):
-        if not isinstance(manifest.get(key), kind):
-            raise SnapshotManifestError(manifest_path, key, f"missing or not a {kind.__name__}")
-    return dict(manifest)
+        return SnapshotManifest.model_validate_json(manifest_path.read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "<document>"
+        raise SnapshotManifestError(manifest_path, where, first["msg"]) from exc
 
 
-def split_shards(manifest: dict[str, Any], split: str, snapshot_dir: Path) -> list[str]:
+def split_shards(manifest: SnapshotManifest, split: str, snapshot_dir: Path) -> list[str]:
     """The split's shard paths from the manifest, each checked to stay inside the snapshot."""
     manifest_path = snapshot_dir / MANIFEST_NAME
-    splits = manifest["splits"]
-    if split not in splits:
+    if split not in manifest.splits:
         raise SnapshotManifestError(
-            manifest_path, f"splits.{split}", f"no such split (has {sorted(splits)})"
+            manifest_path, f"splits.{split}", f"no such split (has {sorted(manifest.splits)})"
         )
-    shards = splits[split].get("shards")
-    if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
-        raise SnapshotManifestError(manifest_path, f"splits.{split}.shards", "not a list of paths")
+    shards = manifest.splits[split].shards
     root = snapshot_dir.resolve()
     for relpath in shards:
         if not (root / relpath).resolve().is_relative_to(root):
@@ -77,11 +73,13 @@ def split_shards(manifest: dict[str, Any], split: str, snapshot_dir: Path) -> li
 file_sha256 = sha256_file  # the loader's name for it, kept for its importers
 
 
-def verify_files_sha256(snapshot_dir: Path, manifest: dict[str, Any], paths: Sequence[str]) -> None:
+def verify_files_sha256(
+    snapshot_dir: Path, manifest: SnapshotManifest, paths: Sequence[str]
+) -> None:
     """Each path's bytes hash to what the manifest's `files` list says, or ShardChecksumError."""
-    listed = {entry.get("path"): entry for entry in manifest["files"] if isinstance(entry, dict)}
+    listed = {entry.path: entry.sha256 for entry in manifest.files}
     for relpath in paths:
-        expected = listed.get(relpath, {}).get("sha256")
+        expected = listed.get(relpath)
         actual = file_sha256(snapshot_dir / relpath)
         if expected != actual:
             raise ShardChecksumError(relpath, expected, actual)
@@ -116,14 +114,14 @@ def check_packed_schema(shard: str, schema: pa.Schema, seq_len: int) -> list[str
 
 
 def open_split(
-    snapshot_dir: Path, manifest: dict[str, Any], split: str, verify_sha256: bool
+    snapshot_dir: Path, manifest: SnapshotManifest, split: str, verify_sha256: bool
 ) -> list[Shard]:
     """The split's shards in manifest order, each present and of the packed-row schema."""
-    seq_len = int(manifest["seq_len"])
+    seq_len = manifest.seq_len
     relpaths = split_shards(manifest, split, snapshot_dir)
     if verify_sha256:
         verify_files_sha256(snapshot_dir, manifest, relpaths)
-    sha_by_path = {e.get("path"): e.get("sha256") for e in manifest["files"] if isinstance(e, dict)}
+    sha_by_path = {e.path: e.sha256 for e in manifest.files}
     shards = []
     for relpath in relpaths:
         path = snapshot_dir / relpath

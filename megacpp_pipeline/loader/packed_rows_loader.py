@@ -178,7 +178,7 @@ class PackedRowsLoader:
             raise LoaderConfigError("rank", f"need 0 <= rank < world_size, got {rank}/{world_size}")
         self.snapshot_dir = local_snapshot(snapshot_dir)  # a URI: a local copy, fetched once
         self.manifest = read_snapshot_manifest(self.snapshot_dir)
-        self.seq_len = int(self.manifest["seq_len"])
+        self.seq_len = self.manifest.seq_len
         self.split = split
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -278,7 +278,7 @@ class PackedRowsLoader:
 
     def _identity(self) -> dict[str, Any]:
         return {
-            "snapshot_id": self.manifest.get("snapshot_id"),
+            "snapshot_id": self.manifest.snapshot_id,
             "split": self.split,
             "seed": self.seed,
             "shuffle": self.shuffle,

@@ -22,6 +22,7 @@ from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
 from megacpp_pipeline.pipeline.parallel import cpu_count
 from megacpp_pipeline.pipeline.registry import Registry, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore
 
@@ -136,7 +137,7 @@ class StageContext:
         """The table of the input's version that holds `source`'s rows: a global input keeps
         each source in a `data:<source>` table."""
         assert stage.input is not None
-        return "data" if self.registry.get(stage.input).per_source else f"data:{source}"
+        return layout.data_table(None if self.registry.get(stage.input).per_source else source)
 
     def upstream_hashes(self, manifests: list[Manifest]) -> dict[str, str]:
         return {f"{m.asset}/{m.partition}": self.store.manifest_sha256(m) for m in manifests}
@@ -168,7 +169,7 @@ class SourceInputs:
         return m
 
     def tables(
-        self, stage: str, table: str = "data", columns: list[str] | None = None
+        self, stage: str, table: str = layout.DATA, columns: list[str] | None = None
     ) -> Iterator[pa.Table]:
         yield from self.ctx.store.iter_tables(self.manifest(stage), table, columns)
 

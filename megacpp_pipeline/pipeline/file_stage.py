@@ -26,6 +26,7 @@ from megacpp_pipeline.pipeline.executor import Executor, MapStats
 from megacpp_pipeline.pipeline.metadata import file_stage_metadata
 from megacpp_pipeline.pipeline.parallel import row_sizes
 from megacpp_pipeline.pipeline.registry import Materialized, PreparedGate, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.storage.store import (
@@ -123,7 +124,7 @@ def gate_slice(job: GateJob, task: SliceTask) -> SliceResult:
         shard: ShardInfo | None = None
         written: WrittenSchema | None = None
         if out.num_rows:
-            prefix = "part" if name == "data" else name.replace(":", "-")
+            prefix = "part" if name == layout.DATA else name.replace(":", "-")
             shard, written = uploader.write_parquet(f"{prefix}-{task.index:05d}.parquet", out)
         tables[name] = (schema, shard, written)
     return SliceResult(tables, stats)
@@ -182,7 +183,7 @@ def run_gate_stage(
                     for u in current.upstream
                 ):
                     current.upstream.append(m)
-            table = "data" if stage.per_source else f"data:{source}"
+            table = layout.data_table(None if stage.per_source else source)
             outputs.append(Output(source, table, current.version.dir, code_version))
             owner.append(len(pending) - 1)
             inputs.append((upstream, ctx.input_table(stage, source)))
@@ -242,7 +243,7 @@ def _commit(ctx: StageContext, stage: Stage, p: _Pending, executor: Executor) ->
     stats: Counter[str] = Counter(dict.fromkeys((*ACCOUNTING_STATS, "input_bytes"), 0))
     stats.update(p.stats)
     for source in p.sources:  # every table exists even when no slice wrote a row
-        p.version.table("data" if stage.per_source else f"data:{source}", stage.schema)
+        p.version.table(layout.data_table(None if stage.per_source else source), stage.schema)
     p.version.table("ledger", ledger.LEDGER_SCHEMA)
     manifest = p.version.commit(
         upstream=ctx.upstream_hashes(p.upstream),

@@ -247,13 +247,16 @@ class Registry:
 
     def run_groups(self) -> list[tuple[str, ...]]:
         """The stages cut into as few groups as their grains allow, in dependency order: a
-        group takes every stage of its grain whose upstream stages are done or in the group
-        (what `megacpp run` materializes in one Dagster run each, and what the plan sizes)."""
+        group takes every stage of its grain whose reads (reads_of: its Dagster deps) are done
+        or in the group (what `megacpp run` materializes in one Dagster run each, and what
+        the plan sizes)."""
         done: set[str] = set()
         groups: list[tuple[str, ...]] = []
         while len(done) < len(self.stages):
             grain = next(
-                s.per_source for s in self.stages if s.name not in done and set(s.upstream) <= done
+                s.per_source
+                for s in self.stages
+                if s.name not in done and set(self.reads_of(s)) <= done
             )
             group: list[str] = []
             grew = True
@@ -262,7 +265,7 @@ class Registry:
                 for s in self.stages:
                     if s.name in done or s.name in group or s.per_source != grain:
                         continue
-                    if set(s.upstream) <= done | set(group):
+                    if set(self.reads_of(s)) <= done | set(group):
                         group.append(s.name)
                         grew = True
             groups.append(tuple(group))

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from megacpp_pipeline.pipeline.catalog import load_catalog
-from megacpp_pipeline.pipeline.parallel import workers_from
+from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.plan.forecast import Forecast, plan_run
 from megacpp_pipeline.plan.rates import load_rates
@@ -20,18 +20,23 @@ from megacpp_pipeline.plan.table import render
 EXIT_DOES_NOT_FIT = 3
 
 
-def _workers(raw: int | None) -> int:
-    return raw if raw is not None else workers_from(os.environ)
+def _workers(raw: int | None, run_here: bool) -> int:
+    """The workers to plan for: as given (a plan may be for another host), and for a run on
+    this host no more than its CPUs, as `megacpp run` caps them."""
+    asked = raw if raw is not None else workers_from(os.environ)
+    return min(asked, cpu_count()) if run_here else asked
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options `megacpp plan` and `megacpp run` share for a plan."""
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="workers (cores) to plan for (default: MEGACPP_WORKERS, else every CPU)",
-    )
+def add_arguments(p: argparse.ArgumentParser, workers: bool = True) -> None:
+    """The options `megacpp plan` and `megacpp run` share for a plan (`megacpp run` has its
+    own --workers, which its plan reads)."""
+    if workers:
+        p.add_argument(
+            "--workers",
+            type=int,
+            default=None,
+            help="workers (cores) to plan for (default: MEGACPP_WORKERS, else every CPU)",
+        )
     p.add_argument(
         "--memory-mb",
         type=float,
@@ -47,7 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", default=None, help="a rates.json of your own (bench_plan writes one)")
 
 
-def plan_from_args(args: argparse.Namespace, registry: Registry | None = None) -> Forecast:
+def plan_from_args(
+    args: argparse.Namespace, registry: Registry | None = None, run_here: bool = False
+) -> Forecast:
+    """The forecast for the parsed options; `run_here`: for `megacpp run` on this host."""
     from megacpp_pipeline.stages import default_registry
 
     registry = registry or default_registry()
@@ -57,7 +65,7 @@ def plan_from_args(args: argparse.Namespace, registry: Registry | None = None) -
         registry,
         data_dir=str(args.data_dir),
         cache_dir=Path(args.cache_dir),
-        workers=_workers(args.workers),
+        workers=_workers(args.workers, run_here),
         engine=args.engine or os.environ.get("MEGACPP_ENGINE") or "local",
         rates=load_rates(args.rates) if args.rates else None,
         memory_mb=args.memory_mb,

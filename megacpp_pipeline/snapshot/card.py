@@ -24,12 +24,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files, read_labelled
+from megacpp_pipeline.snapshot.layout import CARD
 
 if TYPE_CHECKING:  # promote writes the card, so the card only names its manifest type
-    from megacpp_pipeline.snapshot.promote import SnapshotManifest
+    from megacpp_pipeline.snapshot.layout import SnapshotManifest
 
-CARD = "README.md"
 _FRONT = re.compile(r"\A---\n(.*?)\n---\n", re.S)
 _SPDX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")
 _OPERATORS = {"AND", "OR", "WITH"}
@@ -96,15 +97,15 @@ def render_card(snapshot_dir: Path, manifest: SnapshotManifest, inputs: CardInpu
     snap = Path(snapshot_dir)
     # only the columns the card counts, low-cardinality strings dictionary-encoded: a few
     # bytes a file, counted by Arrow (no Python object per file)
-    present = pq.read_schema(snap / "documents.parquet").names
+    present = pq.read_schema(snap / layout.DOCUMENTS).names
     documents = read_labelled(
-        snap / "documents.parquet",
+        snap / layout.DOCUMENTS,
         [c for c in ("source_id", "license_source", "scrub_kinds") if c in present],
         ["source_id", "license_source"],
     )
     files = read_document_files(snap, ["license_expression"], dictionary=True)
     columns = ["source_id", "stage", "status", "reason"]
-    ledger = read_labelled(snap / "ledger.parquet", columns, columns)
+    ledger = read_labelled(snap / layout.LEDGER, columns, columns)
     expressions = [e for e, _ in counts(files["license_expression"]).items()]
     front = {
         "pretty_name": f"{manifest.name} (C++ training snapshot)",
@@ -131,7 +132,7 @@ def render_card(snapshot_dir: Path, manifest: SnapshotManifest, inputs: CardInpu
         f"Packed-row training snapshot of C++ source: {manifest.documents:,} documents in "
         f"rows of exactly {manifest.seq_len:,} tokens, built by megacpp-pipeline from pinned "
         "sources through licence, scrub, dedup, decontamination and quality gates. Every "
-        "collected file is in `ledger.parquet` with where it was kept or dropped and why.",
+        f"collected file is in `{layout.LEDGER}` with where it was kept or dropped and why.",
         *_sources(manifest, documents, ledger),
         *_funnel(manifest, ledger),
         *_licences(documents, files),
@@ -195,7 +196,7 @@ def _sources(manifest: SnapshotManifest, documents: Any, ledger: Any) -> list[st
         "A source's weight is how many times each of its documents is packed on average "
         "(0.5: about half of them once; 2.5: each twice and about half three times, by a "
         f"seeded hash of the document, seed {manifest.draw_seed}); `in the rows` counts the "
-        "copies packed, what one epoch over the rows trains on (`draws` in documents.parquet).",
+        f"copies packed, what one epoch over the rows trains on (`draws` in {layout.DOCUMENTS}).",
     ]
 
 
@@ -252,7 +253,7 @@ def _documents(manifest: SnapshotManifest, files: Any, inputs: CardInputs) -> li
         "## Documents",
         "",
         what,
-        "`document_files.parquet` lists every file's document, position and token span "
+        f"`{layout.DOCUMENT_FILES}` lists every file's document, position and token span "
         "(`doc_id, position, source_id, path, content_sha256, license_expression, "
         "start_token, num_tokens`).",
     ]
@@ -342,7 +343,7 @@ def _tokens(manifest: SnapshotManifest, inputs: CardInputs) -> list[str]:
         "",
         "## Tokenizer and packing",
         "",
-        f"Tokenizer `tokenizer.json`: sha256 `{t.get('sha256', '')}`, vocabulary "
+        f"Tokenizer `{layout.TOKENIZER}`: sha256 `{t.get('sha256', '')}`, vocabulary "
         f"{manifest.vocab_size:,}, special tokens {specials}.",
         *_tokenizer_policy(manifest.tokenizer_policy),
         f"Rows of {manifest.seq_len:,} tokens, BOS-aligned best-fit packing; train row "

@@ -14,8 +14,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.card import tokenizer_origin
-from megacpp_pipeline.snapshot.promote import SnapshotManifest, read_manifest
+from megacpp_pipeline.snapshot.layout import SnapshotManifest
+from megacpp_pipeline.snapshot.promote import read_manifest
 
 
 @dataclass
@@ -65,7 +67,7 @@ class SnapshotDiff:
 
 
 def _files(snap: Path) -> dict[tuple[str, str], str | None]:
-    ledger = pq.read_table(snap / "ledger.parquet", columns=["source_id", "path", "sha256"])
+    ledger = pq.read_table(snap / layout.LEDGER, columns=["source_id", "path", "sha256"])
     return {
         (s, p): h
         for s, p, h in zip(
@@ -80,7 +82,7 @@ def _files(snap: Path) -> dict[tuple[str, str], str | None]:
 
 
 def _documents(snap: Path) -> tuple[Counter[str], Counter[str], Counter[str]]:
-    docs = pq.read_table(snap / "documents.parquet")
+    docs = pq.read_table(snap / layout.DOCUMENTS)
     per_source = Counter(docs["source_id"].to_pylist())
     licences = Counter(e or "(none)" for e in docs["license_expression"].to_pylist())
     kinds = docs["scrub_kinds"].to_pylist() if "scrub_kinds" in docs.column_names else []
@@ -141,8 +143,8 @@ def _manifest(snap: Path) -> SnapshotManifest:
     """The manifest of a promoted snapshot, or of one being built (no _COMPLETE yet)."""
     return (
         read_manifest(snap)
-        if (snap / "_COMPLETE").exists()
-        else SnapshotManifest.model_validate_json((snap / "manifest.json").read_bytes())
+        if (snap / layout.COMPLETE).exists()
+        else SnapshotManifest.model_validate_json((snap / layout.MANIFEST).read_bytes())
     )
 
 

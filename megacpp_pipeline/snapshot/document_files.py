@@ -9,9 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.repository import file_document_files
-
-DOCUMENT_FILES_PARQUET = "document_files.parquet"
-
+from megacpp_pipeline.snapshot import layout
 
 _LOW_CARDINALITY = ("source_id", "license_expression")
 
@@ -30,11 +28,11 @@ def read_document_files(
     and licence dictionary-encoded, a few bytes a file). A snapshot from before
     document_files.parquet (schema version 1) had one file per document: its table is
     derived from documents.parquet."""
-    path = Path(snapshot_dir) / DOCUMENT_FILES_PARQUET
+    path = Path(snapshot_dir) / layout.DOCUMENT_FILES
     if path.exists():
         wanted = [c for c in _LOW_CARDINALITY if columns is None or c in columns]
         return read_labelled(path, columns, wanted if dictionary else [])
-    documents = pq.read_table(Path(snapshot_dir) / "documents.parquet")
+    documents = pq.read_table(Path(snapshot_dir) / layout.DOCUMENTS)
     if "text_tokens" in documents.column_names:  # num_tokens there is as packed (BOS, EOS)
         documents = documents.drop_columns(["num_tokens"])
         documents = documents.rename_columns(

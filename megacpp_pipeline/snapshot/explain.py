@@ -23,8 +23,10 @@ from megacpp_pipeline.collect.source import is_utf8, name_of, unescape_name
 from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.dedup import DedupConfig
 from megacpp_pipeline.gates.removals import removed_signatures
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
-from megacpp_pipeline.snapshot.promote import SnapshotManifest, read_manifest
+from megacpp_pipeline.snapshot.layout import SnapshotManifest
+from megacpp_pipeline.snapshot.promote import read_manifest
 from megacpp_pipeline.snapshot.texts import FileText, file_texts
 
 
@@ -68,7 +70,7 @@ def _key(source_id: str, path: str) -> str:
 def explain_path(snapshot_dir: Path, source_id: str, path: str) -> Journey:
     snap = Path(snapshot_dir)
     manifest = read_manifest(snap)
-    ledger = pq.read_table(snap / "ledger.parquet")
+    ledger = pq.read_table(snap / layout.LEDGER)
     mask = pc.and_(pc.equal(ledger["source_id"], source_id), pc.equal(ledger["path"], path))
     rows = ledger.filter(mask).to_pylist()
     source = manifest.sources.get(source_id)
@@ -108,10 +110,10 @@ def _document(
     if not found:
         return None
     member = found[0]
-    documents = pq.read_table(snap / "documents.parquet")
+    documents = pq.read_table(snap / layout.DOCUMENTS)
     doc = documents.filter(pc.equal(documents["doc_id"], member["doc_id"])).to_pylist()[0]
     doc["member"] = member
-    pieces = pq.read_table(snap / "pieces.parquet")
+    pieces = pq.read_table(snap / layout.PIECES)
     mine = pieces.filter(pc.equal(pieces["doc_id"], doc["doc_id"]))
     doc["pack_ids"] = sorted(set(mine["pack_id"].to_pylist()))
     return doc
@@ -123,7 +125,7 @@ def find_by_sha256(snapshot_dir: Path, digest: str) -> list[tuple[str, str]]:
     snap = Path(snapshot_dir)
     digest = digest.lower()
     hits: list[tuple[str, str]] = []
-    ledger = pq.read_table(snap / "ledger.parquet", columns=["source_id", "path", "sha256"])
+    ledger = pq.read_table(snap / layout.LEDGER, columns=["source_id", "path", "sha256"])
     found = ledger.filter(pc.equal(ledger["sha256"], digest))
     hits += list(zip(found["source_id"].to_pylist(), found["path"].to_pylist(), strict=True))
     files = read_document_files(snap, ["source_id", "path", "content_sha256"])

@@ -8,16 +8,14 @@ A local path is returned as it is."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import uuid
 from pathlib import Path
 
+from megacpp_pipeline.snapshot.layout import CARD, COMPLETE, MANIFEST, SnapshotManifest
 from megacpp_pipeline.storage.filesystem import resolve
-from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST
 
 CACHE_ENV = "MEGACPP_CACHE_DIR"
-CARD = "README.md"
 
 
 class SnapshotFetchError(Exception):
@@ -50,19 +48,22 @@ def local_snapshot(
 
     complete = read(COMPLETE)  # a folder without it is not a promoted snapshot
     raw = read(MANIFEST)
-    manifest = json.loads(raw)
-    snapshot_id = str(manifest["snapshot_id"])
+    try:
+        manifest = SnapshotManifest.model_validate_json(raw)
+    except ValueError as e:
+        raise SnapshotFetchError(f"{text}: {MANIFEST} is not a snapshot manifest ({e})") from e
+    snapshot_id = manifest.snapshot_id
     local = Path(cache_dir) if cache_dir is not None else default_cache()
     local = local / snapshot_id
     marker = local / COMPLETE
     if marker.exists() and marker.read_bytes() == complete:
         return local
     marker.unlink(missing_ok=True)
-    for entry in manifest["files"]:
-        path = local / entry["path"]
-        if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]:
+    for entry in manifest.files:
+        path = local / entry.path
+        if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256:
             continue
-        _write(path, read(entry["path"]))
+        _write(path, read(entry.path))
     try:
         _write(local / CARD, read(CARD))
     except SnapshotFetchError:

@@ -22,15 +22,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
+from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.layout import COMPLETE, MANIFEST, SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy, with_copy_column
 from megacpp_pipeline.snapshot.shard_checks import Mapper, file_facts, inline
-from megacpp_pipeline.storage.versions import (
-    COMPLETE,
-    MANIFEST,
-    pid_alive,
-    recorded_manifest_sha256,
-    sha256_file,
-)
+from megacpp_pipeline.storage.versions import pid_alive, recorded_manifest_sha256, sha256_file
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -79,7 +75,7 @@ class IndexedDatasetSummary:
 
 
 def verify_inputs(
-    root: Path, manifest: dict[str, Any], relpaths: Iterable[str], mapper: Mapper = inline
+    root: Path, manifest: SnapshotManifest, relpaths: Iterable[str], mapper: Mapper = inline
 ) -> None:
     """The snapshot files an export reads are the promoted bytes: the manifest is the one
     `_COMPLETE` recorded, and each file has the size and sha256 the manifest lists (the
@@ -90,7 +86,7 @@ def verify_inputs(
         raise MegatronExportError(
             root / MANIFEST, "sha256", f"differs from the one {COMPLETE} recorded"
         )
-    entries = {str(f.get("path")): f for f in manifest["files"] if isinstance(f, dict)}
+    entries = {f.path: f for f in manifest.files}
     for rel in relpaths:
         if rel not in entries:
             raise MegatronExportError(root / rel, "files", "not listed in the snapshot manifest")
@@ -98,15 +94,15 @@ def verify_inputs(
         entry = entries[facts.rel]
         if (facts.exists, facts.bytes, facts.sha256) != (
             True,
-            entry.get("bytes"),
-            entry.get("sha256"),
+            entry.bytes,
+            entry.sha256,
         ):
             found = f"{facts.bytes} bytes, sha256 {facts.sha256}" if facts.exists else "missing"
             raise MegatronExportError(
                 root / facts.rel,
                 "sha256",
-                f"{found}; the snapshot manifest records {entry.get('bytes')} bytes, sha256 "
-                f"{entry.get('sha256')}: the file changed after promotion, so the export is "
+                f"{found}; the snapshot manifest records {entry.bytes} bytes, sha256 "
+                f"{entry.sha256}: the file changed after promotion, so the export is "
                 "refused (`megacpp verify --full` names every changed file; re-run the "
                 "pipeline to promote the snapshot again)",
             )
@@ -247,13 +243,13 @@ def export_snapshot(
     root = Path(snapshot_dir)
     prefix = Path(out_prefix)
     manifest = read_snapshot_manifest(root)
-    seq_len = int(manifest["seq_len"])
-    dtype = np.dtype(dtype) if dtype is not None else megatron_token_dtype(manifest["vocab_size"])
+    seq_len = manifest.seq_len
+    dtype = np.dtype(dtype) if dtype is not None else megatron_token_dtype(manifest.vocab_size)
     _dtype_code(dtype, prefix)
     shards = split_shards(manifest, split, root)
-    verify_inputs(root, manifest, ["documents.parquet", "pieces.parquet", *shards], mapper)
+    verify_inputs(root, manifest, [layout.DOCUMENTS, layout.PIECES, *shards], mapper)
 
-    docs = pq.read_table(root / "documents.parquet")
+    docs = pq.read_table(root / layout.DOCUMENTS)
     docs = docs.filter(pc.equal(docs.column("split"), split)).sort_by("doc_id")
     doc_ids = docs.column("doc_id").to_numpy().astype(np.int64)
     doc_tokens = docs.column("num_tokens").to_numpy().astype(np.int64)
@@ -264,7 +260,7 @@ def export_snapshot(
         if "draws" in docs.column_names
         else np.ones(len(doc_ids), dtype=np.int64)
     )
-    pieces = with_copy_column(pq.read_table(root / "pieces.parquet"))
+    pieces = with_copy_column(pq.read_table(root / layout.PIECES))
     pieces = pieces.filter(pc.equal(pieces.column("split"), split))
     pieces = pieces.sort_by(
         [("doc_id", "ascending"), ("copy", "ascending"), ("piece_index", "ascending")]
@@ -276,9 +272,9 @@ def export_snapshot(
     piece_offset = pieces.column("row_offset").to_numpy().astype(np.int64)
     piece_length = pieces.column("length").to_numpy().astype(np.int64)
 
-    pieces_path = root / "pieces.parquet"
+    pieces_path = root / layout.PIECES
     if len(np.unique(doc_ids)) != len(doc_ids):
-        raise MegatronExportError(root / "documents.parquet", "doc_id", "duplicate doc_id")
+        raise MegatronExportError(root / layout.DOCUMENTS, "doc_id", "duplicate doc_id")
     # the sequences, in (doc_id, copy) order: every copy of every document of the split
     seq_doc = np.repeat(doc_ids, draws)
     seq_copy = np.arange(len(seq_doc)) - np.repeat(_exclusive_cumsum(draws), draws)
@@ -291,7 +287,7 @@ def export_snapshot(
     if not known.all():
         doc = int(piece_doc[~known][0])
         raise MegatronExportError(
-            pieces_path, f"doc_id {doc}", "not in documents.parquet, or a copy beyond its draws"
+            pieces_path, f"doc_id {doc}", f"not in {layout.DOCUMENTS}, or a copy beyond its draws"
         )
     first_piece = np.ones(len(piece_doc), dtype=bool)
     first_piece[1:] = piece_key[1:] != piece_key[:-1]
@@ -312,7 +308,7 @@ def export_snapshot(
         raise MegatronExportError(
             pieces_path,
             f"doc_id {doc}",
-            f"pieces hold {int(placed_tokens[bad[0]])} tokens, documents.parquet says "
+            f"pieces hold {int(placed_tokens[bad[0]])} tokens, {layout.DOCUMENTS} says "
             f"{int(seq_tokens[bad[0]])}",
         )
     # pieces are sorted by (doc, copy, piece) and sequences likewise, so each piece's
@@ -414,14 +410,14 @@ def export_once(
     root, out = Path(snapshot_dir), Path(out_dir)
     manifest = read_snapshot_manifest(root)
     marker = out / EXPORTED
-    if marker.is_file() and marker.read_text().strip() == manifest["snapshot_id"]:
+    if marker.is_file() and marker.read_text().strip() == manifest.snapshot_id:
         return False
     out.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
-    for split, entry in manifest["splits"].items():
-        if entry["rows"]:
+    for split, entry in manifest.splits.items():
+        if entry.rows:
             export_snapshot(root, out / split, split=split, mapper=mapper)
-    marker.write_text(manifest["snapshot_id"] + "\n")
+    marker.write_text(manifest.snapshot_id + "\n")
     return True
 
 

@@ -3,9 +3,7 @@ no reader ever sees half of one; `_COMPLETE` is written last and its absence mea
 snapshot". The snapshot id is a hash of the content, so the same inputs, config and code give
 the same id (seed: a snapshot either survives promotion checks or it does not).
 
-Layout (DESIGN section 4): manifest.json, tokenizer.json, documents.parquet,
-document_files.parquet, pieces.parquet, ledger.parquet, train/part-*.parquet,
-validation/part-*.parquet, README.md (the dataset card), _COMPLETE.
+What a snapshot holds and what each file is called: snapshot/layout.py (DESIGN section 4).
 """
 
 from __future__ import annotations
@@ -32,13 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENTS
 from megacpp_pipeline.corpus.repository import file_document_files
-from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
-from megacpp_pipeline.snapshot.document_files import DOCUMENT_FILES_PARQUET
-from megacpp_pipeline.snapshot.packed_rows import (
-    PACKED_SCHEMA_VERSION,
-    PIECES_SCHEMA,
-    with_copy_column,
+from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.card import CardInputs, render_card
+from megacpp_pipeline.snapshot.layout import (
+    COMPLETE,
+    MANIFEST,
+    SPLITS,
+    FileEntry,
+    SnapshotManifest,
+    SourceEntry,
+    SplitEntry,
 )
+from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA, with_copy_column
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.snapshot.streams import (
     Cursor,
@@ -49,8 +52,6 @@ from megacpp_pipeline.snapshot.streams import (
     write_stream,
 )
 from megacpp_pipeline.storage.versions import (
-    COMPLETE,
-    MANIFEST,
     complete_marker,
     pid_alive,
     recorded_manifest_sha256,
@@ -61,14 +62,6 @@ from megacpp_pipeline.storage.versions import (
 if TYPE_CHECKING:
     from megacpp_pipeline.storage.store import ShardStore
 
-# 2: document_files.parquet and document_mode (repository documents)
-# 3: source weights: pieces.copy, documents.draws, sources' weight, documents and sequences,
-#    splits' sequences, draw_seed; tokenizer_policy
-SNAPSHOT_SCHEMA_VERSION = 3
-SPLITS = ("train", "validation")
-# The quality report is derived after promotion and is not part of the training contract:
-# it lives in this folder, outside the manifest's file list.
-REPORT_DIR = "report"
 _CHUNK = 1 << 20
 
 
@@ -89,72 +82,6 @@ class SnapshotConfig(BaseModel):
     text: bool = False
     # documents the text_release check re-tokenizes (a seeded sample; all of them when fewer)
     text_sample: int = Field(default=1000, ge=1)
-
-
-class FileEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str
-    sha256: str
-    bytes: int
-    rows: int | None = None
-
-
-class SplitEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    rows: int
-    documents: int
-    tokens: int  # valid (non-pad) tokens in the split's rows
-    shards: list[str]
-    # document copies packed into the rows (the sum of the documents' draws): what an epoch
-    # over the rows trains on and what the Megatron export holds; None before source weights
-    # (then every document once: `documents`)
-    sequences: int | None = None
-
-
-class SourceEntry(BaseModel):
-    """A source as this snapshot collected it: what kind, at which revision, and its share of
-    the mixture: its weight, its documents and the copies of them packed (`sequences`)."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: str
-    revision: str
-    declared_license: str | None = None
-    weight: float = 1.0
-    documents: int | None = None
-    sequences: int | None = None
-
-
-class SnapshotManifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    schema_version: int = SNAPSHOT_SCHEMA_VERSION
-    packed_schema_version: str = PACKED_SCHEMA_VERSION
-    snapshot_id: str
-    name: str
-    created_at: str
-    code_version: str
-    config_hash: str
-    seq_len: int
-    vocab_size: int
-    tokenizer: dict[str, Any]
-    # where the tokenizer came from: mode (reuse | train | pinned), decision (reused |
-    # trained | pinned), from_snapshot, reason; the card and `megacpp diff` say it
-    tokenizer_policy: dict[str, Any] = Field(default_factory=dict)
-    splits: dict[str, SplitEntry]
-    documents: int
-    # what a document is: "file" (one kept file) or "repository" (a source's files in
-    # #include order, each after a `// <path>` line); document_files.parquet lists the files
-    document_mode: str = "file"
-    # the seed of the weighted draws (corpus/packing.py: document_draws), with each source's
-    # weight: verify recomputes every document's draws from them
-    draw_seed: int = 0
-    # where the run that promoted it ran its per-file stages (pipeline/engine.py); not part
-    # of the content: the same files give the same snapshot id on any engine
-    engine: dict[str, Any] = Field(default_factory=lambda: {"engine": "local"})
-    ledger: dict[str, dict[str, int]]  # source -> {collected, kept, dropped}
-    ledger_stages: list[str] = Field(default_factory=list)  # the pipeline's stages, in order
-    sources: dict[str, SourceEntry] = Field(default_factory=dict)  # every operational source
-    inputs: dict[str, str]  # upstream asset manifests' sha256
-    files: list[FileEntry]  # every file but manifest.json and _COMPLETE
 
 
 @dataclass(frozen=True)
@@ -309,8 +236,8 @@ def _write_documents_and_pieces(work: Path, parts: SnapshotParts, mixture: Mixtu
     time with the pieces up to its last doc_id (both streams come in doc_id order, a
     document's copies one after the other); each document gets its pieces' count and tokens
     and its draws. The documents written."""
-    documents = StreamWriter(work / "documents.parquet", SNAPSHOT_DOCUMENTS)
-    pieces = StreamWriter(work / "pieces.parquet", PIECES_SCHEMA)
+    documents = StreamWriter(work / layout.DOCUMENTS, SNAPSHOT_DOCUMENTS)
+    pieces = StreamWriter(work / layout.PIECES, PIECES_SCHEMA)
     cursor = Cursor(
         in_order(
             (with_copy_column(t).select(PIECES_SCHEMA.names).cast(PIECES_SCHEMA)
@@ -351,7 +278,7 @@ def _tables(documents: pa.Table | Iterable[pa.Table]) -> Iterable[pa.Table]:
 def _documents_again(work: Path) -> Iterator[pa.Table]:
     """documents.parquet read back with its text's own token counts as `num_tokens` (what
     file mode's document_files are made of)."""
-    for chunk in read_back(work / "documents.parquet"):
+    for chunk in read_back(work / layout.DOCUMENTS):
         yield chunk.drop_columns(["num_tokens", "num_pieces", "draws"]).rename_columns(
             DOCUMENTS.names
         )
@@ -361,12 +288,11 @@ def _summed(ledger: Iterable[pa.Table], summary: dict[str, Counter[str]]) -> Ite
     """The final ledger's chunks as they are, counted per source on the way: collected,
     kept, dropped (the manifest's ledger summary)."""
     for chunk in ledger:
-        for source, status in zip(
-            chunk["source_id"].to_pylist(), chunk["status"].to_pylist(), strict=True
-        ):
-            counts = summary.setdefault(source, Counter(collected=0, kept=0, dropped=0))
-            counts["collected"] += 1
-            counts[status] += 1
+        pairs = chunk.select(["source_id", "status"]).group_by(["source_id", "status"])
+        for row in pairs.aggregate([([], "count_all")]).to_pylist():
+            counts = summary.setdefault(row["source_id"], Counter(collected=0, kept=0, dropped=0))
+            counts["collected"] += row["count_all"]
+            counts[row["status"]] += row["count_all"]
         yield chunk
 
 
@@ -528,32 +454,30 @@ def build_snapshot(
                 FileEntry(path=rel, sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows)
             )
 
-        (work / "tokenizer.json").write_bytes(parts.tokenizer_json)
-        add("tokenizer.json")
+        (work / layout.TOKENIZER).write_bytes(parts.tokenizer_json)
+        add(layout.TOKENIZER)
 
         mixture = Mixture()
         documents = _write_documents_and_pieces(work, parts, mixture)
-        add("documents.parquet", documents)
-        add("pieces.parquet", pq.read_metadata(work / "pieces.parquet").num_rows)
+        add(layout.DOCUMENTS, documents)
+        add(layout.PIECES, pq.read_metadata(work / layout.PIECES).num_rows)
         files_in = (
             parts.document_files
             if parts.document_files is not None
             else (file_document_files(d) for d in _documents_again(work))
         )
         written = write_stream(
-            in_order(files_in, "doc_id", DOCUMENT_FILES_PARQUET), work / DOCUMENT_FILES_PARQUET,
+            in_order(files_in, "doc_id", layout.DOCUMENT_FILES), work / layout.DOCUMENT_FILES,
             DOCUMENT_FILES,
         )  # fmt: skip
-        add(DOCUMENT_FILES_PARQUET, written)
+        add(layout.DOCUMENT_FILES, written)
         summary: dict[str, Counter[str]] = {}
-        written = write_stream(
-            _summed(parts.ledger, summary), work / "ledger.parquet", LEDGER_SCHEMA
-        )
-        add("ledger.parquet", written)
+        written = write_stream(_summed(parts.ledger, summary), work / layout.LEDGER, LEDGER_SCHEMA)
+        add(layout.LEDGER, written)
 
         splits: dict[str, SplitEntry] = {}
         copies = [
-            (src, f"{split}/part-{i:05d}.parquet")
+            (src, layout.shard(split, i))
             for split in SPLITS
             for i, src in enumerate(parts.rows.get(split, []))
         ]
@@ -600,7 +524,7 @@ def build_snapshot(
         raw = manifest.model_dump_json(indent=2).encode()
         (work / MANIFEST).write_bytes(raw)
         # the dataset card describes the contract and is not in its file list (see card.py)
-        (work / CARD).write_text(
+        (work / layout.CARD).write_text(
             card(work, manifest) if card is not None else render_card(work, manifest, CardInputs()),
             encoding="utf-8",
         )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import html
 import io
-import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from matplotlib.ticker import MaxNLocator
 from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.gates.enrich import KIND_NAMES
+from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.storage.versions import write_bytes_atomic
 
@@ -46,7 +47,7 @@ PLOT_FILES = {
     "tokens_per_source": "tokens_per_source.png",
     "row_utilization": "row_utilization.png",
 }
-SPLIT_ORDER = ("train", "validation")
+SPLIT_ORDER = layout.SPLITS
 
 
 class ReportInputError(Exception):
@@ -224,24 +225,20 @@ def _read_table(snapshot_dir: Path, name: str, columns: list[str]) -> pa.Table:
     return pq.read_table(path, columns=columns)
 
 
-def _row_shards(snapshot_dir: Path, manifest: Mapping[str, Any]) -> Iterator[tuple[str, Path]]:
-    splits = manifest.get("splits") or {}
+def _row_shards(snapshot_dir: Path, manifest: SnapshotManifest) -> Iterator[tuple[str, Path]]:
+    splits = manifest.splits
     names = sorted(splits, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else 99, s))
     for split in names:
-        for rel in splits[split].get("shards", []):
+        for rel in splits[split].shards:
             yield split, snapshot_dir / rel
-    if not splits:  # a manifest without splits: fall back to the directory layout
-        for split in SPLIT_ORDER:
-            for path in sorted((snapshot_dir / split).glob("*.parquet")):
-                yield split, path
 
 
 def scan_rows(
-    snapshot_dir: Path, manifest: Mapping[str, Any], config: ReportConfig, *, kinds: bool
+    snapshot_dir: Path, manifest: SnapshotManifest, config: ReportConfig, *, kinds: bool
 ) -> RowStats:
     """Utilization histogram and (when `kinds`) per-kind valid-token counts, streaming each
     shard in batches of `config.batch_rows` and decoding only the columns needed."""
-    stats = RowStats(seq_len=int(manifest.get("seq_len") or 0))
+    stats = RowStats(seq_len=manifest.seq_len)
     for split, path in _row_shards(snapshot_dir, manifest):
         shard = pq.ParquetFile(path)
         schema = shard.schema_arrow
@@ -413,7 +410,7 @@ def plot_tokens_per_source(
                 values[labels.index(key)] += tokens
         ax.barh(labels, values, left=left, label=split, color=f"C{i}")
         left += values
-    ax.set_title("tokens per source (documents.parquet)")
+    ax.set_title(f"tokens per source ({layout.DOCUMENTS})")
     ax.set_xlabel("tokens")
     ax.legend(loc="lower right", fontsize=8)
 
@@ -557,16 +554,17 @@ def render_report(
     """Write `out_dir/quality_report.html` and its PNGs; return the files and a summary."""
     config = config or ReportConfig()
     snap = Path(inputs.snapshot_dir)
-    manifest_path = snap / "manifest.json"
+    manifest_path = snap / layout.MANIFEST
     if not manifest_path.is_file():
         raise ReportInputError(f"{manifest_path}: missing; not a promoted snapshot")
-    manifest = json.loads(manifest_path.read_text())
-    ledger = _read_table(
-        snap, "ledger.parquet", ["source_id", "stage", "status", "reason", "dup_of"]
-    )
+    try:
+        manifest = SnapshotManifest.model_validate_json(manifest_path.read_bytes())
+    except ValueError as e:
+        raise ReportInputError(f"{manifest_path}: not a snapshot manifest ({e})") from e
+    ledger = _read_table(snap, layout.LEDGER, ["source_id", "stage", "status", "reason", "dup_of"])
     documents = _read_table(
         snap,
-        "documents.parquet",
+        layout.DOCUMENTS,
         ["source_id", "split", "num_tokens", "license_source", "license_expression"],
     )
 
@@ -625,7 +623,7 @@ def render_report(
         "files_in_duplicate_clusters": int(sizes.sum()),
         "scrub_replacements": sum(scrub_kinds.values()),
     }
-    mode = str(manifest.get("document_mode", "file"))
+    mode = manifest.document_mode
     labelled += [
         ("documents", f"{_fmt(metrics['documents'])} ({mode} mode)"),
         ("document tokens", _fmt(tokens)),
@@ -694,7 +692,7 @@ def render_report(
         ),
     ]
     written = [_render_png(out_dir / name, size, draw, config.dpi) for name, _, size, draw in plan]
-    snapshot_id = str(manifest.get("snapshot_id", snap.name))
+    snapshot_id = manifest.snapshot_id
     title = f"Quality report: snapshot {snapshot_id}"
     by_source = source_rows(ledger, documents, inputs.sources)
     plots = [(name, caption) for name, caption, _, _ in plan]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.packed_rows import IGNORE_INDEX, PAD_DOC_ID, fixed_list_to_numpy
 
 Mapper = Callable[[Callable[..., Any], Any, Sequence[Any]], Iterator[Any]]
@@ -122,7 +123,7 @@ def row_problems(job: PlacedPieces, path: Path) -> tuple[int, list[str]]:
         problems.append(f"{path}: row pack_id {pack_ids[r]} has no pieces")
     have = count > 0
     what = (
-        (~np.all(expected == doc_ids, axis=1), "doc_ids disagree with pieces.parquet"),
+        (~np.all(expected == doc_ids, axis=1), f"doc_ids disagree with {layout.PIECES}"),
         (
             (count != num_docs) | ((expected != PAD_DOC_ID).sum(axis=1) != valid),
             "num_docs/valid_token_count disagree",
@@ -178,7 +179,7 @@ def _tokenizer(root: Path) -> Any:
     key = str(root)
     if key not in _TOKENIZERS:
         _TOKENIZERS.clear()
-        _TOKENIZERS[key] = Tokenizer.from_file(str(root / "tokenizer.json"))
+        _TOKENIZERS[key] = Tokenizer.from_file(str(root / layout.TOKENIZER))
     return _TOKENIZERS[key]
 
 

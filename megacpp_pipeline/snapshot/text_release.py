@@ -29,8 +29,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
-from megacpp_pipeline.snapshot.promote import SnapshotManifest, read_manifest
+from megacpp_pipeline.snapshot.layout import SnapshotManifest
+from megacpp_pipeline.snapshot.promote import read_manifest
 from megacpp_pipeline.snapshot.texts import (
     DOCS_PER_PASS,
     document_texts,
@@ -172,7 +174,7 @@ class _SplitWriter:
 
 
 def _documents(snap: Path) -> dict[int, dict[str, Any]]:
-    docs = pq.read_table(snap / "documents.parquet")
+    docs = pq.read_table(snap / layout.DOCUMENTS)
     wanted = [c for c in (*_META, "draws") if c in docs.column_names]
     out = {}
     for row in docs.select(wanted).to_pylist():
@@ -223,7 +225,7 @@ def _rows(snap: Path, manifest: SnapshotManifest) -> Iterator[tuple[dict[str, An
     documents = _documents(snap)
     packed = packed_doc_ids(snap)
     repository = manifest.document_mode != "file"
-    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
     for lo in range(0, len(packed), DOCS_PER_PASS):
         group = packed[lo : lo + DOCS_PER_PASS]
         texts = (
@@ -273,7 +275,7 @@ def write_release(
             writers[row["split"]].add(row, size)
         for writer in writers.values():
             writer.flush()
-        documents = pq.read_table(snap / "documents.parquet", columns=["doc_id"]).num_rows
+        documents = pq.read_table(snap / layout.DOCUMENTS, columns=["doc_id"]).num_rows
         released = sum(w.documents for w in writers.values())
         release = TextReleaseManifest(
             snapshot_id=manifest.snapshot_id,
@@ -387,7 +389,7 @@ def check_release(
         [t.filter(pc.is_in(t["doc_id"], wanted)) for t in (pq.read_table(p) for p in shards)]
     )
     rows = {int(r["doc_id"]): r for r in table.to_pylist()}
-    tok = tokenizers_.load_tokenizer(snap / "tokenizer.json", str(manifest.tokenizer["sha256"]))
+    tok = tokenizers_.load_tokenizer(snap / layout.TOKENIZER, str(manifest.tokenizer["sha256"]))
 
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]

@@ -21,9 +21,10 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.packing import restore_fim_order
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
+from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy, with_copy_column
-from megacpp_pipeline.snapshot.promote import SnapshotManifest
 
 DOCS_PER_PASS = 20_000
 DECODE_BATCH_TOKENS = 1 << 20  # Python int lists cost ~36 bytes a token: decode in batches
@@ -40,7 +41,7 @@ def _tokens(
     snap: Path, manifest: SnapshotManifest, wanted: set[int]
 ) -> dict[int, dict[int, np.ndarray]]:
     # a weighted document packed more than once has identical copies: its first one will do
-    pieces = pl.DataFrame(with_copy_column(pq.read_table(snap / "pieces.parquet"))).filter(
+    pieces = pl.DataFrame(with_copy_column(pq.read_table(snap / layout.PIECES))).filter(
         pl.col("doc_id").is_in(list(wanted)) & (pl.col("copy") == 0)
     )
     by_pack = pieces.partition_by("pack_id", as_dict=True)
@@ -88,9 +89,9 @@ def _members(snap: Path, wanted: Iterable[int] | None) -> dict[int, list[tuple[i
 def packed_doc_ids(snap: Path) -> list[int]:
     """The documents that are in the rows: all of them, but for those their source's weight
     drew no copy of (`draws` 0 in documents.parquet)."""
-    present = pq.read_schema(snap / "documents.parquet").names
+    present = pq.read_schema(snap / layout.DOCUMENTS).names
     docs = pq.read_table(
-        snap / "documents.parquet", columns=[c for c in ("doc_id", "draws") if c in present]
+        snap / layout.DOCUMENTS, columns=[c for c in ("doc_id", "draws") if c in present]
     )
     if "draws" in docs.column_names:
         docs = docs.filter(pc.greater(docs["draws"], 0))
@@ -150,7 +151,7 @@ def document_texts(
     from tokenizers import Tokenizer
 
     snap = Path(snapshot_dir)
-    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
     pending: list[tuple[int, np.ndarray]] = []
 
     def decoded() -> Iterator[DocumentText]:
@@ -184,7 +185,7 @@ def file_texts(
     from tokenizers import Tokenizer
 
     snap = Path(snapshot_dir)
-    tok = Tokenizer.from_file(str(snap / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
     files = read_document_files(snap, ["doc_id", "position", "source_id", "path"])
     where = {
         (d, p): (s, f)

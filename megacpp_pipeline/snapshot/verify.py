@@ -25,13 +25,14 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.loader.errors import LoaderError
-from megacpp_pipeline.snapshot.card import CARD, card_problems
+from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.card import card_problems
 from megacpp_pipeline.snapshot.document_files import (
-    DOCUMENT_FILES_PARQUET,
     read_document_files,
     read_labelled,
 )
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
+from megacpp_pipeline.snapshot.layout import CARD, COMPLETE, MANIFEST, REPORT_DIR, SnapshotManifest
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
     OPTIONAL_TOKEN_COLUMNS,
@@ -40,10 +41,8 @@ from megacpp_pipeline.snapshot.packed_rows import (
     with_copy_column,
 )
 from megacpp_pipeline.snapshot.promote import (
-    REPORT_DIR,
     SnapshotConfig,
     SnapshotError,
-    SnapshotManifest,
     manifest_sha256_recorded,
     manifest_summary,
     not_a_snapshot,
@@ -69,7 +68,7 @@ from megacpp_pipeline.snapshot.text_release import (
     write_release,
 )
 from megacpp_pipeline.snapshot.texts import document_texts, file_texts, packed_doc_ids
-from megacpp_pipeline.storage.versions import COMPLETE, MANIFEST, sha256_file
+from megacpp_pipeline.storage.versions import sha256_file
 
 
 @dataclass
@@ -170,7 +169,8 @@ def draw_problems(snap: Path, manifest: SnapshotManifest) -> list[str]:
     from megacpp_pipeline.corpus.packing import document_draws, draw_keys
 
     out: list[str] = []
-    for chunk in read_back(snap / "documents.parquet", ["doc_id", "source_id", "path", "draws"]):
+    columns = ["doc_id", "source_id", "path", "draws"]
+    for chunk in read_back(snap / layout.DOCUMENTS, columns):
         for (source,), part in pl.DataFrame(chunk).group_by(["source_id"], maintain_order=True):
             entry = manifest.sources.get(str(source))
             weight = entry.weight if entry is not None else 1.0
@@ -179,7 +179,7 @@ def draw_problems(snap: Path, manifest: SnapshotManifest) -> list[str]:
             got = part["draws"].to_numpy()
             for i in np.flatnonzero(got != want)[: 5 - len(out)].tolist():
                 out.append(
-                    f"documents.parquet: doc {part['doc_id'][i]} ({source}:{part['path'][i]}) "
+                    f"{layout.DOCUMENTS}: doc {part['doc_id'][i]} ({source}:{part['path'][i]}) "
                     f"is packed {got[i]} times; weight {weight} draws it {want[i]} times"
                 )
             if len(out) >= 5:
@@ -197,16 +197,16 @@ def check_documents(
     out = CheckOutcome("document_consistency", True)
     seq = manifest.seq_len
     # the columns the checks compare, labels dictionary-encoded: no path or hash per file
-    present = pq.read_schema(snap / "documents.parquet").names
+    present = pq.read_schema(snap / layout.DOCUMENTS).names
     wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens", "draws"]
     docs = pl.DataFrame(
         read_labelled(
-            snap / "documents.parquet", [c for c in wanted if c in present], ["source_id", "split"]
+            snap / layout.DOCUMENTS, [c for c in wanted if c in present], ["source_id", "split"]
         )
     )
     if "draws" not in docs.columns:  # before source weights: every document packed once
         docs = docs.with_columns(pl.lit(1, pl.Int32).alias("draws"))
-    pieces = pl.DataFrame(with_copy_column(read_labelled(snap / "pieces.parquet", None, ["split"])))
+    pieces = pl.DataFrame(with_copy_column(read_labelled(snap / layout.PIECES, None, ["split"])))
     per_copy = pieces.group_by(["doc_id", "copy"]).agg(
         pl.len().alias("n"),
         pl.col("piece_index").min().alias("lo"),
@@ -256,17 +256,17 @@ def check_documents(
         files,
         kept,
     ):
-        out.fail(f"{DOCUMENT_FILES_PARQUET}: {problem}")
+        out.fail(f"{layout.DOCUMENT_FILES}: {problem}")
     for frame, what in (
         (missing, "has no pieces"),
-        (orphan, "has pieces but is not in documents.parquet"),
-        (wrong_copies, "copies in pieces.parquet are not 0..draws-1"),
+        (orphan, f"has pieces but is not in {layout.DOCUMENTS}"),
+        (wrong_copies, f"copies in {layout.PIECES} are not 0..draws-1"),
         (gaps, "pieces are not 0..n-1"),
-        (wrong_count, "num_pieces disagrees with pieces.parquet"),
+        (wrong_count, f"num_pieces disagrees with {layout.PIECES}"),
         (wrong_split, "pieces are in another split than the document"),
     ):
         for doc_id in frame["doc_id"].head(5).to_list():
-            out.fail(f"documents.parquet: doc {doc_id} {what}")
+            out.fail(f"{layout.DOCUMENTS}: doc {doc_id} {what}")
     # every row against the pieces that say what it holds, a shard at a time and vectorized
     # (a frame per pack_id would cost a few KB for each row of the snapshot)
     placed = pieces.sort(["pack_id", "row_offset"]).select(
@@ -310,7 +310,7 @@ def check_round_trip(
     chosen = pa.array(ids["doc_id"].to_numpy(), pa.int32())
     docs = pl.DataFrame(
         pq.read_table(
-            snap / "documents.parquet",
+            snap / layout.DOCUMENTS,
             columns=["doc_id", "path", "content_sha256"],
             filters=pc.field("doc_id").isin(chosen),
         )
@@ -367,7 +367,7 @@ def _round_trip_tasks(
     rows no shard holds (rebuilt by the driver's own reader)."""
     wanted = pa.array(sorted(sha_by_doc), pa.int32())
     # a weighted document packed more than once has identical copies: its first one will do
-    pieces = with_copy_column(pq.read_table(snap / "pieces.parquet"))
+    pieces = with_copy_column(pq.read_table(snap / layout.PIECES))
     pieces = pieces.filter(
         pc.and_(pc.is_in(pieces["doc_id"], wanted), pc.equal(pieces["copy"], 0))
     ).sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
@@ -445,7 +445,7 @@ def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     .parquet), nothing unaccounted."""
     out = CheckOutcome("ledger_completeness", True)
     columns = ["source_id", "status", "reason"]
-    ledger = pl.DataFrame(read_labelled(snap / "ledger.parquet", columns, columns))
+    ledger = pl.DataFrame(read_labelled(snap / layout.LEDGER, columns, columns))
     files = pl.DataFrame(read_document_files(snap, ["source_id"], dictionary=True))
     doc_counts = dict(files.group_by("source_id").len().iter_rows())
     per_source = ledger.group_by("source_id").agg(
@@ -458,20 +458,20 @@ def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     for row in per_source.iter_rows(named=True):
         src = row["source_id"]
         if row["collected"] != row["kept"] + row["dropped"]:
-            out.fail(f"ledger.parquet: {src}: collected {row['collected']} != kept + dropped")
+            out.fail(f"{layout.LEDGER}: {src}: collected {row['collected']} != kept + dropped")
         if row["kept"] != doc_counts.get(src, 0):
             out.fail(
-                f"ledger.parquet: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} files"
-                f" in {DOCUMENT_FILES_PARQUET}"
+                f"{layout.LEDGER}: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} files"
+                f" in {layout.DOCUMENT_FILES}"
             )
         if row["unaccounted"] or row["no_reason"]:
             out.fail(
-                f"ledger.parquet: {src}: {row['unaccounted'] + row['no_reason']} files "
+                f"{layout.LEDGER}: {src}: {row['unaccounted'] + row['no_reason']} files "
                 "dropped without a reason"
             )
         listed = manifest.ledger.get(src)
         if listed and listed != {k: row[k] for k in ("collected", "kept", "dropped")}:
-            out.fail(f"manifest.json: ledger summary for {src} disagrees with ledger.parquet")
+            out.fail(f"{layout.MANIFEST}: ledger summary for {src} disagrees with {layout.LEDGER}")
     out.metrics.update(
         collected=int(ledger.height),
         kept=int((ledger["status"] == "kept").sum()),
@@ -536,8 +536,9 @@ def check_megatron(
                 continue
             prefix = where / split
             reader = megatron.IndexedDatasetReader(prefix)
-            docs = len(reader)
-            tokens = int(sum(len(reader[i]) for i in range(docs)))
+            # the reader checked at open that every pointer is the running sum of the
+            # lengths and that the .bin holds exactly their total: no pass per document
+            docs, tokens = len(reader), reader.total_tokens
             # every copy of a weighted document is a sequence (before weights: each once)
             want = entry.sequences if entry.sequences is not None else entry.documents
             if docs != want:
@@ -742,7 +743,7 @@ def _register_export(p: argparse.ArgumentParser) -> None:
     p.description = "write a Megatron MMIDIDX .bin/.idx pair, one sequence per document"
     p.add_argument("snapshot_dir")
     p.add_argument("--out", required=True, help="output prefix")
-    p.add_argument("--split", nargs="+", default=["train"], choices=["train", "validation"])
+    p.add_argument("--split", nargs="+", default=["train"], choices=list(layout.SPLITS))
     p.set_defaults(func=_one_line_errors(_cmd_export))
 
 
@@ -765,7 +766,7 @@ def _register_export_text(p: argparse.ArgumentParser) -> None:
     p.description = (
         "write every document in the snapshot's rows as text with its metadata (source, path, "
         "revision, licence, language, scrub kinds, split, doc id): parquet shards per split, a "
-        "manifest and _COMPLETE; datasets.load_dataset('parquet', data_dir=OUT) reads it"
+        f"manifest and {COMPLETE}; datasets.load_dataset('parquet', data_dir=OUT) reads it"
     )
     p.add_argument("snapshot_dir")
     p.add_argument("--out", required=True, help="a new folder")

@@ -3,8 +3,9 @@ lives in a module of its own in this package (what the stage reads, writes and c
 work itself is in the gate and corpus modules it calls.
 
 To add a per-file gate: write the gate (megacpp_pipeline/gates/<name>.py), its entry
-(megacpp_pipeline/stages/<name>.py, a `Stage` with `gate=`), and put it in this list, or
-insert it at run time with `default_registry().insert(stage, after=...)`.
+(megacpp_pipeline/stages/<name>.py, a `Stage` with `gate=`), and add one line below,
+`.insert(<name>.STAGE, after=names.<stage>)`: the stage that read `<stage>`'s output reads
+the gate's instead, so no other stage module changes.
 """
 
 from __future__ import annotations
@@ -54,4 +55,4 @@ def default_registry() -> Registry:
             megatron.STAGE,
             report.STAGE,
         ]
-    )
+    )  # a new per-file gate: .insert(<module>.STAGE, after=names.<the stage before it>)

@@ -12,6 +12,7 @@ from megacpp_pipeline.core.schemas import SOURCE_CATALOG
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 
 
@@ -31,7 +32,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         }
         for s in cat.sources
     ]
-    version.table("data", SOURCE_CATALOG).write(pa.Table.from_pylist(rows, schema=SOURCE_CATALOG))
+    version.table(layout.DATA, SOURCE_CATALOG).write(
+        pa.Table.from_pylist(rows, schema=SOURCE_CATALOG)
+    )
     manifest = version.commit(extra={"snapshot": cat.snapshot, "seq_len": cat.seq_len})
     meta = summary_metadata(
         ctx.store,

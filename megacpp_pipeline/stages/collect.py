@@ -19,6 +19,7 @@ from megacpp_pipeline.core.schemas import RAW_FILES
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 
 
@@ -42,7 +43,7 @@ def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
     version = ctx.store.begin(
         stage.name, spec.id, code_version=ctx.code_version(stage), config=spec, run_id=ctx.run_id
     )
-    data = version.table("data", RAW_FILES)
+    data = version.table(layout.DATA, RAW_FILES)
     seen = version.table("ledger", LEDGER_SCHEMA)
     meta = version.table("metadata", collect.METADATA_FILES)
     stats: Counter[str] = Counter(files_seen=0, kept_files=0, dropped_files=0, kept_bytes=0)

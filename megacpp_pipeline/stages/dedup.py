@@ -28,6 +28,7 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, VersionWriter
@@ -52,7 +53,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             n_docs,
             config,
             version.dir,
-            shards=sum(len(m.tables["data"].shards) for m in upstream if "data" in m.tables),
+            shards=sum(
+                len(m.tables[layout.DATA].shards) for m in upstream if layout.DATA in m.tables
+            ),
             open_cache=partial(_open_cache, replace(ctx, log=_ignore), stage, code_version),
             ledger_stage=stage.name,
         )
@@ -64,7 +67,7 @@ def _plan(
 ) -> tuple[list[dedup.SliceOfSource], int]:
     """Every source's kept files as slices in canonical order (a slice never mixes two
     sources), each with the doc_index of its first file."""
-    inputs = [(m, "data") for m in upstream]
+    inputs = [(m, layout.DATA) for m in upstream]
     task_bytes = slices.task_bytes_for(slices.total_bytes(inputs), workers, ctx.engine.task_bytes)
     plan: list[dedup.SliceOfSource] = []
     first = 0
@@ -93,7 +96,7 @@ def _write(
     tasks: int,
 ) -> Materialized:
     for m in upstream:  # every source's table exists, even with no file kept
-        version.table(f"data:{m.partition}", DEDUPED_FILES)
+        version.table(layout.data_table(m.partition), DEDUPED_FILES)
     version.table("ledger", LEDGER_SCHEMA)
     version.table("decisions", dedup.DECISIONS_SCHEMA)
     for applied in outcome.applied:  # in input order

@@ -33,6 +33,7 @@ from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.executor import Executor
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.streams import merge
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.tokenize import load_artifact
@@ -107,13 +108,13 @@ def _texts(ctx: StageContext, source: str, paths: Sequence[str]) -> pa.Array:
     return pa.array([text[p] for p in paths], pa.string())
 
 
-SPLITS = ("train", "validation")
+SPLITS = layout.SPLITS
 
 
 def split_table(source: str, split: str) -> str:
     """The documents version's table of one source's documents of one split (the packer
     reads a split's tables without touching the other's)."""
-    return f"data:{source}:{split}"
+    return layout.data_table(f"{source}:{split}")
 
 
 def split_tables(manifest: Manifest, sources: Sequence[str], split: str) -> list[str]:
@@ -250,7 +251,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
 def _file_plan(ctx: StageContext, upstream: list[Manifest], workers: int) -> list[_FileSlice]:
     """Every source's tokenized files as slices, each with the doc_id of its first file
     (catalog order, then path: the ids file-level snapshots always had)."""
-    inputs = [(m, "data") for m in upstream]
+    inputs = [(m, layout.DATA) for m in upstream]
     task_bytes = slices.task_bytes_for(slices.total_bytes(inputs), workers, ctx.engine.task_bytes)
     plan: list[_FileSlice] = []
     first = 0

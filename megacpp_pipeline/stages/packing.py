@@ -40,6 +40,7 @@ from megacpp_pipeline.pipeline.registry import (
     Materialized,
     Stage,
 )
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot import packed_rows as rows_contract
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.documents import split_tables
@@ -149,7 +150,7 @@ def _pack_task(job: _Job, task: _Block) -> _Packed:
         # by (doc_id, piece_index), the order the snapshot streams them in
         placed = batch.pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
         for table, rows, rows_schema in (
-            (f"data:{task.split}", batch.rows, schema),
+            (layout.data_table(task.split), batch.rows, schema),
             (pieces_table(task.split, task.copy), placed, rows_contract.PIECES_SCHEMA),
         ):
             shard, written = uploader.write_parquet(f"{table.replace(':', '-')}-{name}", rows)
@@ -193,7 +194,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     with version:
         schema = rows_contract.packed_rows_schema(config.seq_len)
         for split in packing.SPLITS:  # both exist even when a split has no document
-            version.table(f"data:{split}", schema)
+            version.table(layout.data_table(split), schema)
         for split in packing.SPLITS:
             version.table(pieces_table(split), rows_contract.PIECES_SCHEMA)
         telemetry: dict[str, packing.PackingTelemetry] = {}

@@ -15,7 +15,8 @@ from megacpp_pipeline.pipeline.registry import (
     Stage,
 )
 from megacpp_pipeline.snapshot import report
-from megacpp_pipeline.snapshot.promote import REPORT_DIR, read_manifest
+from megacpp_pipeline.snapshot.layout import REPORT_DIR
+from megacpp_pipeline.snapshot.promote import read_manifest
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.snapshot import (
     snapshot_dir_of,

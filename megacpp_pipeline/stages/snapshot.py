@@ -23,17 +23,21 @@ from megacpp_pipeline.pipeline.registry import (
     PathValue,
     Stage,
 )
-from megacpp_pipeline.snapshot import verify
-from megacpp_pipeline.snapshot.card import CARD, CardInputs, render_card
+from megacpp_pipeline.snapshot import layout, verify
+from megacpp_pipeline.snapshot.card import CardInputs, render_card
 from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
+from megacpp_pipeline.snapshot.layout import (
+    CARD,
+    COMPLETE,
+    REPORT_DIR,
+    SnapshotManifest,
+    SourceEntry,
+)
 from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA
 from megacpp_pipeline.snapshot.promote import (
-    REPORT_DIR,
     ShardSource,
     SnapshotConfig,
-    SnapshotManifest,
     SnapshotParts,
-    SourceEntry,
     SourceLedgers,
     build_snapshot,
     final_ledger_chunks,
@@ -47,7 +51,6 @@ from megacpp_pipeline.stages.documents import documents_stream
 from megacpp_pipeline.stages.packing import pieces_tables
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import Manifest, ShardStore, config_hash
-from megacpp_pipeline.storage.versions import COMPLETE
 
 
 class SourceRows:
@@ -242,7 +245,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         name=ctx.catalog.snapshot,
         seq_len=int(packed.extra["seq_len"]),
         vocab_size=int(info["vocab_size"]),
-        tokenizer_json=store.read_bytes(f"{store.version_dir(tok)}/tokenizer.json"),
+        tokenizer_json=store.read_bytes(f"{store.version_dir(tok)}/{layout.TOKENIZER}"),
         tokenizer_info=info,
         tokenizer_policy=dict(tok.extra.get("policy") or {}),
         rows={
@@ -250,8 +253,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
                 ShardSource(store.fs, f"{vdir}/{s.path}", s.sha256, s.bytes)
                 for s in packed.tables[name].shards
             ]
-            for split in ("train", "validation")
-            if (name := f"data:{split}") in packed.tables
+            for split in layout.SPLITS
+            if (name := layout.data_table(split)) in packed.tables
         },
         documents=documents_stream(ctx),
         document_files=store.iter_tables(documents, "document_files"),
@@ -353,16 +356,16 @@ _DESCRIPTIONS = {
     "schema_contract": "The seven required packed-row columns with their exact Arrow types and "
     "length seq_len; optional columns known to the schema version.",
     "token_range_and_pads": "Every id in [0, vocab_size); pads only after valid_token_count.",
-    "document_consistency": "doc_ids match documents.parquet and pieces.parquet; every "
-    "document's pieces are present, in order; document_files.parquet lists every kept file "
+    "document_consistency": f"doc_ids match {layout.DOCUMENTS} and {layout.PIECES}; every "
+    f"document's pieces are present, in order; {layout.DOCUMENT_FILES} lists every kept file "
     "once, its members' token spans tiling each document.",
     "round_trip_decode": "Documents rebuilt from their pieces decode to exactly the scrubbed text.",
     "ledger_completeness": "Per source: collected == kept + dropped; kept == the files "
-    "document_files.parquet lists.",
+    f"{layout.DOCUMENT_FILES} lists.",
     "consumer_smoke_read": "The static-shape loader reads batches from each split.",
     "megatron_read_back": "The .bin/.idx export read back by an independent reader has the "
     "snapshot's document count and tokens.",
-    "dataset_card": "README.md is a Hugging Face dataset card whose figures (documents, rows, "
+    "dataset_card": f"{layout.CARD} is a Hugging Face dataset card whose figures (documents, rows, "
     "tokens, tokenizer) and data files are the manifest's.",
     "text_release": "The text release in text/ (the snapshot stage's `text` option) lists every "
     "document in the rows once, its files' sha256 match, and a sample of its texts "
@@ -431,9 +434,9 @@ STAGE = Stage(
     name=names.SNAPSHOT,
     grain=Grain.GLOBAL,
     group="snapshot",
-    description="The promoted training snapshot: manifest.json, tokenizer.json, documents, "
-    "document_files, pieces, ledger, train/ and validation/ packed rows (and with `text: "
-    "true` the text release in text/), _COMPLETE last. "
+    description=f"The promoted training snapshot: {layout.MANIFEST}, {layout.TOKENIZER}, "
+    f"documents, document_files, pieces, ledger, train/ and validation/ packed rows (and "
+    f"with `text: true` the text release in text/), {layout.COMPLETE} last. "
     "Built beside its final place and renamed in only when schema, token range, document "
     "consistency, round-trip, ledger, loader and Megatron checks all pass.",
     input=names.PACKED_ROWS,

@@ -22,8 +22,9 @@ from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
-from megacpp_pipeline.stages.tokenizer import ARTIFACT, split_version
+from megacpp_pipeline.stages.tokenizer import split_version
 from megacpp_pipeline.storage.store import Manifest
 
 
@@ -31,16 +32,16 @@ def load_artifact(ctx: StageContext) -> tuple[Tokenizer, Manifest]:
     """The tokenizer of the latest `tokenizer` version, its sha256 checked against the
     manifest (a mismatch is a clear error naming the file)."""
     manifest = ctx.latest(names.TOKENIZER, None)
-    entry = next(f for f in manifest.files if f.path == ARTIFACT)
+    entry = next(f for f in manifest.files if f.path == layout.TOKENIZER)
     path = ctx.store.local_copy(
-        f"{ctx.store.version_dir(manifest)}/{ARTIFACT}", entry.sha256, ctx.cache_dir
+        f"{ctx.store.version_dir(manifest)}/{layout.TOKENIZER}", entry.sha256, ctx.cache_dir
     )
     return tokenizer.load_tokenizer(path, entry.sha256), manifest
 
 
 def _gate(inputs: SourceInputs) -> PreparedGate:
     config, split = inputs.config, inputs.catalog.split
-    path, sha256 = inputs.artifact(names.TOKENIZER, ARTIFACT)
+    path, sha256 = inputs.artifact(names.TOKENIZER, layout.TOKENIZER)
     tok = tokenizer.load_tokenizer(path, sha256)
     # one thread: the executor's workers are the parallelism (a task per slice per core)
     encoder = encoders.select_encoder(tok, config.encoder, threads=1, artifact=path)

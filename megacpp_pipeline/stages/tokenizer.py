@@ -27,12 +27,11 @@ from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Materialized, PathValue, Stage
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.promote import promoted_in_store
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, ShardStore, ShardUploader
-
-ARTIFACT = "tokenizer.json"
 
 
 def split_version(catalog: Catalog) -> Any:
@@ -119,8 +118,8 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             tok, training = _train(ctx, source, config, split_config, f"{version.dir}/_sample")
         ctx.log(f"{stage.name}: {policy['decision']} ({policy.get('reason') or mode})")
         with tempfile.TemporaryDirectory() as tmp:
-            info = tokenizer.save_tokenizer(tok, Path(tmp) / ARTIFACT)
-            version.write_file(ARTIFACT, (Path(tmp) / ARTIFACT).read_bytes())
+            info = tokenizer.save_tokenizer(tok, Path(tmp) / layout.TOKENIZER)
+            version.write_file(layout.TOKENIZER, (Path(tmp) / layout.TOKENIZER).read_bytes())
         manifest = version.commit(
             upstream=ctx.upstream_hashes([source]),
             extra={"tokenizer": info.model_dump(), "training": training, "policy": policy},
@@ -153,10 +152,10 @@ def _reuse(
     if not found:
         return None, {**policy, "decision": "trained", "reason": f"no promoted {name} snapshot"}
     where, previous = found[-1]
-    entry = next((f for f in previous.files if f.path == ARTIFACT), None)
+    entry = next((f for f in previous.files if f.path == layout.TOKENIZER), None)
     if entry is None:
-        raise tokenizer.TokenizerArtifactError(f"{where}/{ARTIFACT}", "not in its manifest")
-    local = ctx.store.local_copy(f"{where}/{ARTIFACT}", entry.sha256, ctx.cache_dir)
+        raise tokenizer.TokenizerArtifactError(f"{where}/{layout.TOKENIZER}", "not in its manifest")
+    local = ctx.store.local_copy(f"{where}/{layout.TOKENIZER}", entry.sha256, ctx.cache_dir)
     tok = tokenizer.load_tokenizer(local, entry.sha256)
     if previous.vocab_size != config.vocab_size:
         return None, {
@@ -212,7 +211,7 @@ STAGE = Stage(
     grain=Grain.GLOBAL,
     group="tokens",
     description="The tokenizer artifact: the last promoted snapshot's (mode reuse, the "
-    "default), a pinned tokenizer.json (sha256 verified) or a byte-level BPE trained "
+    f"default), a pinned {layout.TOKENIZER} (sha256 verified) or a byte-level BPE trained "
     "deterministically on the deduped train split (mode train, or reuse with nothing to "
     "reuse); special tokens (BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids.",
     input=names.DECONTAMINATED_FILES,

@@ -39,6 +39,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.filesystem import (
     bucket_exists,
     describe,
@@ -67,7 +68,6 @@ from megacpp_pipeline.storage.versions import (
     canonical_json,
     complete_marker,
     config_hash,
-    is_data_table,
     is_version_name,
     lease_name,
     new_version_id,
@@ -96,7 +96,6 @@ __all__ = [
     "VersionWriter",
     "canonical_json",
     "config_hash",
-    "is_data_table",
     "schema_fingerprint",
 ]
 
@@ -612,7 +611,7 @@ class ShardStore:
         return hashlib.sha256(self.read_bytes(self.manifest_path(manifest))).hexdigest()
 
     def iter_tables(
-        self, manifest: Manifest, table: str = "data", columns: list[str] | None = None
+        self, manifest: Manifest, table: str = layout.DATA, columns: list[str] | None = None
     ) -> Iterator[pa.Table]:
         """One shard at a time, so memory is bounded by the shard size; each shard is
         verified against the manifest (size, sha256) as it is read."""
@@ -623,7 +622,7 @@ class ShardStore:
         for shard in info.shards:
             yield self.read_shard(vdir, shard, columns)
 
-    def read_table(self, manifest: Manifest, table: str = "data") -> pa.Table:
+    def read_table(self, manifest: Manifest, table: str = layout.DATA) -> pa.Table:
         """A whole (small) side table; never use this for a corpus table."""
         parts = list(self.iter_tables(manifest, table))
         if not parts:
@@ -971,7 +970,7 @@ class TableWriter:
         table = pa.concat_tables(self._pending).combine_chunks()
         self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
         index = len(self.info.shards)
-        prefix = "part" if self.name == "data" else self.name.replace(":", "-")
+        prefix = "part" if self.name == layout.DATA else self.name.replace(":", "-")
         shard = self.version.write_parquet(f"{prefix}-{index:05d}.parquet", table)
         if not self.info.shards and self.version.last_schema is not None:
             # the contract is what parquet holds: fingerprint the schema read back from disk

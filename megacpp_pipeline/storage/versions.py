@@ -28,8 +28,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pydantic import BaseModel, ConfigDict, Field
 
-COMPLETE = "_COMPLETE"
-MANIFEST = "manifest.json"
+from megacpp_pipeline.snapshot import layout
+
+# A version commits as a snapshot does: its manifest, then the marker holding its sha256.
+COMPLETE = layout.COMPLETE
+MANIFEST = layout.MANIFEST
 LATEST = "LATEST"
 UNPARTITIONED = "_"
 LEASE_SUFFIX = ".lease"
@@ -171,17 +174,13 @@ class Manifest(BaseModel):
     @property
     def rows(self) -> int:
         """Rows of the main table; a global asset splits it as `data:<part>` tables."""
-        return sum(t.rows for name, t in self.tables.items() if is_data_table(name))
+        return sum(t.rows for name, t in self.tables.items() if layout.is_data_table(name))
 
     def data_tables(self) -> list[str]:
-        return [name for name in self.tables if is_data_table(name)]
+        return [name for name in self.tables if layout.is_data_table(name)]
 
     def all_shards(self) -> list[ShardInfo]:
         return [s for t in self.tables.values() for s in t.shards] + list(self.files)
-
-
-def is_data_table(name: str) -> bool:
-    return name == "data" or name.startswith("data:")
 
 
 def schema_fingerprint(schema: pa.Schema) -> str:

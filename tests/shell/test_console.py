@@ -4,6 +4,7 @@ finished stages as one table; Dagster's event log stays out of the console."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import pty
 import subprocess
@@ -76,7 +77,8 @@ def test_a_run_on_a_terminal_shows_the_live_view_and_prints_the_path_last(
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "COLUMNS": "160"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "assets.cli", "run", "--config", str(corpus),
-         "--data-dir", str(tmp_path / "data"), "--cache-dir", str(tmp_path / "cache")],
+         "--data-dir", str(tmp_path / "data"), "--cache-dir", str(tmp_path / "cache"),
+         "--workers", "1"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=follower, text=True,
     )  # fmt: skip
     os.close(follower)
@@ -96,6 +98,17 @@ def test_a_run_on_a_terminal_shows_the_live_view_and_prints_the_path_last(
     assert "\x1b[" in screen and "top drop reasons" in screen
     assert "DEBUG" not in screen and "STEP_START" not in screen
     assert Path(stdout.strip().splitlines()[-1]).name.startswith("testsnap-")
+    # --workers reached the stages: the corpus-wide ones record it in their versions
+    dedup = list((tmp_path / "data" / "assets" / "deduped_files").glob("_/*/manifest.json"))
+    assert dedup and all(json.loads(m.read_text())["extra"]["workers"] == 1 for m in dedup)
+
+
+def test_workers_must_be_a_positive_number(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "assets.cli", "run", "--config", "sources.yaml", "--workers", "0"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--workers: '0': a whole number of workers" in out.stderr
 
 
 def test_a_declared_reason_no_file_was_dropped_for_is_not_listed() -> None:

@@ -1,5 +1,5 @@
 """The Dagster shell is generated from the stage registry: every stage is an asset with its
-blocking checks, its upstream as deps, its grain as partitions, a code version that moves
+blocking checks, every stage it reads as deps, its grain as partitions, a code version that moves
 with its code and config; definitions are built by a function and nothing is read at import.
 """
 
@@ -43,7 +43,8 @@ def test_every_registry_stage_is_an_asset_with_its_checks_deps_and_grain(graph: 
         assert checks == blocking == {c.name for c in checks_of(stage)}, stage.name
         assert blocking, f"{stage.name} has no blocking check"
         assert node.description == stage.description and node.group_name == stage.group
-        assert {p.to_user_string() for p in node.parent_keys} == set(stage.upstream), stage.name
+        parents = {p.to_user_string() for p in node.parent_keys}
+        assert parents == set(registry.reads_of(stage)), stage.name
         assert (node.partitions_def is not None) == stage.per_source, stage.name
         if stage.per_source:
             assert node.backfill_policy == dg.BackfillPolicy.single_run(), stage.name

@@ -28,7 +28,7 @@ except ImportError:  # the cluster extra; deselected tests then report no skip
 
 from megacpp_pipeline import cli
 from megacpp_pipeline.loader import PackedRowsLoader
-from megacpp_pipeline.snapshot.promote import SnapshotManifest
+from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.stages.snapshot import prune_store_snapshots
 from megacpp_pipeline.storage.store import COMPLETE, ShardStore
 from tests.fixtures.pipeline_corpus import write_catalog

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from megacpp_pipeline import cli
-from megacpp_pipeline.snapshot.card import CARD
+from megacpp_pipeline.snapshot.layout import CARD
 from tests.fixtures.pipeline_corpus import write_catalog
 
 REPO = Path(__file__).resolve().parents[2]

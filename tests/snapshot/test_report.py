@@ -20,7 +20,9 @@ import pytest
 
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.gates.enrich import KIND_NAMES
+from megacpp_pipeline.snapshot.layout import MANIFEST, SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import PAD_DOC_ID
+from megacpp_pipeline.snapshot.promote import read_manifest
 from megacpp_pipeline.snapshot.report import (
     PLOT_FILES,
     REPORT_HTML,
@@ -264,7 +266,12 @@ def test_a_fresh_interpreter_renders_the_same_bytes(
 
 def _empty_snapshot(root: Path) -> Path:
     root.mkdir(parents=True)
-    (root / "manifest.json").write_text(json.dumps({"snapshot_id": "empty", "splits": {}}))
+    empty = SnapshotManifest(
+        snapshot_id="empty", name="empty", created_at="2026-01-01T00:00:00Z", code_version="t",
+        config_hash="0" * 64, seq_len=64, vocab_size=512, tokenizer={}, splits={}, documents=0,
+        ledger={}, inputs={}, files=[],
+    )  # fmt: skip
+    (root / MANIFEST).write_text(empty.model_dump_json())
     pq.write_table(LEDGER_SCHEMA.empty_table(), root / "ledger.parquet")
     pq.write_table(DOCUMENTS_SCHEMA.empty_table(), root / "documents.parquet")
     return root
@@ -294,7 +301,7 @@ def test_an_empty_snapshot_with_zero_stats_renders_no_data_plots(tmp_path: Path)
 def test_chunk_kind_coverage_counts_only_the_valid_tokens_of_every_row(
     snapshot: SnapshotFixture,
 ) -> None:
-    manifest = json.loads((snapshot.path / "manifest.json").read_text())
+    manifest = read_manifest(snapshot.path)
     rows = scan_rows(snapshot.path, manifest, ReportConfig(batch_rows=5), kinds=True)
 
     expected = np.zeros(256, np.int64)
@@ -302,22 +309,22 @@ def test_chunk_kind_coverage_counts_only_the_valid_tokens_of_every_row(
         in_doc = truth.columns["doc_ids"] != PAD_DOC_ID
         expected += np.bincount(truth.columns["chunk_kind"][in_doc], minlength=256)
     np.testing.assert_array_equal(rows.kind_tokens, expected)
-    assert rows.kind_tokens.sum() == sum(s["tokens"] for s in manifest["splits"].values())
+    assert rows.kind_tokens.sum() == sum(s.tokens for s in manifest.splits.values())
     assert len(KIND_NAMES) > int(np.flatnonzero(expected).max())
 
 
 def test_row_utilization_is_valid_tokens_over_row_capacity(
     snapshot: SnapshotFixture, report: ReportResult
 ) -> None:
-    manifest = json.loads((snapshot.path / "manifest.json").read_text())
-    rows = sum(s["rows"] for s in manifest["splits"].values())
-    tokens = sum(s["tokens"] for s in manifest["splits"].values())
+    manifest = read_manifest(snapshot.path)
+    rows = sum(s.rows for s in manifest.splits.values())
+    tokens = sum(s.tokens for s in manifest.splits.values())
 
     assert report.metrics["packed_rows"] == rows
     assert report.metrics["row_utilization"] == pytest.approx(tokens / (rows * 32), abs=1e-6)
     stats = scan_rows(snapshot.path, manifest, ReportConfig(utilization_bins=7), kinds=False)
     assert {split: int(h.sum()) for split, h in stats.utilization_hist.items()} == {
-        split: s["rows"] for split, s in manifest["splits"].items()
+        split: s.rows for split, s in manifest.splits.items()
     }
     assert not stats.kind_tokens.any(), "kinds were decoded although not asked for"
 
@@ -350,7 +357,7 @@ def test_chunk_kind_bytes_stand_in_for_rows_without_a_chunk_kind_column(
     report: ReportResult, tmp_path: Path
 ) -> None:
     fixture = build_snapshot(tmp_path / "snapshot", with_chunk_kind=False)
-    manifest = json.loads((fixture.path / "manifest.json").read_text())
+    manifest = read_manifest(fixture.path)
     assert not scan_rows(fixture.path, manifest, ReportConfig(), kinds=True).kind_tokens.any()
 
     given = render_report(

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from megacpp_pipeline.snapshot.card import CARD
+from megacpp_pipeline.snapshot.layout import CARD
 from tests.fixtures import benchmark_tasks
 from tests.fixtures.pipeline_corpus import write_catalog
 

@@ -17,7 +17,7 @@ from megacpp_pipeline.collect.jsonl_stream.config import JsonlConverterConfig
 from megacpp_pipeline.collect.jsonl_stream.convert import convert
 from megacpp_pipeline.collect.jsonl_stream.crash import CrashPlan, CrashPlanError
 from megacpp_pipeline.collect.jsonl_stream.errors import JsonlIngestError
-from megacpp_pipeline.collect.jsonl_stream.output import REJECTS_FILE
+from megacpp_pipeline.collect.jsonl_stream.output import COMPLETE_FILE, REJECTS_FILE
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megacpp jsonl-to-parquet",
         description="Convert a (possibly still growing) JSONL file of {path, content[, license, "
-        "revision]} records into validated parquet shards, a manifest and _COMPLETE.",
+        f"revision]}} records into validated parquet shards, a manifest and {COMPLETE_FILE}.",
     )
     parser.add_argument("input", type=Path, metavar="INPUT")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR")

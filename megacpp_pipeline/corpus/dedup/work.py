@@ -44,6 +44,7 @@ from megacpp_pipeline.corpus.dedup.config import (
     band_partition_count,
     check_columns,
 )
+from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.storage.store import (
@@ -373,7 +374,7 @@ def apply_task(job: DedupJob, task: ApplyTask) -> ApplyResult:
     uploader = ShardUploader(job.store, job.out_dir)
     shards: dict[str, tuple[pa.Schema, ShardInfo, WrittenSchema]] = {}
     outputs = [
-        (f"data:{piece.source}", rows_where(table, keep), DEDUPED_FILES),
+        (layout.data_table(piece.source), rows_where(table, keep), DEDUPED_FILES),
         (
             "ledger",
             ledger.stamp(decisions.ledger_rows(rows), job.ledger_stage),

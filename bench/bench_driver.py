@@ -1,0 +1,170 @@
+"""Where a run's serial work is: each corpus-wide stage re-run over a finished run's store, one
+fresh process per stage (`run_stage`, what its Dagster asset calls, then its checks), its own CPU
+seconds (the driver's part, one core) apart from its forked workers', and its own peak memory.
+
+At two scales the driver seconds and peak of each stage are fitted as a line in the MB
+collected and projected to 1 TB, the figure docs/scaling.md reports: the largest remaining
+single-process step and its time at 1 TB (target: none over 10 minutes, a 64 GB driver enough).
+
+    .venv/bin/python -m bench.bench_driver --scales 16,64 [--work DIR]
+
+`--work` may hold the runs `bench.bench_scaleout memory` left (`<scale>x/data`); a scale
+without one is run first. Results go to bench/results/<date>-scaleout-driver.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import scaleup
+from bench.bench_scaleout import RESULTS, _run
+
+TB_MB = 1_000_000.0
+TARGET_S = 600.0  # no single-process step over 10 minutes at 1 TB
+DRIVER_MB = 64_000.0
+
+
+def _cpu() -> tuple[float, float]:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict[str, Any]:
+    """One stage and its checks in this process (run as `_one` in a fresh interpreter)."""
+    from megacpp_pipeline.pipeline.catalog import load_catalog
+    from megacpp_pipeline.pipeline.checks import checks_of
+    from megacpp_pipeline.pipeline.context import StageContext
+    from megacpp_pipeline.pipeline.runner import run_stage
+    from megacpp_pipeline.stages import default_registry
+    from megacpp_pipeline.storage.store import ShardStore
+
+    registry = default_registry()
+    ctx = StageContext(
+        load_catalog(catalog, registry), ShardStore(str(data)), registry, cache, workers=workers
+    )
+    stage = registry.get(name)
+    base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cpu0, kids0 = _cpu()
+    t0 = time.perf_counter()
+    for _ in run_stage(ctx, stage, ctx.partitions(stage)):
+        pass
+    cpu1, kids1 = _cpu()
+    t1 = time.perf_counter()
+    stage_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for check in checks_of(stage):
+        for partition in ctx.partitions(stage):
+            check.evaluate(ctx, stage, partition)
+    cpu2, kids2 = _cpu()
+    return {
+        "wall_s": round(t1 - t0, 2),
+        "driver_cpu_s": round(cpu1 - cpu0, 2),
+        "workers_cpu_s": round(kids1 - kids0, 2),
+        "checks_wall_s": round(time.perf_counter() - t1, 2),
+        "checks_driver_cpu_s": round(cpu2 - cpu1, 2),
+        "checks_workers_cpu_s": round(kids2 - kids1, 2),
+        "import_mb": round(base_mb, 1),
+        "peak_mb": round(stage_mb, 1),
+        "peak_with_checks_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def _global_stages() -> list[str]:
+    from megacpp_pipeline.stages import default_registry
+
+    registry = default_registry()
+    first = registry.names()[0]  # the catalog: a few rows whatever the corpus
+    return [s.name for s in registry if not s.per_source and s.name != first]
+
+
+def measure(scale: int, work: Path, workers: int) -> dict[str, Any]:
+    corpus = scaleup.build(scale, scaleup.REPO / ".cache" / "bench")
+    run_dir = work / f"{scale}x"
+    if not (run_dir / "data" / "snapshots").is_dir():
+        _run(corpus.catalog, run_dir, f"{scale}x")
+    stages = {}
+    for name in _global_stages():
+        cache = run_dir / "cache-driver"  # fresh: the map work is done again, not cache hits
+        shutil.rmtree(cache, ignore_errors=True)
+        print(f"[driver] {scale}x {name} ...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "bench.bench_driver", "_one", str(corpus.catalog)]
+        cmd += [str(run_dir / "data"), str(cache), name, str(workers)]
+        out = subprocess.run(cmd, cwd=scaleup.REPO, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{scale}x {name} failed:\n{out.stderr[-4000:]}")
+        stages[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"[driver] {scale}x {name}: {stages[name]}", file=sys.stderr, flush=True)
+    return {"mb_in": round(corpus.bytes / 1e6, 1), "files": corpus.files, "stages": stages}
+
+
+def _line(x0: float, y0: float, x1: float, y1: float, at: float) -> float:
+    slope = (y1 - y0) / (x1 - x0)
+    return max(y0 + slope * (at - x0), y1)
+
+
+def project(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    small, large = runs[min(runs)], runs[max(runs)]
+    x0, x1 = small["mb_in"], large["mb_in"]
+    out = {}
+    for name, s in large["stages"].items():
+        a = small["stages"][name]
+        drv0 = a["driver_cpu_s"] + a["checks_driver_cpu_s"]
+        drv1 = s["driver_cpu_s"] + s["checks_driver_cpu_s"]
+        out[name] = {
+            "driver_s_per_gb": round((drv1 - drv0) / (x1 - x0) * 1000, 3),
+            "driver_s_at_1tb": round(_line(x0, drv0, x1, drv1, TB_MB)),
+            "peak_mb_at_1tb": round(
+                _line(x0, a["peak_with_checks_mb"], x1, s["peak_with_checks_mb"], TB_MB)
+            ),
+        }
+    largest = max(out.items(), key=lambda kv: kv[1]["driver_s_at_1tb"])
+    heaviest = max(out.items(), key=lambda kv: kv[1]["peak_mb_at_1tb"])
+    return {
+        "per_stage": out,
+        "largest_single_process_step": [largest[0], largest[1]["driver_s_at_1tb"]],
+        "largest_driver_peak": [heaviest[0], heaviest[1]["peak_mb_at_1tb"]],
+        "target": f"no step over {TARGET_S:.0f} s at 1 TB, a {DRIVER_MB / 1000:.0f} GB driver",
+        "passed": largest[1]["driver_s_at_1tb"] <= TARGET_S
+        and heaviest[1]["peak_mb_at_1tb"] <= DRIVER_MB,
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_one":
+        catalog, data, cache, name, workers = sys.argv[2:7]
+        print(json.dumps(one(Path(catalog), Path(data), Path(cache), name, int(workers))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scales", default="16,64")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-driver-"))
+    scales = [int(n) for n in args.scales.split(",")]
+    runs = {scale: measure(scale, work, args.workers) for scale in scales}
+    result = {
+        "scales": scales,
+        "workers": args.workers,
+        "runs": runs,
+        "projection": project(runs),
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-scaleout-driver.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["projection"], indent=2))
+    print(f"-> {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
