@@ -13,11 +13,35 @@ import pyarrow.fs as pafs
 
 from assets.defs import DEFAULT_CACHE_DIR
 from megacpp_pipeline import cli
+from megacpp_pipeline.plan import command as plan_command
+from megacpp_pipeline.plan.rates import RatesError
+from megacpp_pipeline.plan.table import render
 from megacpp_pipeline.storage import file_cache_audit
 from megacpp_pipeline.storage.store import ShardStore
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if not args.no_plan:  # the same check as `megacpp plan`, before any work
+        try:
+            plan = plan_command.plan_from_args(args, run_here=True)
+        except RatesError as e:  # no rates to plan with: say so, and run unchecked
+            print(f"plan: not checked ({e})", file=sys.stderr)
+            return _run(args)
+        problems = plan.problems()
+        if problems:
+            print(render(plan), file=sys.stderr)
+            print(f"megacpp run: does not fit, not started: {problems[0]}", file=sys.stderr)
+            return plan_command.EXIT_DOES_NOT_FIT
+        print(
+            f"plan: {plan.files:,} files, {plan.mb_in:,.1f} MB; about {plan.wall_s:,.0f} s on "
+            f"{plan.workers} workers, peak {plan.peak_mb:,.0f} of {plan.memory_mb:,.0f} MB, "
+            f"{plan.local_mb:,.0f} MB of disk: fits (megacpp plan for the table)",
+            file=sys.stderr,
+        )
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         from assets.runner import PipelineFailed, PipelineInterrupted, run_pipeline
 
@@ -80,6 +104,13 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         default=None,
         help="forked workers and concurrent steps on this host (default: MEGACPP_WORKERS, "
         "else every CPU this process may use; 1 runs everything in the step's process)",
+    )
+    plan_command.add_arguments(p, workers=False)  # the run's --workers is the plan's
+    p.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="start without the pre-flight check (megacpp plan) that refuses a run which "
+        "would not fit the memory or disk it has",
     )
     p.add_argument("--stop-after", default=None, help="stop after this asset (debugging)")
     p.add_argument("--verbose", action="store_true", help="Dagster's event log on the console too")

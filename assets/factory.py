@@ -28,6 +28,10 @@ from resources.pipeline import PipelineResource
 
 # The revision a refresh resolved for a tracked branch, pinned on the run that collects it.
 REVISION_TAG = "megacpp/revision"
+# A run over a range of sources: every partition of a per-source asset in one run (its
+# single-run backfill policy), as `megacpp run` and the nightly cascade launch them.
+PARTITION_RANGE_START = "dagster/asset_partition_range_start"
+PARTITION_RANGE_END = "dagster/asset_partition_range_end"
 
 
 def source_partitions(catalog: Catalog) -> dg.StaticPartitionsDefinition:

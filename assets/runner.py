@@ -29,6 +29,7 @@ import dagster as dg
 
 from assets.console import RunConsole
 from assets.defs import DEFAULT_CACHE_DIR, build_defs
+from assets.factory import PARTITION_RANGE_END, PARTITION_RANGE_START
 from assets.interrupts import Interrupts, become_group_leader
 from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.engine import Engine
@@ -36,8 +37,6 @@ from megacpp_pipeline.pipeline.parallel import cpu_count, polars_threads_run, wo
 from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
-PARTITION_RANGE_START = "dagster/asset_partition_range_start"
-PARTITION_RANGE_END = "dagster/asset_partition_range_end"
 
 
 QUIET_CONSOLE: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}

@@ -1,7 +1,8 @@
-"""`megacpp`: the library's commands (verify, inspect, export-megatron, jsonl-to-parquet),
-which need no Dagster. Errors become one clear line naming the file, field or check, never
-a traceback. The orchestrating `run` command belongs to the Dagster shell (assets/cli.py),
-which adds it to this parser; the installed `megacpp` script is that one."""
+"""`megacpp`: the library's commands (plan, verify, inspect, explain, diff, export-megatron,
+export-text, jsonl-to-parquet), which need no Dagster. Errors become one clear line naming
+the file, field or check, never a traceback. The orchestrating `run` command belongs to the
+Dagster shell (assets/cli.py), which adds it to this parser; the installed `megacpp` script
+is that one."""
 
 from __future__ import annotations
 
@@ -11,11 +12,19 @@ from collections.abc import Callable, Mapping, Sequence
 
 from megacpp_pipeline.collect import CollectError, jsonl_stream
 from megacpp_pipeline.core.catalog import CatalogError
+from megacpp_pipeline.plan import command as plan_command
+from megacpp_pipeline.plan.rates import RatesError
 from megacpp_pipeline.snapshot import diff, explain, verify
 from megacpp_pipeline.storage.store import StoreError
 
 Register = Callable[[argparse.ArgumentParser], None]
-KNOWN_ERRORS: tuple[type[BaseException], ...] = (CatalogError, CollectError, StoreError, OSError)
+KNOWN_ERRORS: tuple[type[BaseException], ...] = (
+    CatalogError,
+    CollectError,
+    StoreError,
+    RatesError,
+    OSError,
+)
 
 
 def _cmd_jsonl(args: argparse.Namespace) -> int:
@@ -29,6 +38,7 @@ def _register_jsonl(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, Register] = {
+    "plan": plan_command.register,
     **verify.COMMANDS,
     "explain": verify.with_one_line_errors(explain.register),
     "diff": verify.with_one_line_errors(diff.register),

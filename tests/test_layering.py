@@ -57,7 +57,8 @@ def test_no_library_source_imports_the_shell_even_inside_a_function() -> None:
 # below it, never one above. core holds the contracts (rows, ledger, catalog), storage the
 # shard store, the per-file and corpus-wide algorithms sit on both, snapshot and loader read
 # what they write, pipeline runs stages over all of it, stages declare the DAG, cli is the
-# edge that reads the environment.
+# edge that reads the environment; plan (the pre-flight forecast of a run's stage groups, a
+# command of that edge) sizes sources with collect and forecasts the registry's groups.
 LAYERS = {
     "core": 0,
     "storage": 1,
@@ -69,6 +70,7 @@ LAYERS = {
     "pipeline": 4,
     "stages": 5,
     "cli": 6,
+    "plan": 6,
 }
 
 

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from megacpp_pipeline.collect.archive import archive_source, fetch_archive
-from megacpp_pipeline.collect.directory import dir_source
-from megacpp_pipeline.collect.git import commit_exists, git_source, resolve_branch
+from megacpp_pipeline.collect.archive import archive_listing, archive_source, fetch_archive
+from megacpp_pipeline.collect.directory import dir_listing, dir_source
+from megacpp_pipeline.collect.git import commit_exists, git_listing, git_source, resolve_branch
 from megacpp_pipeline.collect.source import (
     CollectError,
     Entry,
+    Listed,
     PathFilter,
     Scope,
     SourceFiles,
@@ -40,12 +41,14 @@ __all__ = [
     "CollectBatch",
     "CollectError",
     "Entry",
+    "Listed",
     "PathFilter",
     "SourceFiles",
     "collect_batches",
     "commit_exists",
     "fetch_archive",
     "glob_to_regex",
+    "list_source",
     "open_source",
     "resolve_branch",
     "safe_relpath",
@@ -78,6 +81,37 @@ def open_source(
         return dir_source(spec, uri, scope, limits, max_file_bytes)
     if spec.kind == "jsonl":
         return _jsonl_source(spec, uri, scope, max_file_bytes)
+    raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
+
+
+def list_source(
+    spec: SourceSpec,
+    uri: str,
+    *,
+    cache_dir: Path,
+    limits: CollectLimits,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Listed:
+    """How many files of the source collection would keep, and their bytes, without reading
+    any file (git: `ls-tree -l`; an archive: its member list; a directory: a walk; JSONL: its
+    records counted by line, its size as their bytes). `max_file_bytes`: the source's size
+    policy (Catalog.file_limit), as collection applies it."""
+    scope = Scope(spec, None)
+    if spec.kind == "git":
+        return git_listing(spec, uri, cache_dir, scope, max_file_bytes)
+    if spec.kind == "archive":
+        return archive_listing(spec, uri, cache_dir, scope, limits, max_file_bytes)
+    if spec.kind == "dir":
+        return dir_listing(spec, uri, scope, max_file_bytes)
+    if spec.kind == "jsonl":
+        path = Path(uri.removeprefix("file://"))
+        if not path.is_file():
+            raise CollectError(f"source {spec.id!r}: {path} not found")
+        lines = 0
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                lines += chunk.count(b"\n")
+        return Listed(None, lines, path.stat().st_size, "JSONL lines and file size")
     raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
 
 

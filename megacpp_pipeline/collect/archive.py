@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from megacpp_pipeline.collect.source import (
     CollectError,
     Entry,
+    Listed,
     Scope,
     SourceFiles,
     annex_link_key,
@@ -247,3 +248,38 @@ def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
             else:
                 spool.seek(offset)
                 yield replace(entry, content=spool.read(size))
+
+
+def archive_listing(
+    spec: SourceSpec,
+    uri: str,
+    cache_dir: Path,
+    scope: Scope,
+    limits: CollectLimits,
+    max_file_bytes: int,
+) -> Listed:
+    """The wanted members of the (verified) archive and their sizes, from its member list: a
+    zip's central directory, a tar's headers (a compressed tar is decompressed to walk them,
+    but no member is kept); the members collection's bounds would refuse are left out."""
+    assert spec.sha256 is not None
+    path = fetch_archive(uri, spec.sha256, cache_dir)
+    budget = _Budget(limits, max_file_bytes)
+    members: list[tuple[str, int]] = []
+    if path.name.lower().endswith((".zip", ".whl")):
+        with zipfile.ZipFile(path) as zf:
+            members = [
+                (i.filename, i.file_size)
+                for i in zf.infolist()
+                if not i.is_dir() and not stat.S_ISLNK(i.external_attr >> 16)
+            ]
+        how = "zip central directory"
+    else:
+        with _open_tar(path) as tf:
+            members = [(m.name, m.size) for m in tf if m.isreg()]
+        how = "tar member headers"
+    for name, n in sorted(members):
+        rel = safe_relpath(name)
+        rel2 = scope.relative(rel) if rel is not None else None
+        if rel2 is not None and scope.classify(rel2) is None and budget.refuse(rel2, n) is None:
+            budget.take(n)
+    return Listed(spec.sha256, budget.files, budget.bytes, how)

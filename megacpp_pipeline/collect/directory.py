@@ -12,6 +12,7 @@ from pathlib import Path
 from megacpp_pipeline.collect.source import (
     CollectError,
     Entry,
+    Listed,
     Scope,
     SourceFiles,
     has_control_chars,
@@ -105,3 +106,27 @@ def _link_target(path: str) -> str | None:
         return os.fsencode(os.readlink(path)).decode("utf-8", "replace")
     except OSError:
         return None
+
+
+def dir_listing(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> Listed:
+    """The wanted files under the root and their sizes, from a directory walk (stat only:
+    the revision, a hash of the contents, is left to collection)."""
+    root = Path(uri.removeprefix("file://"))
+    if spec.subdir:
+        root = root / spec.subdir
+    if not root.is_dir():
+        raise CollectError(f"source {spec.id!r}: {root} is not a directory")
+    scope = Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
+    files = size = 0
+    for raw, e in _walk(root):
+        rel = name_of(raw)
+        if not is_utf8(raw) or has_control_chars(rel):
+            continue
+        if e.is_symlink() or not e.is_file(follow_symlinks=False):
+            continue
+        if scope.classify(rel) is None:
+            n = e.stat(follow_symlinks=False).st_size
+            if n <= max_file_bytes:
+                files += 1
+                size += n
+    return Listed(None, files, size, "directory walk")

@@ -16,6 +16,7 @@ from megacpp_pipeline.collect.source import (
     READ_CHUNK,
     CollectError,
     Entry,
+    Listed,
     Scope,
     SourceFiles,
     decode_name,
@@ -158,3 +159,32 @@ def _git_blobs(
 def _skip(stream: IO[bytes], n: int) -> None:
     while n > 0:
         n -= len(stream.read(min(n, READ_CHUNK)) or b"x" * n)
+
+
+def git_listing(
+    spec: SourceSpec, uri: str, cache_dir: Path, scope: Scope, max_file_bytes: int
+) -> Listed:
+    """The wanted blobs at the pinned (or tracked) commit and their sizes, from `git ls-tree
+    -r -l` alone: no blob is read (a remote is mirrored bare into the cache, as collection
+    would)."""
+    revision = spec.revision or (resolve_branch(uri, spec.track) if spec.track else None)
+    if revision is None:
+        raise CollectError(f"source {spec.id!r}: no revision to list")
+    repo = _git_repo(uri, cache_dir, spec.id, revision)
+    listing = _git(["ls-tree", "-r", "-l", "-z", "--full-tree", revision], repo)
+    if listing.returncode != 0:
+        raise CollectError(f"source {spec.id!r}: git ls-tree {revision} failed in {uri}")
+    files = size = 0
+    for record in listing.stdout.split(b"\x00"):
+        if not record:
+            continue
+        meta, raw_path = record.split(b"\t", 1)
+        mode, kind, _obj, blob_size = meta.decode().split()
+        name, ok = decode_name(raw_path)
+        rel = scope.relative(name)
+        if rel is None or not ok or kind != "blob" or mode == "120000":
+            continue
+        if scope.classify(rel) is None and int(blob_size) <= max_file_bytes:
+            files += 1
+            size += int(blob_size)
+    return Listed(revision, files, size, f"git ls-tree -r -l {revision[:12]}")

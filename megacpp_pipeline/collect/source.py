@@ -30,6 +30,17 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Listed:
+    """A source's wanted files by count and bytes, listed without reading any of them (what
+    `megacpp plan` sizes a run by), and how they were listed."""
+
+    revision: str | None  # None where naming it needs the content (a dir's tree hash)
+    files: int
+    bytes: int
+    how: str
+
+
+@dataclass(frozen=True)
 class SourceFiles:
     revision: str
     entries: Callable[[], Iterator[Entry]]

@@ -65,6 +65,10 @@ class SourceSpec(BaseModel):
     # path prefixes inside the source that hold vendored copies of other projects (besides
     # the usual third_party/, vendor/, external/ ... folders); dedup keeps upstream copies first
     vendored_paths: list[str] = Field(default_factory=list)
+    # how much of the training mixture this source is: its documents are packed `weight`
+    # times on average (0.5: about half of them once; 2.5: each twice, half of them three
+    # times), by a seeded hash of each document (corpus/packing.py: document_draws)
+    weight: float = Field(default=1.0, gt=0.0, le=1000.0)
     max_file_bytes: int | None = Field(default=None, gt=0)  # this source's size policy
 
     @field_validator("include", "exclude")

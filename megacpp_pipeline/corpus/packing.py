@@ -16,12 +16,21 @@ pack_id: rows are numbered sequentially per split and block in output order, fro
 block's base (block_base: the split's base in PACK_ID_BASE, train from 0, validation from
 2**62, plus the block number times 2**32), so an id never depends on the other split or on
 another block, and blocks of whole windows can be packed side by side on any worker.
+
+Source weights (`weight:` in sources.yaml): a document of a source of weight w is packed
+`document_draws` times: floor(w), plus once more when a seeded uniform of its key (source and
+path) falls below frac(w), so each document is drawn w times on average and a source's share
+follows its weight. The draw depends on the document alone, never on a window, a block or
+an engine; its k-th copy is packed in the k-th pass over the split (`copy` in the pieces), so
+two copies never share a window, and so never a row.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+import hashlib
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -42,6 +51,7 @@ from megacpp_pipeline.snapshot.packed_rows import (
 SPLITS = layout.SPLITS
 PACK_ID_BASE = {"train": 0, "validation": 1 << 62}
 BLOCK_SHIFT = 32  # a block's rows are numbered from its base: fewer than 2**32 of them
+WEIGHT_STREAM = 3  # the seeded uniform of a weighted draw (streams 0-2 are FIM's)
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _INPUT_SCHEMA = pa.schema(
     [
@@ -90,6 +100,12 @@ class PackingConfig(BaseModel):
     windows_per_task: int = Field(default=16, ge=1)
     packing_telemetry: bool = False
     histogram_bins: int = Field(default=20, ge=1)
+    # source id -> its `weight:` from sources.yaml (the catalog fills it in; a source not
+    # listed weighs 1.0, so a catalog without weights packs, and versions, as it always did)
+    source_weights: dict[str, float] = Field(default_factory=dict)
+
+    def weight(self, source: str) -> float:
+        return self.source_weights.get(source, 1.0)
 
 
 class PackingTelemetry(BaseModel):
@@ -192,6 +208,35 @@ def _uniform(seed: int, doc_ids: np.ndarray, stream: int) -> np.ndarray:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def draw_keys(source_ids: Sequence[str], paths: Sequence[str]) -> np.ndarray:
+    """A 64-bit key per document from its source and path: what its weighted draw is seeded
+    by. Not the doc_id: doc_ids shift when a refresh adds a file, and a draw must stay with
+    its document so a refresh changes the mixture only where the files changed."""
+    return np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(f"{s}\0{p}".encode(), digest_size=8).digest(), "little")
+            for s, p in zip(source_ids, paths, strict=True)
+        ),
+        dtype=np.uint64,
+        count=len(paths),
+    )
+
+
+def document_draws(keys: np.ndarray, weight: float, seed: int) -> np.ndarray:
+    """How many times each document is packed at `weight`: floor(weight), plus one when the
+    seeded uniform of its key is below the fractional part (int32, one per key)."""
+    if not weight > 0:
+        raise ValueError(f"weight {weight}: must be > 0")
+    base = math.floor(weight)
+    extra = _uniform(seed, keys, WEIGHT_STREAM) < (weight - base)
+    return (base + extra).astype(np.int32)
+
+
+def max_draws(weight: float) -> int:
+    """The most copies a document of this weight gets: the passes over its source."""
+    return math.ceil(weight)
 
 
 def _fim_cuts(
@@ -444,9 +489,10 @@ class _SplitPacker:
     """Packs one split's windows; owns that split's pack_id counter."""
 
     def __init__(
-        self, split: str, config: PackingConfig, special: SpecialIds, block: int = 0
+        self, split: str, config: PackingConfig, special: SpecialIds, block: int = 0, copy: int = 0
     ) -> None:
         self.split = split
+        self.copy = copy  # which copy of its documents this packer places (the pieces say)
         self.config = config
         self.special = special
         self.next_pack_id = block_base(split, block)
@@ -554,6 +600,7 @@ class _SplitPacker:
                 pa.array(placed.offset.astype(np.int32), pa.int32()),
                 pa.array(placed.length.astype(np.int32), pa.int32()),
                 pa.repeat(pa.scalar(self.split, pa.string()), placed.row.size),
+                pa.array(np.full(placed.row.size, self.copy, np.int32), pa.int32()),
             ],
             schema=PIECES_SCHEMA,
         )
@@ -636,13 +683,18 @@ def pack(
 
 
 def pack_block(
-    docs: Iterable[pa.Table], split: str, block: int, config: PackingConfig, special: SpecialIds
+    docs: Iterable[pa.Table],
+    split: str,
+    block: int,
+    config: PackingConfig,
+    special: SpecialIds,
+    copy: int = 0,
 ) -> Iterator[PackedBatch]:
     """One block of one split: its documents (all of `split`, in doc order) packed window
-    by window, pack_ids from the block's base. The windows of the whole split, cut into
-    blocks of `windows_per_task` windows, pack to exactly the rows `pack` gives them; only
-    the pack_ids say which block a row came from."""
-    packer = _SplitPacker(split, config, special, block)
+    by window, pack_ids from the block's base, their pieces marked as copy `copy`. The
+    windows of the whole split, cut into blocks of `windows_per_task` windows, pack to
+    exactly the rows `pack` gives them; only the pack_ids say which block a row came from."""
+    packer = _SplitPacker(split, config, special, block, copy)
     for table in docs:
         if table.num_rows == 0:
             continue

@@ -1,6 +1,8 @@
-"""The tokenizer artifact: either a pinned `tokenizer.json` whose sha256 must match, or a
-byte-level BPE trained deterministically with `tokenizers`. Seed rule: pin the artifact and
-record its special tokens (fixed ids 0..n-1, in SPECIAL_TOKENS order) and normalization.
+"""The tokenizer artifact: a pinned `tokenizer.json` whose sha256 must match, the last promoted
+snapshot's own artifact (kept across refreshes, so a snapshot stays one a training run can
+continue on), or a byte-level BPE trained deterministically with `tokenizers`. Seed rule: pin
+the artifact and record its special tokens (fixed ids 0..n-1, in SPECIAL_TOKENS order) and
+normalization.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +53,24 @@ class TokenizerArtifactError(ValueError):
         self.rule = rule
 
 
+class TokenizerMode(StrEnum):
+    """Where a run's tokenizer comes from."""
+
+    # the last promoted snapshot of the same name keeps its tokenizer (unchanged files then
+    # hit the token cache and a training run can continue on the new snapshot); trained only
+    # when there is none, or when the config asks for another vocabulary size
+    REUSE = "reuse"
+    TRAIN = "train"  # a new BPE on this run's train split: a new vocabulary
+    PINNED = "pinned"  # `path` + `sha256`: an artifact from elsewhere, verified
+
+
 class TokenizerConfig(BaseModel):
-    """Pinned (`path` + `sha256`) or trained (the remaining fields); never both."""
+    """Where the tokenizer comes from (`mode`; default: pinned when `path` and `sha256` are
+    given, else reuse) and, for training, how it is trained (the remaining fields)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    mode: TokenizerMode | None = None
     path: str | None = None
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     vocab_size: int = Field(default=32768, ge=len(SPECIAL_TOKENS) + 256 + 1, le=1 << 20)
@@ -73,11 +89,24 @@ class TokenizerConfig(BaseModel):
     def _pinned_needs_both(self) -> TokenizerConfig:
         if (self.path is None) != (self.sha256 is None):
             raise ValueError("a pinned tokenizer needs both `path` and `sha256`")
+        if self.mode is TokenizerMode.PINNED and self.path is None:
+            raise ValueError("mode pinned needs `path` and `sha256` (the artifact it pins)")
+        if self.mode not in (None, TokenizerMode.PINNED) and self.path is not None:
+            raise ValueError(
+                f"mode {self.mode} does not take `path`/`sha256` (they pin an artifact: "
+                "mode pinned)"
+            )
         return self
 
     @property
+    def effective_mode(self) -> TokenizerMode:
+        if self.mode is not None:
+            return self.mode
+        return TokenizerMode.PINNED if self.path is not None else TokenizerMode.REUSE
+
+    @property
     def pinned(self) -> bool:
-        return self.path is not None
+        return self.effective_mode is TokenizerMode.PINNED
 
 
 class SpecialIds(BaseModel):

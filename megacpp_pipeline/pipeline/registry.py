@@ -245,6 +245,33 @@ class Registry:
                 break
         return head
 
+    def run_groups(self) -> list[tuple[str, ...]]:
+        """The stages cut into as few groups as their grains allow, in dependency order: a
+        group takes every stage of its grain whose reads (reads_of: its Dagster deps) are done
+        or in the group (what `megacpp run` materializes in one Dagster run each, and what
+        the plan sizes)."""
+        done: set[str] = set()
+        groups: list[tuple[str, ...]] = []
+        while len(done) < len(self.stages):
+            grain = next(
+                s.per_source
+                for s in self.stages
+                if s.name not in done and set(self.reads_of(s)) <= done
+            )
+            group: list[str] = []
+            grew = True
+            while grew:
+                grew = False
+                for s in self.stages:
+                    if s.name in done or s.name in group or s.per_source != grain:
+                        continue
+                    if set(self.reads_of(s)) <= done | set(group):
+                        group.append(s.name)
+                        grew = True
+            groups.append(tuple(group))
+            done.update(group)
+        return groups
+
     def reads_of(self, stage: Stage) -> tuple[str, ...]:
         """Every stage `stage` reads: its input, its declared reads, and the earlier ledger
         stages when it reads them all."""

@@ -165,17 +165,38 @@ def _sources(manifest: SnapshotManifest, documents: Any, ledger: Any) -> list[st
     docs = counts(documents["source_id"])
     collected = counts(ledger["source_id"])
     rows = [
-        (sid, s.kind, f"`{s.revision}`", s.declared_license or "", collected[sid], docs[sid])
+        (
+            sid,
+            s.kind,
+            f"`{s.revision}`",
+            s.declared_license or "",
+            collected[sid],
+            docs[sid],
+            s.weight,
+            s.sequences if s.sequences is not None else docs[sid],
+        )
         for sid, s in manifest.sources.items()
     ]
+    header = (
+        "source",
+        "kind",
+        "pinned revision",
+        "declared licence",
+        "collected",
+        "documents",
+        "weight",
+        "in the rows",
+    )
     return [
         "",
         "## Sources",
         "",
-        *_table(
-            ("source", "kind", "pinned revision", "declared licence", "collected", "documents"),
-            rows,
-        ),
+        *_table(header, rows),
+        "",
+        "A source's weight is how many times each of its documents is packed on average "
+        "(0.5: about half of them once; 2.5: each twice and about half three times, by a "
+        f"seeded hash of the document, seed {manifest.draw_seed}); `in the rows` counts the "
+        f"copies packed, what one epoch over the rows trains on (`draws` in {layout.DOCUMENTS}).",
     ]
 
 
@@ -324,11 +345,36 @@ def _tokens(manifest: SnapshotManifest, inputs: CardInputs) -> list[str]:
         "",
         f"Tokenizer `{layout.TOKENIZER}`: sha256 `{t.get('sha256', '')}`, vocabulary "
         f"{manifest.vocab_size:,}, special tokens {specials}.",
+        *_tokenizer_policy(manifest.tokenizer_policy),
         f"Rows of {manifest.seq_len:,} tokens, BOS-aligned best-fit packing; train row "
         f"utilization {util}.",
         "",
         *_table(("split", "rows", "documents", "tokens"), rows),
     ]
+
+
+def tokenizer_origin(policy: Mapping[str, Any]) -> str:
+    """Where a snapshot's tokenizer came from, in words (the card's and the diff's)."""
+    decision, mode = policy.get("decision"), policy.get("mode")
+    if decision == "reused":
+        return f"kept from `{policy.get('from_snapshot')}` (mode {mode})"
+    if decision == "pinned":
+        return f"pinned (`{policy.get('path')}`)"
+    if decision == "trained":
+        return f"trained for this snapshot (mode {mode}: {policy.get('reason')})"
+    return "not recorded"
+
+
+def _tokenizer_policy(policy: Mapping[str, Any]) -> list[str]:
+    if not policy:
+        return []
+    line = f"Tokenizer origin: {tokenizer_origin(policy)}."
+    if policy.get("decision") == "trained":
+        line += (
+            " A new vocabulary: a model trained on an earlier snapshot cannot continue on this "
+            "one without re-tokenizing."
+        )
+    return [line]
 
 
 def _reading(manifest: SnapshotManifest) -> list[str]:

@@ -10,10 +10,12 @@ import argparse
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.card import tokenizer_origin
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.promote import read_manifest
 
@@ -28,10 +30,16 @@ class SourceChange:
     changed: list[str] = field(default_factory=list)
     old_documents: int = 0
     new_documents: int = 0
+    old_weight: float | None = None  # None: not in that snapshot
+    new_weight: float | None = None
 
     @property
     def moved(self) -> bool:
         return self.old_revision != self.new_revision
+
+    @property
+    def reweighted(self) -> bool:
+        return None not in (self.old_weight, self.new_weight) and self.old_weight != self.new_weight
 
 
 @dataclass
@@ -44,11 +52,15 @@ class SnapshotDiff:
     licences: dict[str, tuple[int, int]]  # expression -> documents (old, new), changed only
     scrub: dict[str, tuple[int, int]]  # kind -> documents (old, new), changed only
     tokenizer_changed: bool
+    # where the new snapshot's tokenizer came from (its manifest's tokenizer_policy)
+    tokenizer_policy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return (
-            not any(s.moved or s.added or s.removed or s.changed for s in self.sources)
+            not any(
+                s.moved or s.reweighted or s.added or s.removed or s.changed for s in self.sources
+            )
             and self.documents[0] == self.documents[1]
             and not self.tokenizer_changed
         )
@@ -104,6 +116,8 @@ def diff_snapshots(old_dir: Path, new_dir: Path) -> SnapshotDiff:
                 changed=sorted(p for p in set(before) & set(after) if before[p] != after[p]),
                 old_documents=old_docs[sid],
                 new_documents=new_docs[sid],
+                old_weight=om.sources[sid].weight if sid in om.sources else None,
+                new_weight=nm.sources[sid].weight if sid in nm.sources else None,
             )
         )
     return SnapshotDiff(
@@ -121,6 +135,7 @@ def diff_snapshots(old_dir: Path, new_dir: Path) -> SnapshotDiff:
         licences=_deltas(old_lic, new_lic),
         scrub=_deltas(old_scrub, new_scrub),
         tokenizer_changed=om.tokenizer.get("sha256") != nm.tokenizer.get("sha256"),
+        tokenizer_policy=dict(nm.tokenizer_policy),
     )
 
 
@@ -144,6 +159,11 @@ def render_markdown(d: SnapshotDiff, limit: int = 10) -> str:
     if moved:
         lines += ["| source | old revision | new revision |", "|---|---|---|"]
         lines += [f"| {s.source_id} | `{s.old_revision}` | `{s.new_revision}` |" for s in moved]
+        lines.append("")
+    weights = [s for s in d.sources if s.reweighted or (s.new_weight or 1.0) != 1.0]
+    if weights:
+        lines += ["| source | old weight | new weight |", "|---|---:|---:|"]
+        lines += [f"| {s.source_id} | {s.old_weight} | {s.new_weight} |" for s in weights]
         lines.append("")
     touched = [
         s
@@ -179,7 +199,8 @@ def render_markdown(d: SnapshotDiff, limit: int = 10) -> str:
             lines += ["", f"{title}:", ""] + [
                 f"- {k}: {_signed(a, b)}" for k, (a, b) in table.items()
             ]
-    lines += ["", f"Tokenizer changed: {'yes' if d.tokenizer_changed else 'no'}."]
+    origin = f" ({tokenizer_origin(d.tokenizer_policy)})" if d.tokenizer_policy else ""
+    lines += ["", f"Tokenizer changed: {'yes' if d.tokenizer_changed else 'no'}{origin}."]
     return "\n".join(lines)
 
 

@@ -199,6 +199,12 @@ def render(journey: Journey) -> str:
             f"{doc.get('num_tokens')} tokens in {doc.get('num_pieces')} piece(s), "
             f"rows (pack_id) {doc.get('pack_ids')}"
         )
+        draws = doc.get("draws")
+        if draws is not None and draws != 1:  # its source's weight repeats or leaves it out
+            lines.append(
+                f"  weighted    packed {draws} time(s) (its source's weight)"
+                + ("; not in the rows" if draws == 0 else "")
+            )
         if (doc.get("num_files") or 1) > 1 or doc.get("path") != journey.path:
             start = member.get("start_token", 0)
             end = start + member.get("num_tokens", 0)

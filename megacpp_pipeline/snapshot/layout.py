@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from megacpp_pipeline.snapshot.packed_rows import PACKED_SCHEMA_VERSION
 
 # 2: document_files.parquet and document_mode (repository documents)
-SCHEMA_VERSION = 2
+# 3: source weights: pieces.copy, documents.draws, sources' weight, documents and sequences,
+#    splits' sequences, draw_seed; tokenizer_policy
+SCHEMA_VERSION = 3
 SPLITS = ("train", "validation")
 
 MANIFEST = "manifest.json"
@@ -65,15 +67,23 @@ class SplitEntry(BaseModel):
     documents: int
     tokens: int  # valid (non-pad) tokens in the split's rows
     shards: list[str]
+    # document copies packed into the rows (the sum of the documents' draws): what an epoch
+    # over the rows trains on and what the Megatron export holds; None before source weights
+    # (then every document once: `documents`)
+    sequences: int | None = None
 
 
 class SourceEntry(BaseModel):
-    """A source as this snapshot collected it: what kind, at which revision."""
+    """A source as this snapshot collected it: what kind, at which revision, and its share of
+    the mixture: its weight, its documents and the copies of them packed (`sequences`)."""
 
     model_config = ConfigDict(extra="forbid")
     kind: str
     revision: str
     declared_license: str | None = None
+    weight: float = 1.0
+    documents: int | None = None
+    sequences: int | None = None
 
 
 class SnapshotManifest(BaseModel):
@@ -88,11 +98,17 @@ class SnapshotManifest(BaseModel):
     seq_len: int
     vocab_size: int
     tokenizer: dict[str, Any]
+    # where the tokenizer came from: mode (reuse | train | pinned), decision (reused |
+    # trained | pinned), from_snapshot, reason; the card and `megacpp diff` say it
+    tokenizer_policy: dict[str, Any] = Field(default_factory=dict)
     splits: dict[str, SplitEntry]
     documents: int
     # what a document is: "file" (one kept file) or "repository" (a source's files in
     # #include order, each after a `// <path>` line); DOCUMENT_FILES lists the files
     document_mode: str = "file"
+    # the seed of the weighted draws (corpus/packing.py: document_draws), with each source's
+    # weight: verify recomputes every document's draws from them
+    draw_seed: int = 0
     # where the run that promoted it ran its per-file stages (pipeline/engine.py); not part
     # of the content: the same files give the same snapshot id on any engine
     engine: dict[str, Any] = Field(default_factory=lambda: {"engine": "local"})

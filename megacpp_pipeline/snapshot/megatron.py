@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.layout import COMPLETE, MANIFEST, SnapshotManifest
-from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy, with_copy_column
 from megacpp_pipeline.snapshot.shard_checks import Mapper, file_facts, inline
 from megacpp_pipeline.storage.versions import pid_alive, recorded_manifest_sha256, sha256_file
 
@@ -228,9 +228,11 @@ def export_snapshot(
     dtype: np.dtype[Any] | type[np.number[Any]] | None = None,
     mapper: Mapper = inline,
 ) -> IndexedDatasetSummary:
-    """Write one Megatron sequence per document of `split`, in doc_id order. A split without
-    documents (a snapshot may have one with no rows) is refused: there is nothing to train on
-    and megatron-core cannot open an empty `.bin`.
+    """Write one Megatron sequence per document of `split` and per copy of it in the rows (a
+    source weighted above 1 packs some documents more than once; one below 1 leaves some
+    out), in doc_id then copy order: the sequences an epoch over the rows trains on. A split
+    without documents (a snapshot may have one with no rows) is refused: there is nothing to
+    train on and megatron-core cannot open an empty `.bin`.
 
     Two passes: `pieces.parquet` fixes where every piece lands in the output, then each
     shard's `input_ids` is scattered into the preallocated `.bin` by a task of `mapper` (an
@@ -247,14 +249,24 @@ def export_snapshot(
     shards = split_shards(manifest, split, root)
     verify_inputs(root, manifest, [layout.DOCUMENTS, layout.PIECES, *shards], mapper)
 
-    docs = pq.read_table(root / layout.DOCUMENTS, columns=["doc_id", "num_tokens", "split"])
+    docs = pq.read_table(root / layout.DOCUMENTS)
     docs = docs.filter(pc.equal(docs.column("split"), split)).sort_by("doc_id")
     doc_ids = docs.column("doc_id").to_numpy().astype(np.int64)
     doc_tokens = docs.column("num_tokens").to_numpy().astype(np.int64)
-    pieces = pq.read_table(root / layout.PIECES)
+    # a weighted document is packed `draws` times (0: its weight left it out); each copy is
+    # a sequence of its own, as an epoch over the rows sees it. Before weights: once each.
+    draws = (
+        docs.column("draws").to_numpy().astype(np.int64)
+        if "draws" in docs.column_names
+        else np.ones(len(doc_ids), dtype=np.int64)
+    )
+    pieces = with_copy_column(pq.read_table(root / layout.PIECES))
     pieces = pieces.filter(pc.equal(pieces.column("split"), split))
-    pieces = pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
+    pieces = pieces.sort_by(
+        [("doc_id", "ascending"), ("copy", "ascending"), ("piece_index", "ascending")]
+    )
     piece_doc = pieces.column("doc_id").to_numpy().astype(np.int64)
+    piece_copy = pieces.column("copy").to_numpy().astype(np.int64)
     piece_index = pieces.column("piece_index").to_numpy().astype(np.int64)
     piece_pack = pieces.column("pack_id").to_numpy().astype(np.int64)
     piece_offset = pieces.column("row_offset").to_numpy().astype(np.int64)
@@ -263,12 +275,22 @@ def export_snapshot(
     pieces_path = root / layout.PIECES
     if len(np.unique(doc_ids)) != len(doc_ids):
         raise MegatronExportError(root / layout.DOCUMENTS, "doc_id", "duplicate doc_id")
-    known = np.isin(piece_doc, doc_ids)
+    # the sequences, in (doc_id, copy) order: every copy of every document of the split
+    seq_doc = np.repeat(doc_ids, draws)
+    seq_copy = np.arange(len(seq_doc)) - np.repeat(_exclusive_cumsum(draws), draws)
+    seq_tokens = np.repeat(doc_tokens, draws)
+    seq_key = (seq_doc << 32) | seq_copy
+    piece_key = (piece_doc << 32) | piece_copy
+    piece_seq = np.searchsorted(seq_key, piece_key)
+    known = piece_seq < len(seq_key)
+    known[known] = seq_key[piece_seq[known]] == piece_key[known]
     if not known.all():
         doc = int(piece_doc[~known][0])
-        raise MegatronExportError(pieces_path, f"doc_id {doc}", f"not in {layout.DOCUMENTS}")
+        raise MegatronExportError(
+            pieces_path, f"doc_id {doc}", f"not in {layout.DOCUMENTS}, or a copy beyond its draws"
+        )
     first_piece = np.ones(len(piece_doc), dtype=bool)
-    first_piece[1:] = piece_doc[1:] != piece_doc[:-1]
+    first_piece[1:] = piece_key[1:] != piece_key[:-1]
     expected_index = np.arange(len(piece_doc)) - np.maximum.accumulate(
         np.where(first_piece, np.arange(len(piece_doc)), 0)
     )
@@ -278,19 +300,19 @@ def export_snapshot(
     if (bad := np.flatnonzero((piece_offset < 0) | (piece_offset + piece_length > seq_len))).size:
         doc = int(piece_doc[bad[0]])
         raise MegatronExportError(pieces_path, f"doc_id {doc}", "piece runs outside its row")
-    placed_tokens = np.bincount(
-        np.searchsorted(doc_ids, piece_doc), weights=piece_length, minlength=len(doc_ids)
-    ).astype(np.int64)
-    if (bad := np.flatnonzero(placed_tokens != doc_tokens)).size:
-        doc = int(doc_ids[bad[0]])
+    placed_tokens = np.bincount(piece_seq, weights=piece_length, minlength=len(seq_key)).astype(
+        np.int64
+    )
+    if (bad := np.flatnonzero(placed_tokens != seq_tokens)).size:
+        doc = int(seq_doc[bad[0]])
         raise MegatronExportError(
             pieces_path,
             f"doc_id {doc}",
             f"pieces hold {int(placed_tokens[bad[0]])} tokens, {layout.DOCUMENTS} says "
-            f"{int(doc_tokens[bad[0]])}",
+            f"{int(seq_tokens[bad[0]])}",
         )
-    # pieces are sorted by (doc, piece) and documents by doc, so each piece's destination is
-    # the running total of the lengths before it
+    # pieces are sorted by (doc, copy, piece) and sequences likewise, so each piece's
+    # destination is the running total of the lengths before it
     piece_dest = _exclusive_cumsum(piece_length)
     total = int(piece_length.sum())
     if not total:
@@ -323,7 +345,7 @@ def export_snapshot(
                 f"doc_id {doc}",
                 f"row pack_id {pack} found {int(placed[bad[0]])} times in split {split!r}",
             )
-        _write_index(idx_tmp, dtype, doc_tokens, np.arange(len(doc_ids) + 1, dtype=np.int64))
+        _write_index(idx_tmp, dtype, seq_tokens, np.arange(len(seq_key) + 1, dtype=np.int64))
         _promote(bin_tmp, idx_tmp, prefix)
     finally:
         if fd >= 0:
@@ -331,7 +353,7 @@ def export_snapshot(
         bin_tmp.unlink(missing_ok=True)
         idx_tmp.unlink(missing_ok=True)
     return IndexedDatasetSummary(
-        prefix, dtype.name, len(doc_ids), len(doc_ids), total, total * dtype.itemsize
+        prefix, dtype.name, len(seq_key), len(seq_key), total, total * dtype.itemsize
     )
 
 

@@ -62,9 +62,22 @@ PIECES_SCHEMA = pa.schema(
         pa.field("row_offset", pa.int32(), nullable=False),  # first slot of the piece in its row
         pa.field("length", pa.int32(), nullable=False),
         pa.field("split", pa.string(), nullable=False),
+        # which copy of its document the piece belongs to: a source weighted above 1 packs a
+        # document more than once (corpus/packing.py: document_draws); 0 for the first
+        pa.field("copy", pa.int32(), nullable=False),
     ],
     metadata={"megacpp.table": "pieces", "megacpp.schema_version": PACKED_SCHEMA_VERSION},
 )
+
+
+def with_copy_column(pieces: pa.Table) -> pa.Table:
+    """A pieces table with its `copy` column: a snapshot from before source weights has none,
+    and every piece there is of its document's one copy."""
+    if "copy" in pieces.column_names:
+        return pieces
+    return pieces.append_column(
+        PIECES_SCHEMA.field("copy"), pa.array(np.zeros(pieces.num_rows, np.int32), pa.int32())
+    )
 
 
 def fixed_list_to_numpy(column: pa.ChunkedArray | pa.Array, seq_len: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -41,7 +41,7 @@ from megacpp_pipeline.snapshot.layout import (
     SourceEntry,
     SplitEntry,
 )
-from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA
+from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA, with_copy_column
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.snapshot.streams import (
     Cursor,
@@ -59,6 +59,9 @@ from megacpp_pipeline.storage.versions import (
     write_parquet_atomic,
 )
 
+if TYPE_CHECKING:
+    from megacpp_pipeline.storage.store import ShardStore
+
 _CHUNK = 1 << 20
 
 
@@ -74,6 +77,11 @@ class SnapshotConfig(BaseModel):
     smoke_batch_size: int = Field(default=8, ge=1)
     seed: int = 0
     keep_snapshots: int = Field(default=3, ge=1)
+    # write the text release (snapshot/text_release.py) into the snapshot's text/ folder,
+    # checked with the rest before promotion
+    text: bool = False
+    # documents the text_release check re-tokenizes (a seeded sample; all of them when fewer)
+    text_sample: int = Field(default=1000, ge=1)
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,9 @@ class SnapshotParts:
     rows: dict[str, list[ShardSource | Path]]  # split -> packed-row shards, in order
     # schemas.DOCUMENTS rows in doc_id order (metadata only), as chunks or one table
     documents: pa.Table | Iterable[pa.Table]
-    pieces: Iterable[pa.Table]  # PIECES_SCHEMA rows in (doc_id, piece_index) order
+    # PIECES_SCHEMA rows in (doc_id, copy, piece_index) order (no `copy`: every piece is of
+    # its document's one copy)
+    pieces: Iterable[pa.Table]
     # the final ledger (final_ledger / final_ledger_chunks): every collected file, source by
     # source in collection order
     ledger: Iterable[pa.Table]
@@ -148,6 +158,8 @@ class SnapshotParts:
     document_files: Iterable[pa.Table] | None = None
     document_mode: str = "file"
     engine: dict[str, Any] = field(default_factory=lambda: {"engine": "local"})  # ran the gates
+    tokenizer_policy: dict[str, Any] = field(default_factory=dict)  # the tokenizer stage's
+    draw_seed: int = 0  # the packer's seed, which the weighted draws used
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -158,8 +170,9 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
 
 
 # documents.parquet: the documents stage's rows, `num_tokens` (the text's own tokens) as
-# `text_tokens`, then what the pieces hold of each: how many, and its packed tokens (BOS, text,
-# EOS, FIM sentinels)
+# `text_tokens`, then what the pieces hold of each copy: how many, and its packed tokens (BOS,
+# text, EOS, FIM sentinels; every copy is packed the same), and `draws`, the copies of it in
+# the rows (0 for a document its source's weight left out)
 # (nullable: the file keeps what the documents stage had, nothing is refused here)
 _DOCUMENTS = pa.schema([f.with_nullable(True) for f in DOCUMENTS])
 SNAPSHOT_DOCUMENTS = pa.schema(
@@ -167,37 +180,87 @@ SNAPSHOT_DOCUMENTS = pa.schema(
         *(f.with_name("text_tokens") if f.name == "num_tokens" else f for f in _DOCUMENTS),
         pa.field("num_pieces", pa.int32(), nullable=False),
         pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("draws", pa.int32(), nullable=False),
     ],
-    metadata={"megacpp.table": "snapshot_documents", "megacpp.schema_version": "2"},
+    metadata={"megacpp.table": "snapshot_documents", "megacpp.schema_version": "3"},
 )
 
 
-def _write_documents_and_pieces(work: Path, parts: SnapshotParts, split_docs: Counter[str]) -> int:
+@dataclass
+class Mixture:
+    """What the documents and their draws add up to, counted while documents.parquet is
+    written: per split its documents and the copies packed (`sequences`), per source the
+    same (the manifest's splits and sources)."""
+
+    split_documents: Counter[str] = field(default_factory=Counter)
+    split_sequences: Counter[str] = field(default_factory=Counter)
+    source_documents: Counter[str] = field(default_factory=Counter)
+    source_sequences: Counter[str] = field(default_factory=Counter)
+
+    def count(self, chunk: pa.Table, draws: np.ndarray) -> None:
+        for key, documents, sequences in (
+            ("split", self.split_documents, self.split_sequences),
+            ("source_id", self.source_documents, self.source_sequences),
+        ):
+            frame = pl.DataFrame({"key": chunk[key], "draws": draws})
+            for row in frame.group_by("key").agg(pl.len(), pl.col("draws").sum()).iter_rows():
+                documents[row[0]] += int(row[1])
+                sequences[row[0]] += int(row[2])
+
+
+def _per_document(held: pa.Table, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+    """For documents `ids` (sorted), from their pieces in (doc_id, copy, piece_index) order:
+    the pieces and tokens of one copy (copy 0) and the copies packed; 0 where none."""
+    doc = held["doc_id"].to_numpy()
+    copy = held["copy"].to_numpy()
+    first = copy == 0
+    one, count, tokens = group_counts(doc[first], held["length"].to_numpy()[first])
+    # a copy starts where the doc_id or the copy changes: a document's copies are counted
+    starts = np.r_[True, (doc[1:] != doc[:-1]) | (copy[1:] != copy[:-1])][: len(doc)]
+    drawn, draws, _ = group_counts(doc[starts], np.zeros(int(starts.sum()), np.int64))
+    return _at(one, count, ids), _at(one, tokens, ids), _at(drawn, draws, ids)
+
+
+def _at(keys: np.ndarray, values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """values[k] for each id that is keys[k] (keys sorted), 0 for an id not among them."""
+    out = np.zeros(len(ids), np.int32)
+    if len(keys):
+        at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+        found = keys[at] == ids
+        out[found] = values[at][found]
+    return out
+
+
+def _write_documents_and_pieces(work: Path, parts: SnapshotParts, mixture: Mixture) -> int:
     """documents.parquet and pieces.parquet written side by side, a chunk of documents at a
-    time with the pieces up to its last doc_id (both streams come in doc_id order); each
-    document gets its pieces' count and tokens. The documents written."""
+    time with the pieces up to its last doc_id (both streams come in doc_id order, a
+    document's copies one after the other); each document gets its pieces' count and tokens
+    and its draws. The documents written."""
     documents = StreamWriter(work / layout.DOCUMENTS, SNAPSHOT_DOCUMENTS)
     pieces = StreamWriter(work / layout.PIECES, PIECES_SCHEMA)
     cursor = Cursor(
-        in_order((t.cast(PIECES_SCHEMA) for t in parts.pieces), "doc_id", "pieces"),
+        in_order(
+            (with_copy_column(t).select(PIECES_SCHEMA.names).cast(PIECES_SCHEMA)
+             for t in parts.pieces),
+            "doc_id",
+            "pieces",
+        ),
         "doc_id",
         PIECES_SCHEMA,
-    )
+    )  # fmt: skip
     try:
         for chunk in in_order(_tables(parts.documents), "doc_id", "documents"):
             chunk = chunk.select(_DOCUMENTS.names).cast(_DOCUMENTS)
             held = cursor.upto(chunk["doc_id"][-1].as_py())
             pieces.add(held)
-            doc, count, tokens = group_counts(held["doc_id"].to_numpy(), held["length"].to_numpy())
-            ids = chunk["doc_id"].to_numpy()
-            at = np.minimum(np.searchsorted(doc, ids), max(len(doc) - 1, 0))
-            found = (doc[at] == ids) if len(doc) else np.zeros(len(ids), dtype=bool)
+            num_pieces, num_tokens, draws = _per_document(held, chunk["doc_id"].to_numpy())
             documents.add(
                 chunk.rename_columns(SNAPSHOT_DOCUMENTS.names[: chunk.num_columns])
-                .append_column("num_pieces", pa.array(np.where(found, count[at], 0), pa.int32()))
-                .append_column("num_tokens", pa.array(np.where(found, tokens[at], 0), pa.int32()))
+                .append_column("num_pieces", pa.array(num_pieces, pa.int32()))
+                .append_column("num_tokens", pa.array(num_tokens, pa.int32()))
+                .append_column("draws", pa.array(draws, pa.int32()))
             )
-            split_docs.update(chunk["split"].to_pylist())
+            mixture.count(chunk, draws)
         for rest in cursor.rest():  # pieces of no document: verify names them
             pieces.add(rest)
         pieces.close()
@@ -216,7 +279,9 @@ def _documents_again(work: Path) -> Iterator[pa.Table]:
     """documents.parquet read back with its text's own token counts as `num_tokens` (what
     file mode's document_files are made of)."""
     for chunk in read_back(work / layout.DOCUMENTS):
-        yield chunk.drop_columns(["num_tokens", "num_pieces"]).rename_columns(DOCUMENTS.names)
+        yield chunk.drop_columns(["num_tokens", "num_pieces", "draws"]).rename_columns(
+            DOCUMENTS.names
+        )
 
 
 def _summed(ledger: Iterable[pa.Table], summary: dict[str, Counter[str]]) -> Iterator[pa.Table]:
@@ -322,6 +387,21 @@ def _joined(collected: pl.DataFrame, later: pl.DataFrame, document_files: pa.Tab
     return out.cast(LEDGER_SCHEMA)
 
 
+def sources_with_mixture(
+    sources: dict[str, SourceEntry], mixture: Mixture
+) -> dict[str, SourceEntry]:
+    """Each source's entry with its documents and the copies of them packed."""
+    return {
+        sid: entry.model_copy(
+            update={
+                "documents": mixture.source_documents[sid],
+                "sequences": mixture.source_sequences[sid],
+            }
+        )
+        for sid, entry in sources.items()
+    }
+
+
 def ledger_summary(ledger: pa.Table) -> dict[str, dict[str, int]]:
     df = pl.DataFrame(ledger)
     summary: dict[str, dict[str, int]] = {}
@@ -377,8 +457,8 @@ def build_snapshot(
         (work / layout.TOKENIZER).write_bytes(parts.tokenizer_json)
         add(layout.TOKENIZER)
 
-        split_docs: Counter[str] = Counter()
-        documents = _write_documents_and_pieces(work, parts, split_docs)
+        mixture = Mixture()
+        documents = _write_documents_and_pieces(work, parts, mixture)
         add(layout.DOCUMENTS, documents)
         add(layout.PIECES, pq.read_metadata(work / layout.PIECES).num_rows)
         files_in = (
@@ -409,9 +489,10 @@ def build_snapshot(
             files.extend(copied[rel].entry for rel in shards)
             splits[split] = SplitEntry(
                 rows=sum(copied[rel].entry.rows or 0 for rel in shards),
-                documents=split_docs[split],
+                documents=mixture.split_documents[split],
                 tokens=sum(copied[rel].tokens for rel in shards),
                 shards=shards,
+                sequences=mixture.split_sequences[split],
             )
 
         content = hashlib.sha256()
@@ -428,13 +509,15 @@ def build_snapshot(
             seq_len=parts.seq_len,
             vocab_size=parts.vocab_size,
             tokenizer=parts.tokenizer_info,
+            tokenizer_policy=parts.tokenizer_policy,
             splits=splits,
             documents=documents,
             document_mode=parts.document_mode,
+            draw_seed=parts.draw_seed,
             engine=parts.engine,
             ledger={s: dict(c) for s, c in sorted(summary.items())},
             ledger_stages=parts.ledger_stages,
-            sources=parts.sources,
+            sources=sources_with_mixture(parts.sources, mixture),
             inputs=parts.inputs,
             files=files,
         )
@@ -545,6 +628,29 @@ def not_a_snapshot(snapshot_dir: Path) -> str | None:
             "versions itself (each asset's manifest_verifies_from_disk check)"
         )
     return None
+
+
+def promoted_in_store(store: ShardStore, name: str) -> list[tuple[str, SnapshotManifest]]:
+    """Every whole snapshot named `name` in the store's snapshots/ (a local data dir's or a
+    bucket's), oldest first by the `created_at` its manifest records (an object store has no
+    trustworthy folder times), as (its folder in the store, its manifest). A folder without
+    `_COMPLETE` (being uploaded or removed) or with an unreadable manifest is not one."""
+    found: list[tuple[str, str, SnapshotManifest]] = []
+    root = store.join("snapshots")
+    for info in store.fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.type != pafs.FileType.Directory or not info.base_name.startswith(f"{name}-"):
+            continue
+        raw = store.read_bytes_if_exists(f"{info.path}/{MANIFEST}")
+        if raw is None or not store.exists(f"{info.path}/{COMPLETE}"):
+            continue
+        try:
+            manifest = SnapshotManifest.model_validate_json(raw)
+        except ValueError:
+            continue
+        if manifest.name == name:
+            found.append((manifest.created_at, info.path, manifest))
+    found.sort(key=lambda item: (item[0], item[1]))
+    return [(path, manifest) for _, path, manifest in found]
 
 
 def latest_snapshot(root: Path, name: str | None = None) -> Path | None:

@@ -65,8 +65,9 @@ class Cursor:
 def merge(
     a: Iterable[pa.Table], b: Iterable[pa.Table], key: str, schema: pa.Schema
 ) -> Iterator[pa.Table]:
-    """Two streams sorted by `key` (no key in both) as one sorted stream; a key's rows keep
-    their order (a document's pieces stay in piece order)."""
+    """Two streams sorted by `key` as one sorted stream; a key's rows keep their order (a
+    document's pieces stay in piece order), and where a key is in both, `a`'s rows come
+    first (a document's earlier copy before its later one)."""
     left, right = Cursor(a, key, schema), Cursor(b, key, schema)
     while True:
         left._pull() if not left._buffer and not left._done else None

@@ -24,7 +24,7 @@ from megacpp_pipeline.corpus.tokenizer import SpecialIds
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
-from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy, with_copy_column
 
 DOCS_PER_PASS = 20_000
 DECODE_BATCH_TOKENS = 1 << 20  # Python int lists cost ~36 bytes a token: decode in batches
@@ -40,8 +40,9 @@ class DocumentText:
 def _tokens(
     snap: Path, manifest: SnapshotManifest, wanted: set[int]
 ) -> dict[int, dict[int, np.ndarray]]:
-    pieces = pl.DataFrame(pq.read_table(snap / layout.PIECES)).filter(
-        pl.col("doc_id").is_in(list(wanted))
+    # a weighted document packed more than once has identical copies: its first one will do
+    pieces = pl.DataFrame(with_copy_column(pq.read_table(snap / layout.PIECES))).filter(
+        pl.col("doc_id").is_in(list(wanted)) & (pl.col("copy") == 0)
     )
     by_pack = pieces.partition_by("pack_id", as_dict=True)
     parts: dict[int, dict[int, np.ndarray]] = {}
@@ -85,7 +86,19 @@ def _members(snap: Path, wanted: Iterable[int] | None) -> dict[int, list[tuple[i
     return out
 
 
-def _restored(
+def packed_doc_ids(snap: Path) -> list[int]:
+    """The documents that are in the rows: all of them, but for those their source's weight
+    drew no copy of (`draws` 0 in documents.parquet)."""
+    present = pq.read_schema(snap / layout.DOCUMENTS).names
+    docs = pq.read_table(
+        snap / layout.DOCUMENTS, columns=[c for c in ("doc_id", "draws") if c in present]
+    )
+    if "draws" in docs.column_names:
+        docs = docs.filter(pc.greater(docs["draws"], 0))
+    return [int(d) for d in docs["doc_id"].to_pylist()]
+
+
+def document_tokens(
     snap: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None
 ) -> Iterator[tuple[int, np.ndarray | str, list[tuple[int, int]]]]:
     """(doc_id, the document's own tokens in reading order, its members) per document, in
@@ -93,7 +106,7 @@ def _restored(
     special = manifest.tokenizer.get("special_tokens", {})
     bos, eos = int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
     if doc_ids is None:
-        doc_ids = pq.read_table(snap / layout.DOCUMENTS, columns=["doc_id"])["doc_id"].to_pylist()
+        doc_ids = packed_doc_ids(snap)
     ordered = sorted(set(doc_ids))
     for lo in range(0, len(ordered), DOCS_PER_PASS):
         group = ordered[lo : lo + DOCS_PER_PASS]
@@ -149,7 +162,7 @@ def document_texts(
         pending.clear()
 
     size = 0
-    for doc_id, tokens, _ in _restored(snap, manifest, doc_ids):
+    for doc_id, tokens, _ in document_tokens(snap, manifest, doc_ids):
         if isinstance(tokens, str):
             yield from decoded()
             size = 0
@@ -181,7 +194,7 @@ def file_texts(
     marked = manifest.document_mode == "repository"
 
     def spans() -> Iterator[tuple[tuple[int, int], np.ndarray]]:
-        for doc_id, tokens, members in _restored(snap, manifest, doc_ids):
+        for doc_id, tokens, members in document_tokens(snap, manifest, doc_ids):
             if isinstance(tokens, str):
                 continue
             for position, (start, n) in enumerate(members):

@@ -38,6 +38,7 @@ from megacpp_pipeline.snapshot.packed_rows import (
     OPTIONAL_TOKEN_COLUMNS,
     REQUIRED_COLUMNS,
     packed_rows_schema,
+    with_copy_column,
 )
 from megacpp_pipeline.snapshot.promote import (
     SnapshotConfig,
@@ -58,7 +59,15 @@ from megacpp_pipeline.snapshot.shard_checks import (
     row_problems,
     token_problems,
 )
-from megacpp_pipeline.snapshot.texts import document_texts, file_texts
+from megacpp_pipeline.snapshot.streams import read_back
+from megacpp_pipeline.snapshot.text_release import (
+    TEXT_DIR,
+    ReleaseConfig,
+    TextReleaseError,
+    check_release,
+    write_release,
+)
+from megacpp_pipeline.snapshot.texts import document_texts, file_texts, packed_doc_ids
 from megacpp_pipeline.storage.versions import sha256_file
 
 
@@ -98,7 +107,7 @@ def check_files(snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline)
             out.fail(f"{p}: sha256 mismatch")
     for p in snap.rglob("*"):
         rel = p.relative_to(snap).as_posix()
-        if rel.startswith(f"{REPORT_DIR}/"):
+        if rel.startswith((f"{REPORT_DIR}/", f"{TEXT_DIR}/")):  # derived, with their own
             continue
         if p.is_file() and rel not in listed and rel not in (MANIFEST, COMPLETE, CARD):
             out.fail(f"{p}: not listed in the manifest")
@@ -153,45 +162,85 @@ def check_token_ranges(
     return out
 
 
+def draw_problems(snap: Path, manifest: SnapshotManifest) -> list[str]:
+    """Documents whose copies in the rows are not the draws their source's weight and the
+    snapshot's draw seed give (corpus/packing.py: document_draws); documents.parquet is read
+    a row group at a time (a draw is keyed by the document's source and path alone)."""
+    from megacpp_pipeline.corpus.packing import document_draws, draw_keys
+
+    out: list[str] = []
+    columns = ["doc_id", "source_id", "path", "draws"]
+    for chunk in read_back(snap / layout.DOCUMENTS, columns):
+        for (source,), part in pl.DataFrame(chunk).group_by(["source_id"], maintain_order=True):
+            entry = manifest.sources.get(str(source))
+            weight = entry.weight if entry is not None else 1.0
+            keys = draw_keys(part["source_id"].to_list(), part["path"].to_list())
+            want = document_draws(keys, weight, manifest.draw_seed)
+            got = part["draws"].to_numpy()
+            for i in np.flatnonzero(got != want)[: 5 - len(out)].tolist():
+                out.append(
+                    f"{layout.DOCUMENTS}: doc {part['doc_id'][i]} ({source}:{part['path'][i]}) "
+                    f"is packed {got[i]} times; weight {weight} draws it {want[i]} times"
+                )
+            if len(out) >= 5:
+                return out
+    return out
+
+
 def check_documents(
     snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline
 ) -> CheckOutcome:
-    """doc_ids in the rows agree with pieces.parquet and documents.parquet; every document's
-    pieces are all present, in order; no target crosses a document boundary; every kept
-    file is in one document, its members' token spans tiling it (document_files.parquet)."""
+    """doc_ids in the rows agree with pieces.parquet and documents.parquet; every copy of
+    every document has all its pieces, in order, and a document has exactly the copies its
+    source's weight draws; no target crosses a document boundary; every kept file is in one
+    document, its members' token spans tiling it (document_files.parquet)."""
     out = CheckOutcome("document_consistency", True)
     seq = manifest.seq_len
     # the columns the checks compare, labels dictionary-encoded: no path or hash per file
     present = pq.read_schema(snap / layout.DOCUMENTS).names
-    wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens"]
+    wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens", "draws"]
     docs = pl.DataFrame(
         read_labelled(
             snap / layout.DOCUMENTS, [c for c in wanted if c in present], ["source_id", "split"]
         )
     )
-    pieces = pl.DataFrame(read_labelled(snap / layout.PIECES, None, ["split"]))
-    per_doc = pieces.group_by("doc_id").agg(
+    if "draws" not in docs.columns:  # before source weights: every document packed once
+        docs = docs.with_columns(pl.lit(1, pl.Int32).alias("draws"))
+    pieces = pl.DataFrame(with_copy_column(read_labelled(snap / layout.PIECES, None, ["split"])))
+    per_copy = pieces.group_by(["doc_id", "copy"]).agg(
         pl.len().alias("n"),
         pl.col("piece_index").min().alias("lo"),
         pl.col("piece_index").max().alias("hi"),
         pl.col("piece_index").n_unique().alias("distinct"),
         pl.col("split").first().alias("piece_split"),
     )
-    joined = docs.join(per_doc, on="doc_id", how="full", coalesce=True)
-    missing = joined.filter(pl.col("n").is_null())
-    orphan = joined.filter(pl.col("source_id").is_null())
-    gaps = joined.filter(
-        pl.col("n").is_not_null()
+    per_doc = per_copy.group_by("doc_id").agg(
+        pl.len().alias("copies"),
+        pl.col("copy").min().alias("first_copy"),
+        pl.col("copy").max().alias("last_copy"),
+    )
+    joined_docs = docs.join(per_doc, on="doc_id", how="full", coalesce=True)
+    missing = joined_docs.filter(pl.col("copies").is_null() & (pl.col("draws") > 0))
+    orphan = joined_docs.filter(pl.col("source_id").is_null())
+    wrong_copies = joined_docs.filter(
+        pl.col("copies").is_not_null()
         & (
-            (pl.col("lo") != 0)
-            | (pl.col("hi") != pl.col("n") - 1)
-            | (pl.col("distinct") != pl.col("n"))
+            (pl.col("copies") != pl.col("draws"))
+            | (pl.col("first_copy") != 0)
+            | (pl.col("last_copy") != pl.col("copies") - 1)
         )
     )
-    wrong_count = joined.filter(pl.col("n").is_not_null() & (pl.col("n") != pl.col("num_pieces")))
-    wrong_split = joined.filter(
-        pl.col("n").is_not_null() & (pl.col("piece_split") != pl.col("split"))
+    joined = docs.join(per_copy, on="doc_id", how="inner")
+    gaps = joined.filter(
+        (pl.col("lo") != 0)
+        | (pl.col("hi") != pl.col("n") - 1)
+        | (pl.col("distinct") != pl.col("n"))
     )
+    wrong_count = joined.filter(pl.col("n") != pl.col("num_pieces"))
+    wrong_split = joined.filter(pl.col("piece_split") != pl.col("split"))
+    if "draws" in present and manifest.schema_version >= 3:
+        for problem in draw_problems(snap, manifest):
+            out.fail(problem)
     files = read_document_files(
         snap,
         ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"],
@@ -211,6 +260,7 @@ def check_documents(
     for frame, what in (
         (missing, "has no pieces"),
         (orphan, f"has pieces but is not in {layout.DOCUMENTS}"),
+        (wrong_copies, f"copies in {layout.PIECES} are not 0..draws-1"),
         (gaps, "pieces are not 0..n-1"),
         (wrong_count, f"num_pieces disagrees with {layout.PIECES}"),
         (wrong_split, "pieces are in another split than the document"),
@@ -235,7 +285,13 @@ def check_documents(
         rows += n
         for problem in problems:
             out.fail(problem)
-    out.metrics.update(documents=docs.height, files=files.num_rows, pieces=pieces.height, rows=rows)
+    out.metrics.update(
+        documents=docs.height,
+        sequences=int(docs["draws"].sum()),
+        files=files.num_rows,
+        pieces=pieces.height,
+        rows=rows,
+    )
     return out
 
 
@@ -247,7 +303,8 @@ def check_round_trip(
     `mapper` per rows shard rebuilds and decodes the sampled documents whose pieces all lie
     in it (every one, when a packing window is a shard); any other is rebuilt here."""
     out = CheckOutcome("round_trip_decode", True)
-    ids = pl.DataFrame(pq.read_table(snap / layout.DOCUMENTS, columns=["doc_id"]))
+    # the documents in the rows (a source's weight may draw one 0 times: it has no pieces)
+    ids = pl.DataFrame({"doc_id": packed_doc_ids(snap)})
     if ids.height > sample:  # the sample chosen from the ids alone; its rows read after
         ids = ids.sample(n=sample, seed=seed)
     chosen = pa.array(ids["doc_id"].to_numpy(), pa.int32())
@@ -309,10 +366,11 @@ def _round_trip_tasks(
     pack_ids from its footer statistics), and the documents whose pieces span shards or
     rows no shard holds (rebuilt by the driver's own reader)."""
     wanted = pa.array(sorted(sha_by_doc), pa.int32())
-    pieces = pq.read_table(snap / layout.PIECES)
-    pieces = pieces.filter(pc.is_in(pieces["doc_id"], wanted)).sort_by(
-        [("doc_id", "ascending"), ("piece_index", "ascending")]
-    )
+    # a weighted document packed more than once has identical copies: its first one will do
+    pieces = with_copy_column(pq.read_table(snap / layout.PIECES))
+    pieces = pieces.filter(
+        pc.and_(pc.is_in(pieces["doc_id"], wanted), pc.equal(pieces["copy"], 0))
+    ).sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
     pack = pieces["pack_id"].to_numpy()
     doc = pieces["doc_id"].to_numpy().astype(np.int64)
     shard_of = np.full(len(pack), -1, dtype=np.int64)
@@ -481,12 +539,33 @@ def check_megatron(
             # the reader checked at open that every pointer is the running sum of the
             # lengths and that the .bin holds exactly their total: no pass per document
             docs, tokens = len(reader), reader.total_tokens
-            if docs != entry.documents:
-                out.fail(f"{prefix}.idx: {docs} sequences, snapshot {split} has {entry.documents}")
+            # every copy of a weighted document is a sequence (before weights: each once)
+            want = entry.sequences if entry.sequences is not None else entry.documents
+            if docs != want:
+                out.fail(f"{prefix}.idx: {docs} sequences, snapshot {split} packs {want}")
             if tokens != entry.tokens:
                 out.fail(f"{prefix}.bin: {tokens} tokens, snapshot {split} has {entry.tokens}")
             out.metrics[f"{split}_documents"] = docs
             out.metrics[f"{split}_tokens"] = tokens
+    return out
+
+
+def check_text_release(
+    snap: Path, release: Path | None, sample: int, seed: int = 0
+) -> CheckOutcome:
+    """A text release (the snapshot's own `text/`, or one given) is whole and re-tokenizes
+    to the snapshot's tokens (snapshot/text_release.py); a snapshot without one passes."""
+    out = CheckOutcome("text_release", True)
+    folder = release if release is not None else snap / TEXT_DIR
+    if release is None and not (folder / COMPLETE).exists():
+        out.metrics["released"] = "no"
+        return out
+    found = check_release(folder, snap, sample=sample, seed=seed)
+    for problem in found.problems:
+        out.fail(problem)
+    out.metrics.update(
+        released="yes", documents_checked=found.documents_checked, files_checked=found.files_checked
+    )
     return out
 
 
@@ -510,6 +589,9 @@ FROM_DISK: dict[
     ),
     "ledger_completeness": lambda s, m, c, full, mapper: check_ledger(s, m),
     "dataset_card": lambda s, m, c, full, mapper: check_card(s, m),
+    "text_release": lambda s, m, c, full, mapper: check_text_release(
+        s, None, m.documents if full else c.text_sample, c.seed
+    ),
 }
 
 
@@ -561,6 +643,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         if (why := not_a_snapshot(snap)) is not None:  # one line, not every check failing
             raise SnapshotError(why)
         outcomes = verify_snapshot(snap, full=args.full)
+        if args.text is not None:  # a release written elsewhere (megacpp export-text)
+            config = SnapshotConfig()
+            sample = read_manifest(snap).documents if args.full else config.text_sample
+            outcomes.append(check_text_release(snap, Path(args.text), sample, config.seed))
     given = str(args.snapshot_dir)
     if "://" in given:  # name files by their place in the store, not the temporary copy
         where = given.split("?", 1)[0].rstrip("/")
@@ -580,6 +666,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 # file, field and rule, exit 2 (the format of megacpp_pipeline.cli for its known errors).
 _SNAPSHOT_ERRORS = (
     SnapshotError,
+    TextReleaseError,
     SnapshotFetchError,
     LoaderError,
     MegatronExportError,
@@ -632,7 +719,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _register_verify(p: argparse.ArgumentParser) -> None:
     p.description = "re-run the promotion checks and every file's sha256 from disk alone"
     p.add_argument("snapshot_dir")
-    p.add_argument("--full", action="store_true", help="round-trip every document")
+    p.add_argument(
+        "--full", action="store_true", help="round-trip (and re-tokenize) every document"
+    )
+    p.add_argument(
+        "--text",
+        default=None,
+        metavar="DIR",
+        help="also check a text release written by export-text: whole, of this snapshot, and "
+        "its texts re-tokenized give the snapshot's tokens (the snapshot's own text/ is "
+        "always checked)",
+    )
     p.set_defaults(func=_one_line_errors(_cmd_verify))
 
 
@@ -650,8 +747,39 @@ def _register_export(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_one_line_errors(_cmd_export))
 
 
+def _cmd_export_text(args: argparse.Namespace) -> int:
+    snap = local_snapshot(args.snapshot_dir)
+    config = ReleaseConfig(max_rows=args.max_rows, max_bytes=args.max_bytes)
+    release = write_release(snap, Path(args.out), config)
+    for split, entry in release.splits.items():
+        print(
+            f"{split:<10} {entry.documents} documents, {entry.text_bytes} bytes of text, "
+            f"{len(entry.shards)} shards"
+        )
+    if release.not_in_rows:
+        print(f"not in the rows (their source's weight drew them 0 times): {release.not_in_rows}")
+    print(Path(args.out))
+    return 0
+
+
+def _register_export_text(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "write every document in the snapshot's rows as text with its metadata (source, path, "
+        "revision, licence, language, scrub kinds, split, doc id): parquet shards per split, a "
+        f"manifest and {COMPLETE}; datasets.load_dataset('parquet', data_dir=OUT) reads it"
+    )
+    p.add_argument("snapshot_dir")
+    p.add_argument("--out", required=True, help="a new folder")
+    p.add_argument("--max-rows", type=int, default=ReleaseConfig().max_rows, help="per shard")
+    p.add_argument(
+        "--max-bytes", type=int, default=ReleaseConfig().max_bytes, help="of text per shard"
+    )
+    p.set_defaults(func=_one_line_errors(_cmd_export_text))
+
+
 COMMANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "verify": _register_verify,
+    "export-text": _register_export_text,
     "inspect": _register_inspect,
     "export-megatron": _register_export,
 }

@@ -55,10 +55,10 @@ def _matches_snapshot(ctx: StageContext, stage: Stage, partition: str | None) ->
         # the reader proved at open that the .bin holds exactly the lengths' total
         docs, tokens = len(reader), reader.total_tokens
         meta[f"{split}_documents"], meta[f"{split}_tokens"] = docs, tokens
-        if (docs, tokens) != (entry.documents, entry.tokens):
-            problems.append(
-                f"{split}: {docs} docs/{tokens} tokens vs {entry.documents}/{entry.tokens}"
-            )
+        # one sequence per copy of a document in the rows (source weights)
+        want = entry.sequences if entry.sequences is not None else entry.documents
+        if (docs, tokens) != (want, entry.tokens):
+            problems.append(f"{split}: {docs} sequences/{tokens} tokens vs {want}/{entry.tokens}")
     return CheckOutcome(
         passed=not problems,
         metadata={**meta, "problems": "; ".join(problems)},
@@ -78,7 +78,8 @@ STAGE = Stage(
     checks=(
         Check(
             "document_count_and_tokens_match_snapshot",
-            "The project's own reader sees exactly the snapshot's documents and tokens.",
+            "The project's own reader sees exactly the snapshot's sequences (every copy of "
+            "every document in the rows) and tokens.",
             _matches_snapshot,
         ),
     ),

@@ -5,12 +5,22 @@ sits. FIM stays inside one member file of a repository document.
 
 Windows of documents are packed independently, so each split's windows are cut into blocks
 (`windows_per_task`) and a task packs one block wherever it runs; the driver adopts the
-blocks' shards in order and merges their telemetry."""
+blocks' shards in order and merges their telemetry.
+
+Source weights apply here, where documents are drawn into rows, and nowhere before: the
+documents stage, documents.parquet, document_files and the ledger hold every kept document
+once, whatever its weight. Each split is packed in passes: pass k holds the documents drawn
+more than k times (corpus/packing.py: document_draws, keyed by source and path), so pass 0
+is every document drawn at all and a source of weight 2.5 takes part in passes 0, 1 and 2.
+The block plan cuts each pass's input rows into blocks as before, and a task keeps the rows
+its pass draws, so the blocks and their rows are the same on any engine; the pieces name the
+copy (the pass), and a document's copies never share a row."""
 
 from __future__ import annotations
 
 import io
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,12 +56,33 @@ from megacpp_pipeline.storage.store import (
 
 UTILIZATION_PNG = "utilization_train.png"
 # what the packer reads of the documents stage's token streams
-_PACKED_COLUMNS = ["doc_id", "split", "member_starts", "token_ids", "chunk_kind"]
+_PACKED_COLUMNS = [
+    "doc_id",
+    "source_id",
+    "path",
+    "num_tokens",
+    "split",
+    "member_starts",
+    "token_ids",
+    "chunk_kind",
+]
 
 
-def pieces_table(split: str) -> str:
-    """The packed version's table of one split's pieces, in (doc_id, piece_index) order."""
-    return f"pieces:{split}"
+def pieces_table(split: str, copy: int = 0) -> str:
+    """The packed version's table of one split's pieces of one pass (the documents' copy
+    `copy`), in (doc_id, piece_index) order: a pass's blocks go through the split in doc
+    order, but a later pass starts over, so each pass has its own table."""
+    return f"pieces:{split}" if copy == 0 else f"pieces:{split}:copy{copy}"
+
+
+def pieces_tables(packed: Manifest) -> list[str]:
+    """The packed version's pieces tables, pass by pass (copy 0 first), each split's."""
+    found = []
+    for name in packed.tables:
+        split, _, copy = name.removeprefix("pieces:").partition(":copy")
+        if name.startswith("pieces:") and split in packing.SPLITS:
+            found.append((int(copy or 0), packing.SPLITS.index(split), name))
+    return [name for *_, name in sorted(found)]
 
 
 @dataclass(frozen=True)
@@ -66,6 +97,7 @@ class _Block:
     split: str
     block: int
     pieces: tuple[slices.Piece, ...]
+    copy: int = 0  # the pass: documents drawn more than this many times are packed again
 
 
 @dataclass
@@ -76,16 +108,42 @@ class _Packed:
     whole: repository.WholeDocumentRows | None
 
 
+def _drawn(config: packing.PackingConfig, docs: pa.Table, copy: int) -> pa.Table:
+    """The documents of a table (one source's) that the pass `copy` packs."""
+    if docs.num_rows == 0:
+        return docs
+    source = docs["source_id"][0].as_py()
+    weight = config.weight(source)
+    if weight == 1.0:  # every document exactly once: no draw to compute
+        return docs if copy == 0 else docs.slice(0, 0)
+    keys = packing.draw_keys(docs["source_id"].to_pylist(), docs["path"].to_pylist())
+    draws = packing.document_draws(keys, weight, config.seed)
+    return docs.filter(pa.array(draws > copy))
+
+
 def _pack_task(job: _Job, task: _Block) -> _Packed:
     """One block of one split's windows packed, its rows and pieces written, one shard of
     each per window (a window's rows are bounded by window_docs)."""
     config = job.config
     schema = rows_contract.packed_rows_schema(config.seq_len)
     uploader = ShardUploader(job.store, job.out_dir)
-    docs = slices.read_each(job.store, task.pieces, _PACKED_COLUMNS)
     out = _Packed([], Counter(), None, None)
-    out.stats["documents"] = sum(p.rows for p in task.pieces)
-    batches = packing.pack_block(docs, task.split, task.block, config, tokenizer.special_ids())
+    if task.copy == 0:
+        out.stats["documents"] = sum(p.rows for p in task.pieces)
+
+    def drawn() -> Iterator[pa.Table]:
+        for table in slices.read_each(job.store, task.pieces, _PACKED_COLUMNS):
+            kept = _drawn(config, table, task.copy)
+            if kept.num_rows:
+                source = kept["source_id"][0].as_py()
+                out.stats[f"sequences:{source}"] += kept.num_rows
+                out.stats[f"document_tokens:{source}"] += int(
+                    pc.sum(kept["num_tokens"]).as_py() or 0
+                )
+            yield kept
+
+    special = tokenizer.special_ids()
+    batches = packing.pack_block(drawn(), task.split, task.block, config, special, task.copy)
     for window, batch in enumerate(batches):
         name = f"{task.split}-{task.block:05d}-{window:04d}.parquet"
         # a window's pieces in document order: each split's pieces tables then come sorted
@@ -93,7 +151,7 @@ def _pack_task(job: _Job, task: _Block) -> _Packed:
         placed = batch.pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
         for table, rows, rows_schema in (
             (layout.data_table(task.split), batch.rows, schema),
-            (pieces_table(task.split), placed, rows_contract.PIECES_SCHEMA),
+            (pieces_table(task.split, task.copy), placed, rows_contract.PIECES_SCHEMA),
         ):
             shard, written = uploader.write_parquet(f"{table.replace(':', '-')}-{name}", rows)
             out.shards.append((table, rows_schema, shard, written))
@@ -109,13 +167,19 @@ def _pack_task(job: _Job, task: _Block) -> _Packed:
 
 def _plan(ctx: StageContext, upstream: Manifest, config: packing.PackingConfig) -> list[_Block]:
     """Each split's documents, in doc order, cut into blocks of `windows_per_task` whole
-    windows: the same blocks whatever the engine or the number of workers."""
+    windows, pass after pass (pass k: the sources whose weight can draw a document more than
+    k times): the same blocks whatever the engine or the number of workers."""
     rows = config.window_docs * config.windows_per_task
+    passes = max((packing.max_draws(config.weight(s)) for s in ctx.sources()), default=1)
     blocks: list[_Block] = []
     for split in packing.SPLITS:
-        tables = [(upstream, t) for t in split_tables(upstream, ctx.sources(), split)]
-        for k, s in enumerate(slices.plan_rows(ctx.store, tables, rows)):
-            blocks.append(_Block(split, k, s.pieces))
+        numbered = 0  # a split's blocks are numbered on across its passes (their pack_ids)
+        for copy in range(passes):
+            sources = [s for s in ctx.sources() if packing.max_draws(config.weight(s)) > copy]
+            tables = [(upstream, t) for t in split_tables(upstream, sources, split)]
+            for s in slices.plan_rows(ctx.store, tables, rows):
+                blocks.append(_Block(split, numbered, s.pieces, copy))
+                numbered += 1
     return blocks
 
 
@@ -165,6 +229,10 @@ def _commit(
     extra: dict[str, Any] = {
         "seq_len": config.seq_len,
         "policy": str(config.policy),
+        # the mixture: every source's weight and the seed of the draws (the snapshot records
+        # them, and verify recomputes every document's draws from them)
+        "source_weights": {s: config.weight(s) for s in ctx.sources()},
+        "draw_seed": config.seed,
         **executor.describe(),
         "engine_nodes": executor.stats.figures(),
     }
@@ -243,7 +311,10 @@ STAGE = Stage(
     reads=(names.TOKENIZER,),
     config_key="packing",
     config=packing.PackingConfig,
-    catalog_defaults=lambda catalog: {"seq_len": catalog.seq_len},
+    catalog_defaults=lambda catalog: {
+        "seq_len": catalog.seq_len,
+        "source_weights": {s.id: s.weight for s in catalog.operational if s.weight != 1.0},
+    },
     code=(packing.__name__, rows_contract.__name__, __name__),
     body=_body,
     checks=(

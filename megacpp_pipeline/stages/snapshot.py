@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES
 from megacpp_pipeline.pipeline.context import StageContext
@@ -30,7 +29,6 @@ from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
 from megacpp_pipeline.snapshot.layout import (
     CARD,
     COMPLETE,
-    MANIFEST,
     REPORT_DIR,
     SnapshotManifest,
     SourceEntry,
@@ -43,14 +41,16 @@ from megacpp_pipeline.snapshot.promote import (
     SourceLedgers,
     build_snapshot,
     final_ledger_chunks,
+    promoted_in_store,
     read_manifest,
 )
 from megacpp_pipeline.snapshot.streams import merge
+from megacpp_pipeline.snapshot.text_release import TEXT_DIR, write_release
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.documents import documents_stream
-from megacpp_pipeline.stages.packing import pieces_table
+from megacpp_pipeline.stages.packing import pieces_tables
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
-from megacpp_pipeline.storage.store import ShardStore, config_hash
+from megacpp_pipeline.storage.store import Manifest, ShardStore, config_hash
 
 
 class SourceRows:
@@ -188,21 +188,12 @@ def prune_store_snapshots(store: ShardStore, current: SnapshotManifest, keep: in
     (the current one counts), by the `created_at` their manifests record (an object store
     has no trustworthy folder times); each loses `_COMPLETE` first, so no reader ever sees
     a partly deleted snapshot as whole. The removed folders."""
-    root = store.join("snapshots")
-    done: list[tuple[str, str]] = []
-    for info in store.fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-        name = info.base_name
-        if name == current.snapshot_id or not name.startswith(f"{current.name}-"):
-            continue
-        raw = store.read_bytes_if_exists(f"{info.path}/{MANIFEST}")
-        if raw is None or not store.exists(f"{info.path}/{COMPLETE}"):
-            continue  # not a whole snapshot: a concurrent upload, or one being removed
-        try:
-            done.append((SnapshotManifest.model_validate_json(raw).created_at, info.path))
-        except ValueError:
-            continue
-    done.sort()
-    removed = [path for _, path in done[: max(0, len(done) - (keep - 1))]]
+    done = [
+        path
+        for path, manifest in promoted_in_store(store, current.name)
+        if manifest.snapshot_id != current.snapshot_id
+    ]
+    removed = done[: max(0, len(done) - (keep - 1))]
     for path in removed:
         store.delete_file(f"{path}/{COMPLETE}")
         store.delete_dir(path)
@@ -231,6 +222,16 @@ def snapshot_dir_of(ctx: StageContext) -> Path:
     return Path(ctx.latest(names.SNAPSHOT, None).extra["snapshot_dir"])
 
 
+def merged_pieces(store: ShardStore, packed: Manifest) -> Iterator[pa.Table]:
+    """Every pieces table of the packed version as one stream in (doc_id, copy, piece_index)
+    order: each table is in doc_id order, and a document's copies come pass by pass (the
+    merge keeps the earlier stream's rows first where a doc_id is in both)."""
+    stream: Iterable[pa.Table] = iter(())
+    for table in pieces_tables(packed):
+        stream = merge(stream, store.iter_tables(packed, table), "doc_id", PIECES_SCHEMA)
+    return iter(stream)
+
+
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     assert stage.input is not None
     config = ctx.config(stage)
@@ -246,6 +247,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         vocab_size=int(info["vocab_size"]),
         tokenizer_json=store.read_bytes(f"{store.version_dir(tok)}/{layout.TOKENIZER}"),
         tokenizer_info=info,
+        tokenizer_policy=dict(tok.extra.get("policy") or {}),
         rows={
             split: [
                 ShardSource(store.fs, f"{vdir}/{s.path}", s.sha256, s.bytes)
@@ -258,15 +260,16 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         document_files=store.iter_tables(documents, "document_files"),
         document_mode=str(documents.extra.get("mode", "file")),
         engine=ctx.engine.describe(),
-        pieces=merge(
-            store.iter_tables(packed, pieces_table("train")),
-            store.iter_tables(packed, pieces_table("validation")),
-            "doc_id",
-            PIECES_SCHEMA,
-        ),
+        pieces=merged_pieces(store, packed),
         ledger=final_ledger_stream(ctx, store.iter_tables(documents, "document_files")),
         ledger_stages=ctx.registry.ledger_stages(),
-        sources=collected_sources(ctx),
+        sources={
+            sid: entry.model_copy(
+                update={"weight": float((packed.extra.get("source_weights") or {}).get(sid, 1.0))}
+            )
+            for sid, entry in collected_sources(ctx).items()
+        },
+        draw_seed=int(packed.extra.get("draw_seed", 0)),
         inputs=ctx.upstream_hashes([packed, documents, tok]),
         code_version=ctx.code_version(stage),
         config_hash=config_hash(ctx.catalog),
@@ -287,6 +290,9 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     host = ctx.host_executor()  # the build is a folder of this host
 
     def gate(build_dir: Path) -> list[str]:
+        if config.text:  # the text release beside the rows, checked with everything else
+            release = write_release(build_dir, build_dir / TEXT_DIR)
+            ctx.log(f"snapshot: text release of {release.documents} documents in {TEXT_DIR}/")
         failures = []
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
         for name in verify.ALL_CHECKS:
@@ -361,6 +367,9 @@ _DESCRIPTIONS = {
     "snapshot's document count and tokens.",
     "dataset_card": f"{layout.CARD} is a Hugging Face dataset card whose figures (documents, rows, "
     "tokens, tokenizer) and data files are the manifest's.",
+    "text_release": "The text release in text/ (the snapshot stage's `text` option) lists every "
+    "document in the rows once, its files' sha256 match, and a sample of its texts "
+    "re-tokenized with the snapshot's tokenizer gives the snapshot's tokens; none: passes.",
 }
 
 
@@ -426,8 +435,8 @@ STAGE = Stage(
     grain=Grain.GLOBAL,
     group="snapshot",
     description=f"The promoted training snapshot: {layout.MANIFEST}, {layout.TOKENIZER}, "
-    f"documents, document_files, pieces, ledger, train/ and validation/ packed rows, "
-    f"{layout.COMPLETE} last. "
+    f"documents, document_files, pieces, ledger, train/ and validation/ packed rows (and "
+    f"with `text: true` the text release in text/), {layout.COMPLETE} last. "
     "Built beside its final place and renamed in only when schema, token range, document "
     "consistency, round-trip, ledger, loader and Megatron checks all pass.",
     input=names.PACKED_ROWS,
@@ -447,6 +456,7 @@ STAGE = Stage(
     config=SnapshotConfig,
     code=(
         "megacpp_pipeline.snapshot.promote",
+        "megacpp_pipeline.snapshot.text_release",
         verify.__name__,
         __name__,
     ),

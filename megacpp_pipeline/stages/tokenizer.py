@@ -1,8 +1,13 @@
-"""tokenizer: a pinned tokenizer.json (sha256 verified) or a byte-level BPE trained
-deterministically on a sample of the train split of the deduplicated files; special tokens
-(BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids. Tasks measure the train split and
-draw the hash-uniform sample slice by slice; one more task reads the sample (bounded by
-max_train_bytes) and trains: the driver holds neither the corpus nor the sample."""
+"""tokenizer: where the run's tokenizer comes from (`stages: {tokenizer: {mode: ...}}`): the
+last promoted snapshot's own tokenizer.json (`reuse`, the default: a refresh keeps the
+vocabulary, so unchanged files hit the token cache and training can continue on the new
+snapshot), a pinned tokenizer.json (sha256 verified), or a byte-level BPE trained
+deterministically on a sample of the train split of the deduplicated files (`train`, and
+`reuse` when there is nothing to reuse); special tokens (BOS, EOS, PAD, FIM, scrub
+placeholders) at fixed ids. Tasks measure the train split and draw the hash-uniform sample
+slice by slice; one more task reads the sample (bounded by max_train_bytes) and trains: the
+driver holds neither the corpus nor the sample. The version records what was decided and
+why (`policy`), for the snapshot's card and diff."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import Grain, Materialized, PathValue, Stage
 from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.promote import promoted_in_store
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import Manifest, ShardStore, ShardUploader
@@ -90,7 +96,7 @@ def _train_task(job: _Job, drawn: list[int]) -> str:
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     assert stage.input is not None
-    config = ctx.config(stage)
+    config: tokenizer.TokenizerConfig = ctx.config(stage)
     split_config = ctx.catalog.split
     source = ctx.latest(stage.input)
     version = ctx.store.begin(
@@ -98,16 +104,25 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     )
     with version:
         training = None
-        if config.pinned:
+        mode = config.effective_mode
+        policy: dict[str, Any] = {"mode": str(mode)}
+        tok = None
+        if mode is tokenizer.TokenizerMode.PINNED:
             tok = tokenizer.obtain_tokenizer(config)
+            policy.update(decision="pinned", path=config.path)
+        elif mode is tokenizer.TokenizerMode.REUSE:
+            tok, policy = _reuse(ctx, config, policy)
         else:
+            policy.update(decision="trained", reason="a new vocabulary")
+        if tok is None:
             tok, training = _train(ctx, source, config, split_config, f"{version.dir}/_sample")
+        ctx.log(f"{stage.name}: {policy['decision']} ({policy.get('reason') or mode})")
         with tempfile.TemporaryDirectory() as tmp:
             info = tokenizer.save_tokenizer(tok, Path(tmp) / layout.TOKENIZER)
             version.write_file(layout.TOKENIZER, (Path(tmp) / layout.TOKENIZER).read_bytes())
         manifest = version.commit(
             upstream=ctx.upstream_hashes([source]),
-            extra={"tokenizer": info.model_dump(), "training": training},
+            extra={"tokenizer": info.model_dump(), "training": training, "policy": policy},
         )
     return Materialized(
         None,
@@ -115,12 +130,46 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             "sha256": info.sha256,
             "vocab_size": info.vocab_size,
             "special_tokens": info.special_tokens,
-            "pinned": config.pinned,
+            "mode": str(mode),
+            "decision": str(policy["decision"]),
+            "reused_from": str(policy.get("from_snapshot") or "none"),
+            "pinned": mode is tokenizer.TokenizerMode.PINNED,
             "training": training or {},
             "tokenizers_version": info.tokenizers_version,
             "manifest": PathValue(ctx.store.manifest_path(manifest)),
         },
     )
+
+
+def _reuse(
+    ctx: StageContext, config: tokenizer.TokenizerConfig, policy: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """The newest promoted snapshot of this catalog's name keeps its tokenizer (its bytes
+    checked against that snapshot's manifest); (None, why) when there is none to keep or the
+    config asks for another vocabulary size, and the stage trains."""
+    name = ctx.catalog.snapshot
+    found = promoted_in_store(ctx.store, name)
+    if not found:
+        return None, {**policy, "decision": "trained", "reason": f"no promoted {name} snapshot"}
+    where, previous = found[-1]
+    entry = next((f for f in previous.files if f.path == layout.TOKENIZER), None)
+    if entry is None:
+        raise tokenizer.TokenizerArtifactError(f"{where}/{layout.TOKENIZER}", "not in its manifest")
+    local = ctx.store.local_copy(f"{where}/{layout.TOKENIZER}", entry.sha256, ctx.cache_dir)
+    tok = tokenizer.load_tokenizer(local, entry.sha256)
+    if previous.vocab_size != config.vocab_size:
+        return None, {
+            **policy,
+            "decision": "trained",
+            "reason": f"vocab_size {config.vocab_size} in the config, {previous.vocab_size} in "
+            f"{previous.snapshot_id}",
+        }
+    return tok, {
+        **policy,
+        "decision": "reused",
+        "from_snapshot": previous.snapshot_id,
+        "reason": f"kept from {previous.snapshot_id}",
+    }
 
 
 def _train(
@@ -161,9 +210,10 @@ STAGE = Stage(
     name=names.TOKENIZER,
     grain=Grain.GLOBAL,
     group="tokens",
-    description=f"The tokenizer artifact: a pinned {layout.TOKENIZER} (sha256 verified) or a "
-    "byte-level BPE trained deterministically on the deduped train split; special tokens "
-    "(BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids.",
+    description="The tokenizer artifact: the last promoted snapshot's (mode reuse, the "
+    f"default), a pinned {layout.TOKENIZER} (sha256 verified) or a byte-level BPE trained "
+    "deterministically on the deduped train split (mode train, or reuse with nothing to "
+    "reuse); special tokens (BOS, EOS, PAD, FIM, scrub placeholders) at fixed ids.",
     input=names.DECONTAMINATED_FILES,
     config_key="tokenizer",
     version_data=split_version,

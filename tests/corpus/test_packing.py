@@ -16,8 +16,12 @@ from megacpp_pipeline.corpus.packing import (
     PackedBatch,
     PackingConfig,
     PackingInputError,
+    document_draws,
+    draw_keys,
+    max_draws,
     merge_telemetry,
     pack,
+    pack_block,
     restore_fim_order,
 )
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
@@ -382,3 +386,40 @@ def test_documents_waiting_for_a_window_do_not_keep_their_input_tables_alive() -
     assert consumed.count("validation") == 0
     assert held < 4 * waiting + tables_bytes / 40, (held, tables_bytes)  # not 40 tables
     assert [b.split for b in stream] == ["validation"]
+
+
+def test_an_integer_weight_draws_every_document_exactly_that_many_times() -> None:
+    keys = draw_keys(["s"] * 500, [f"f{i}.h" for i in range(500)])
+    for weight in (1.0, 2.0, 3.0):
+        assert set(document_draws(keys, weight, seed=0).tolist()) == {int(weight)}
+    assert max_draws(2.0) == 2 and max_draws(2.5) == 3 and max_draws(0.5) == 1
+
+
+@pytest.mark.parametrize("weight", [0.1, 0.5, 1.5, 2.5])
+def test_a_fractional_weight_draws_its_weight_on_average(weight: float) -> None:
+    keys = draw_keys(["s"] * 20_000, [f"dir/f{i}.h" for i in range(20_000)])
+    draws = document_draws(keys, weight, seed=0)
+    assert set(draws.tolist()) == {int(weight), int(weight) + 1}
+    assert abs(draws.mean() - weight) < 0.02
+
+
+def test_a_draw_belongs_to_its_document_whatever_else_is_drawn_with_it() -> None:
+    paths = [f"f{i}.h" for i in range(300)]
+    keys = draw_keys(["s"] * 300, paths)
+    draws = document_draws(keys, 0.5, seed=3)
+    order = np.random.default_rng(1).permutation(300)
+    again = document_draws(draw_keys(["s"] * 300, [paths[i] for i in order]), 0.5, seed=3)
+    assert (again == draws[order]).all()  # neither order nor company changes a draw
+    assert (document_draws(keys, 0.5, seed=4) != draws).any()  # the seed does
+    # the same path in another source is another document
+    assert (document_draws(draw_keys(["t"] * 300, paths), 0.5, seed=3) != draws).any()
+    with pytest.raises(ValueError, match="must be > 0"):
+        document_draws(keys, 0.0, seed=0)
+
+
+def test_a_blocks_pieces_name_the_copy_it_packs() -> None:
+    config = PackingConfig(seq_len=64, window_docs=4)
+    batches = list(pack_block([docs_table([10, 80, 30])], "train", 3, config, SPECIAL, copy=2))
+    pieces = pa.concat_tables([b.pieces for b in batches])
+    assert set(pieces["copy"].to_pylist()) == {2}
+    assert min(pieces["pack_id"].to_pylist()) == PACK_ID_BASE["train"] + (3 << 32)

@@ -20,6 +20,7 @@ from megacpp_pipeline.corpus.tokenizer import (
     SpecialIds,
     TokenizerArtifactError,
     TokenizerConfig,
+    TokenizerMode,
     effective_fraction,
     load_tokenizer,
     obtain_tokenizer,
@@ -196,6 +197,20 @@ def test_a_pin_needs_both_path_and_sha256() -> None:
         TokenizerConfig(path="tokenizer.json", sha256="not-a-hash")
     with pytest.raises(ValidationError, match="extra"):
         TokenizerConfig.model_validate({"vocab": 10})
+
+
+def test_the_mode_defaults_to_reuse_and_to_pinned_when_an_artifact_is_given() -> None:
+    sha = "0" * 64
+    assert TokenizerConfig().effective_mode is TokenizerMode.REUSE
+    assert TokenizerConfig(path="t.json", sha256=sha).effective_mode is TokenizerMode.PINNED
+    assert TokenizerConfig(mode="train").effective_mode is TokenizerMode.TRAIN
+    assert TokenizerConfig(mode="pinned", path="t.json", sha256=sha).pinned
+    with pytest.raises(ValidationError, match="mode pinned needs `path` and `sha256`"):
+        TokenizerConfig(mode="pinned")
+    with pytest.raises(ValidationError, match="mode train does not take `path`"):
+        TokenizerConfig(mode="train", path="t.json", sha256=sha)
+    with pytest.raises(ValidationError, match="mode"):
+        TokenizerConfig.model_validate({"mode": "keep"})
 
 
 def test_the_seed_picks_a_different_but_reproducible_training_sample(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def test_every_registry_stage_is_an_asset_with_its_checks_deps_and_grain(graph: 
     snapshot = {
         c.name for c in graph.asset_check_keys if c.asset_key.to_user_string() == "snapshot"
     }
-    assert len(snapshot) == 10  # nine from verify, and no removed content
+    assert len(snapshot) == 11  # ten from verify (the text release too), no removed content
 
 
 def test_a_per_file_gate_gets_the_two_standard_checks(graph: Any) -> None:
@@ -89,6 +89,8 @@ def test_the_run_plan_is_five_runs_whatever_the_number_of_sources(tmp_path: Path
         ("documents", "packed_rows", "snapshot", "megatron_dataset", "quality_report"),
     ]
     assert [g.per_source for g in plans[0]] == [False, True, False, True, False]
+    # the library's groups (what `megacpp plan` sizes) are the runs Dagster's graph gives
+    assert [set(g.keys) for g in plans[0]] == [set(g) for g in default_registry().run_groups()]
 
 
 def test_code_version_moves_with_the_stage_config_and_only_that_stage(tmp_path: Path) -> None:

@@ -68,6 +68,18 @@ def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path
     )
     again = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
     assert [r.run_key for r in again.run_requests] == [first[1][1]]
+    # the second source's run is running (a one-minute cron ticks faster than a refresh):
+    # it is not requested again either
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="per_source_refresh",
+            run_id="r2",
+            tags={"dagster/run_key": str(first[1][1])},
+            status=dg.DagsterRunStatus.STARTED,
+        )
+    )
+    third = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
+    assert list(third.run_requests or []) == []
     assert (sched.cron_schedule, sched.execution_timezone) == ("30 3 * * *", "UTC")
     sensor = defs.get_sensor_def("nightly_cascade")
     assert "STOPPED" in str(sched.default_status) and "STOPPED" in str(sensor.default_status)
@@ -75,3 +87,68 @@ def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path
     assert sched.job_name == job.name
     selected = {k.to_user_string() for k in job.asset_layer.selected_asset_keys}
     assert selected == set(default_registry().refresh_head())
+
+
+def test_the_cascade_launches_one_stale_run_group_at_a_time_and_waits_for_runs(
+    tmp_path: Path,
+) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.hpp").write_text("#pragma once\nint a();\n")
+    catalog = tmp_path / "sources.yaml"
+    catalog.write_text(
+        f"snapshot: c\nsources:\n  - {{id: s1, kind: dir, uri: {tree}}}\n"
+        f"  - {{id: s2, kind: dir, uri: {tree}}}\n"
+    )
+    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
+    sensor = defs.get_sensor_def("nightly_cascade")
+    (tmp_path / "home").mkdir()
+    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
+    registry = default_registry()
+
+    def tick() -> tuple[str | None, list[dg.RunRequest]]:
+        context = dg.build_sensor_context(
+            instance=instance, repository_def=defs.get_repository_def()
+        )
+        result = sensor.evaluate_tick(context)
+        return result.skip_message, list(result.run_requests or [])
+
+    def materialize(*names: str) -> None:
+        for name in names:
+            partitions = ["s1", "s2"] if registry.get(name).per_source else [None]
+            for p in partitions:
+                instance.report_runless_asset_event(
+                    dg.AssetMaterialization(asset_key=name, partition=p)
+                )
+
+    skip, requests = tick()
+    assert requests == [] and "no input yet" in str(skip)  # nothing was ever collected
+    materialize(*registry.names())  # a whole run, stage after stage
+    skip, requests = tick()
+    assert requests == [] and "up to date" in str(skip)
+
+    materialize("raw_files", "scrubbed_files")  # a refresh of the head
+    _, (request,) = tick()
+    assert [k.to_user_string() for k in request.asset_selection or []] == [
+        "deduped_files", "decontaminated_files", "tokenizer"
+    ]  # fmt: skip
+    assert request.asset_check_keys  # each stage's blocking checks run with it
+    instance.add_run(
+        dg.DagsterRun(job_name="__ASSET_JOB", run_id="r1", status=dg.DagsterRunStatus.STARTED)
+    )
+    skip, requests = tick()
+    assert requests == [] and "in progress" in str(skip)
+    instance.delete_run("r1")  # it ended
+
+    materialize("deduped_files", "decontaminated_files", "tokenizer")
+    _, (request,) = tick()
+    assert [k.to_user_string() for k in request.asset_selection or []] == [
+        "enriched_files", "tokenized_docs"
+    ]  # fmt: skip
+    ranged = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
+    assert tuple(request.tags[k] for k in ranged) == ("s1", "s2")  # every source in one run
+    materialize("enriched_files", "tokenized_docs")
+    _, (request,) = tick()
+    assert request.asset_selection and request.asset_selection[0].to_user_string() == "documents"
+    materialize(*registry.run_groups()[-1])
+    assert tick()[1] == []

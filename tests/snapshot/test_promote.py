@@ -151,7 +151,7 @@ def test_a_split_with_no_rows_is_promoted_and_read_as_empty_and_its_export_refus
     snap = build_snapshot(tmp_path / "data", parts, gate=every_check)  # all eight checks pass
     manifest = read_manifest(snap)
     assert manifest.splits[empty].model_dump() == {
-        "rows": 0, "documents": 0, "tokens": 0, "shards": []
+        "rows": 0, "documents": 0, "tokens": 0, "shards": [], "sequences": 0
     }  # fmt: skip
     assert manifest.splits[full].documents == 5
     assert megacpp_verify(snap) == (0, "")
