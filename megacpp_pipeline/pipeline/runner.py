@@ -35,9 +35,12 @@ def run_stage(
     done: Iterable[Materialized]
     if stage.gate is not None:
         done = run_gate_stage(ctx, stage, partitions, executor)
-    elif stage.per_source and len(partitions) > 1 and not executor.distributed:
-        # many sources' own bodies (collection) side by side, a source to a worker
-        done = executor.map(_run_body, _BodyJob(replace(ctx, workers=1), stage), partitions)
+    elif stage.per_source and len(partitions) > 1:
+        # many sources' own bodies (collection) side by side, a source to a forked worker of
+        # this host whatever the engine: they read this host's files (git mirrors, archives,
+        # directories), and the driver's process only adopts what each one reports
+        job = _BodyJob(replace(ctx, workers=1), stage)
+        done = ctx.host_executor().map(_run_body, job, partitions)
     else:
         assert stage.body is not None
         done = (stage.body(ctx, stage, partition) for partition in partitions)

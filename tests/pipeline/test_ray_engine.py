@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+import yaml
 
 # Ray rewrites a 127.0.0.1 cluster address to this host's own address before connecting,
 # which a sandboxed host cannot reach; with Ray's "no real cluster" switch it keeps loopback
@@ -272,7 +273,7 @@ def test_a_worker_node_killed_mid_stage_is_retried_and_the_version_is_the_same(
         worker_id = worker.node_id
         # 1-row slices: a dozen tasks of 1.5 s, so the worker node is busy when it dies
         on_ray = ctx(Engine(EngineKind.RAY, c.address, task_bytes=1), "cache-ray")
-        connect(on_ray.engine)  # from this (the main) thread
+        connect(on_ray.engine, 1)  # from this (the main) thread
         done: list = []
         failed: list[BaseException] = []
 
@@ -381,7 +382,7 @@ def test_a_killed_driver_leaves_the_last_version_whole_and_a_rerun_reuses_finish
             catalog=load_catalog(catalog, registry), store=store, registry=registry,
             cache_dir=cache, workers=1, engine=Engine(EngineKind.RAY, c.address, task_bytes=1),
         )  # fmt: skip
-        connect(rerun.engine)
+        connect(rerun.engine, 1)
         slow = registry.get(SLOW.name)
         done = list(run_stage(rerun, slow, rerun.partitions(slow)))
     finally:
@@ -427,7 +428,7 @@ def test_a_source_with_nothing_to_gate_gets_a_complete_empty_version_on_ray(
     catalog, _ = write_catalog(tmp_path)
     (tmp_path / "empty").mkdir()  # collects zero files
     empty = "  - id: empty\n    kind: dir\n    uri: empty\n    declared_license: MIT\n"
-    text = catalog.read_text().replace("stages:", empty + "stages:")
+    text = catalog.read_text().replace("split:", empty + "split:")
     catalog.write_text(text)
     registry = default_registry()
     store = ShardStore(str(tmp_path / "data"))
@@ -438,7 +439,7 @@ def test_a_source_with_nothing_to_gate_gets_a_complete_empty_version_on_ray(
     )  # fmt: skip
     assert ctx.sources() == ["tree", "repo", "empty"]
     list(run_stage(replace(ctx, engine=Engine()), registry.get("raw_files"), ctx.sources()))
-    connect(ctx.engine)
+    connect(ctx.engine, 1)
     try:
         stage = registry.get("normalized_files")
         done = {d.partition: d for d in run_stage(ctx, stage, ctx.sources())}
@@ -459,14 +460,11 @@ def test_dedup_on_ray_with_an_empty_source_or_no_file_at_all_matches_the_local_e
 ) -> None:
     catalog, _ = write_catalog(tmp_path)
     (tmp_path / "empty").mkdir()  # collects zero files
-    empty = "  - id: empty\n    kind: dir\n    uri: empty\n    declared_license: MIT\n"
-    text = catalog.read_text()
-    if only_empty:  # the catalog's own sources go; only the empty one is left
-        head, rest = text.split("sources:", 1)
-        text = head + "sources:\n" + empty + "stages:" + rest.split("stages:", 1)[1]
-    else:
-        text = text.replace("stages:", empty + "stages:")
-    catalog.write_text(text)
+    data = yaml.safe_load(catalog.read_text())
+    empty = {"id": "empty", "kind": "dir", "uri": "empty", "declared_license": "MIT"}
+    # only_empty: the catalog's own sources go; only the empty one is left
+    data["sources"] = [empty] if only_empty else [*data["sources"], empty]
+    catalog.write_text(yaml.safe_dump(data, sort_keys=False))
     registry = default_registry()
     store = ShardStore(str(tmp_path / "data"))
     local = StageContext(
@@ -481,7 +479,7 @@ def test_dedup_on_ray_with_an_empty_source_or_no_file_at_all_matches_the_local_e
     list(run_stage(local, dedup_stage, [None]))
     by_local = store.latest("deduped_files")
     on_ray = replace(local, engine=Engine(EngineKind.RAY, cluster.address))
-    connect(on_ray.engine)
+    connect(on_ray.engine, 1)
     try:
         list(run_stage(on_ray, dedup_stage, [None]))
         outcomes = [c.evaluate(on_ray, dedup_stage, None) for c in checks_of(dedup_stage)]
@@ -521,7 +519,7 @@ if ray is not None:
 
     class _KillingRay(RayExecutor):
         def __init__(self, engine: Engine, markers: Path) -> None:
-            super().__init__(engine)
+            super().__init__(engine, 1)
             self.markers = markers
 
         def map_timed(self, task: Any, job: Any, items: Any) -> Any:
