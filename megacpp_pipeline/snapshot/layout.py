@@ -48,11 +48,6 @@ def is_data_table(name: str) -> bool:
     return name == DATA or name.startswith(f"{DATA}:")
 
 
-def data_key(name: str) -> str:
-    """The key of a `data:<key>` table (the source, split or source:split it holds)."""
-    return name.partition(":")[2]
-
-
 class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str

@@ -79,6 +79,6 @@ def test_the_check_finds_a_spelled_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize("split", layout.SPLITS)
 def test_data_tables_round_trip(split: str) -> None:
     assert layout.is_data_table(layout.data_table(split))
-    assert layout.data_key(layout.data_table(split)) == split
+    assert layout.data_table(split) == f"{layout.DATA}:{split}"
     assert layout.data_table() == layout.DATA and layout.is_data_table(layout.DATA)
     assert not layout.is_data_table("ledger")
