@@ -89,16 +89,7 @@ def _run(
 ) -> endtoend.EndToEnd:
     shutil.rmtree(work, ignore_errors=True)
     print(f"[plan] {label} ...", file=sys.stderr, flush=True)
-    saved = os.environ.get("MEGACPP_WORKERS")
-    if workers is not None:
-        os.environ["MEGACPP_WORKERS"] = str(workers)
-    try:
-        result = endtoend.run(corpus.catalog, work, label, timeout_s=4 * 3600)
-    finally:
-        if saved is None:
-            os.environ.pop("MEGACPP_WORKERS", None)
-        else:
-            os.environ["MEGACPP_WORKERS"] = saved
+    result = endtoend.run(corpus.catalog, work, label, timeout_s=4 * 3600, workers=workers)
     if result.returncode != 0:
         raise SystemExit(f"{label} failed: {result.error}")
     print(

@@ -53,17 +53,10 @@ def _run(
     repo: Path = REPO,
 ) -> endtoend.EndToEnd:
     shutil.rmtree(work, ignore_errors=True)
-    saved = os.environ.get("MEGACPP_WORKERS")
-    if workers is not None:
-        os.environ["MEGACPP_WORKERS"] = str(workers)
-    try:
-        print(f"[scaleout] {label} ...", file=sys.stderr, flush=True)
-        result = endtoend.run(catalog, work, label, timeout_s=4 * 3600, args=list(args), repo=repo)
-    finally:
-        if saved is None:
-            os.environ.pop("MEGACPP_WORKERS", None)
-        else:
-            os.environ["MEGACPP_WORKERS"] = saved
+    print(f"[scaleout] {label} ...", file=sys.stderr, flush=True)
+    result = endtoend.run(
+        catalog, work, label, timeout_s=4 * 3600, args=list(args), repo=repo, workers=workers
+    )
     if result.returncode != 0:
         raise SystemExit(f"{label} failed: {result.error}")
     print(

@@ -205,9 +205,11 @@ def run(
     wrap: list[str] | None = None,
     args: list[str] | None = None,
     repo: Path = REPO,
+    workers: int | None = None,
 ) -> EndToEnd:
     """`megacpp run --config catalog [args]` under work/ (data, dagster_home, cache all
-    fresh), from the checkout `repo` (another commit's, to measure a baseline beside)."""
+    fresh), from the checkout `repo` (another commit's, to measure a baseline beside), with
+    MEGACPP_WORKERS=`workers` when given."""
     work.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -215,6 +217,8 @@ def run(
         "MEGACPP_CACHE_DIR": str(work / "cache"),
         "PYTHONWARNINGS": "ignore",
     }
+    if workers is not None:
+        env["MEGACPP_WORKERS"] = str(workers)
     log_path = work / "megacpp-run.log"
     # wrap: interpreter options before the module, e.g. ["-m", "pyinstrument", ...]
     cmd = [sys.executable, *(wrap or []), "-m", "assets.cli", "run"]

@@ -52,15 +52,20 @@ def _listing(root: Path, rel_dir: str) -> Iterator[tuple[str, str, os.DirEntry[s
     )
 
 
-def dir_source(
-    spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits, max_file_bytes: int
-) -> SourceFiles:
+def _rooted(spec: SourceSpec, uri: str, scope: Scope) -> tuple[Path, Scope]:
+    """The folder a dir source collects (its subdir applied) and the scope relative to it."""
     root = Path(uri.removeprefix("file://"))
     if spec.subdir:
         root = root / spec.subdir
     if not root.is_dir():
         raise CollectError(f"source {spec.id!r}: {root} is not a directory")
-    scope = Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
+    return root, Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
+
+
+def dir_source(
+    spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits, max_file_bytes: int
+) -> SourceFiles:
+    root, scope = _rooted(spec, uri, scope)
 
     def entries() -> Iterator[Entry]:
         for raw, e in _walk(root):
@@ -111,12 +116,7 @@ def _link_target(path: str) -> str | None:
 def dir_listing(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> Listed:
     """The wanted files under the root and their sizes, from a directory walk (stat only:
     the revision, a hash of the contents, is left to collection)."""
-    root = Path(uri.removeprefix("file://"))
-    if spec.subdir:
-        root = root / spec.subdir
-    if not root.is_dir():
-        raise CollectError(f"source {spec.id!r}: {root} is not a directory")
-    scope = Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
+    root, scope = _rooted(spec, uri, scope)
     files = size = 0
     for raw, e in _walk(root):
         rel = name_of(raw)
