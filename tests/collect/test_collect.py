@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
@@ -17,6 +16,7 @@ from megacpp_pipeline import collect
 from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import git_blob_sha
+from tests.fixtures.git_repo import git as _git
 
 VECTOR_H = b"""// SPDX-License-Identifier: MIT
 #pragma once
@@ -37,18 +37,6 @@ MAIN_CC = b'#include "vector.h"\nint main() { demo::small_vector<int> v; return 
 def _files(spec: SourceSpec, uri: str, tmp: Path, **kw: object) -> dict[str, collect.Entry]:
     sf = collect.open_source(spec, uri, cache_dir=tmp / "cache", limits=CollectLimits(**kw))  # type: ignore[arg-type]
     return {e.path: e for e in sf.entries()}
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    out = subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
-    return out.stdout.decode().strip()
 
 
 @pytest.fixture

@@ -4,27 +4,13 @@ until a person switches it on."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import dagster as dg
 
 from assets.defs import build_defs
 from megacpp_pipeline.stages import default_registry
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
+from tests.fixtures.git_repo import git as _git
 
 
 def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import pytest
 from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
 from megacpp_pipeline.snapshot.promote import read_manifest
 from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.git_repo import git as _git
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -65,19 +66,6 @@ inline int {noun}_sum(const Ring{n}<int>& r) {{
 }}  // namespace nightly
 """
 NOUNS = ["sample", "packet", "frame", "event", "record", "token", "reading", "message"]
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def commit(repo: Path, files: dict[str, str], message: str) -> str:
