@@ -153,9 +153,11 @@ def effective_fraction(config: TokenizerConfig, total_bytes: int | None) -> floa
 def training_sample(
     texts: Iterable[str], config: TokenizerConfig, fraction: float, budget: int | None = -1
 ) -> Iterator[str]:
-    """The texts a hash of their bytes (seeded) draws at `fraction`, in order, until
+    """The texts a hash of their bytes (seeded) draws at `fraction`, in order, up to
     `budget` bytes (default max_train_bytes; None: no budget, a task's share of a sample
-    whose budget the driver applies)."""
+    whose budget another step applies). The text that crosses the budget gives its first
+    bytes (cut at a character) rather than none: a corpus whose first drawn file is larger
+    than the budget still trains on it instead of on nothing."""
     threshold = int(fraction * (1 << 64))
     salt = config.seed.to_bytes(8, "little", signed=True)
     left = config.max_train_bytes if budget == -1 else budget
@@ -165,10 +167,13 @@ def training_sample(
             digest = hashlib.blake2b(data, digest_size=8, key=salt).digest()
             if int.from_bytes(digest, "little") >= threshold:
                 continue
+        if left is not None and len(data) >= left:
+            head = data[:left].decode("utf-8", "ignore")
+            if head:
+                yield head
+            return
         if left is not None:
             left -= len(data)
-            if left < 0:
-                return
         yield text
 
 

@@ -78,19 +78,15 @@ def _train_task(job: _Job, drawn: list[int]) -> str:
     in a worker of its own: the driver only plans and commits. The tokenizer's JSON."""
     config = job.config
 
-    def sample() -> Iterator[str]:
-        budget = config.max_train_bytes
+    def drawn_texts() -> Iterator[str]:
         for index, texts in enumerate(drawn):
-            if not texts:
-                continue
-            table = pq.read_table(f"{job.work}/sample-{index:05d}.parquet", filesystem=job.store.fs)
-            for text in table["text"].to_pylist():
-                budget -= len(text.encode())
-                if budget < 0:
-                    return
-                yield text
+            if texts:
+                path = f"{job.work}/sample-{index:05d}.parquet"
+                yield from pq.read_table(path, filesystem=job.store.fs)["text"].to_pylist()
 
-    tok = tokenizer.train_tokenizer(sample(), config, None)
+    # the tasks drew at the split's fraction, which the trainer's own draw keeps whole (the
+    # same seeded hash under a threshold at least as high); the trainer applies the budget
+    tok = tokenizer.train_tokenizer(drawn_texts(), config, None)
     return str(tok.to_str())
 
 

@@ -26,6 +26,7 @@ from megacpp_pipeline.corpus.tokenizer import (
     obtain_tokenizer,
     save_tokenizer,
     train_tokenizer,
+    training_sample,
 )
 from megacpp_pipeline.storage.versions import sha256_file
 
@@ -240,3 +241,19 @@ def test_a_corpus_above_the_budget_is_sampled_across_the_whole_split() -> None:
     sampled = train_tokenizer(texts, cfg, total_bytes=total)
     assert knows(cut, "alphacounter") and not knows(cut, "omegahandler")
     assert knows(sampled, "alphacounter") and knows(sampled, "omegahandler")
+
+
+def test_a_first_file_larger_than_the_budget_still_trains_the_tokenizer() -> None:
+    # One big file first (as `big.hpp` sorts before a checkout's folders), then small ones:
+    # the sample used to end at the first file that did not fit, training on nothing.
+    big = "".join(f"int widgetcounter{i % 7} = gadgetvalue{i % 5};\n" for i in range(20_000))
+    budget = len(big.encode()) // 4
+    cfg = TokenizerConfig(vocab_size=400, max_train_bytes=budget)
+    sample = list(training_sample([big, *corpus(5)], cfg, 1.0))
+    assert len(sample) == 1 and big.startswith(sample[0])  # the budget's worth of the big file
+    assert budget - 4 <= len(sample[0].encode()) <= budget
+    tok = train_tokenizer([big, *corpus(5)], cfg)
+    assert tok.get_vocab_size() > 256 + len(SPECIAL_TOKENS) + len(PLACEHOLDER_TOKENS)
+    assert len(tok.encode(" widgetcounter3").ids) <= 3  # it learned the big file's words
+    multibyte = "é" * 10  # a cut never splits a character
+    assert list(training_sample([multibyte], TokenizerConfig(max_train_bytes=5), 1.0)) == ["éé"]
