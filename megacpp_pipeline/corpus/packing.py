@@ -46,6 +46,7 @@ from megacpp_pipeline.snapshot.packed_rows import (
     PAD_DOC_ID,
     PIECES_SCHEMA,
     packed_rows_schema,
+    row_group_rows,
 )
 
 SPLITS = layout.SPLITS
@@ -405,6 +406,22 @@ def _fixed(values: np.ndarray, arrow_type: pa.DataType, seq_len: int) -> pa.Fixe
     return pa.FixedSizeListArray.from_arrays(pa.array(values, type=arrow_type), seq_len)
 
 
+def _rows_table(pack_ids: np.ndarray, cols: _RowColumns, seq_len: int) -> pa.Table:
+    return pa.Table.from_arrays(
+        [
+            pa.array(pack_ids, pa.int64()),
+            _fixed(cols.input_ids, pa.int32(), seq_len),
+            _fixed(cols.target_ids, pa.int32(), seq_len),
+            _fixed(cols.loss_mask, pa.uint8(), seq_len),
+            _fixed(cols.doc_ids, pa.int32(), seq_len),
+            pa.array(cols.valid.astype(np.int32), pa.int32()),
+            pa.array(cols.num_docs, pa.int32()),
+            _fixed(cols.chunk_kind, pa.uint8(), seq_len),
+        ],
+        schema=packed_rows_schema(seq_len),
+    )
+
+
 @dataclass
 class _Placement:
     """Pieces sorted by (row, offset): where each piece of the window goes."""
@@ -575,23 +592,27 @@ class _SplitPacker:
             index=piece_index[order],
             n_rows=int(row.max()) + 1 if row.size else 0,
         )
-        cols = _fill_rows(placed, body, body_kinds, n_body, doc_ids, seq_len, self.special)
         pack_ids = self.next_pack_id + np.arange(placed.n_rows, dtype=np.int64)
         self.next_pack_id += placed.n_rows
-
-        rows = pa.Table.from_arrays(
-            [
-                pa.array(pack_ids, pa.int64()),
-                _fixed(cols.input_ids, pa.int32(), seq_len),
-                _fixed(cols.target_ids, pa.int32(), seq_len),
-                _fixed(cols.loss_mask, pa.uint8(), seq_len),
-                _fixed(cols.doc_ids, pa.int32(), seq_len),
-                pa.array(cols.valid.astype(np.int32), pa.int32()),
-                pa.array(cols.num_docs, pa.int32()),
-                _fixed(cols.chunk_kind, pa.uint8(), seq_len),
-            ],
-            schema=packed_rows_schema(seq_len),
-        )
+        # the rows one row group at a time (the chunks the writer keeps as row groups): a
+        # window holding one huge file never has all its rows' temporaries at once
+        group = row_group_rows(seq_len)
+        first_piece = np.searchsorted(placed.row, np.arange(0, placed.n_rows + group, group))
+        chunks, valid = [], []
+        for k, r0 in enumerate(range(0, placed.n_rows, group)):
+            lo, hi = int(first_piece[k]), int(first_piece[k + 1])
+            part = _Placement(
+                row=placed.row[lo:hi] - r0,
+                offset=placed.offset[lo:hi],
+                length=placed.length[lo:hi],
+                doc=placed.doc[lo:hi],
+                index=placed.index[lo:hi],
+                n_rows=min(group, placed.n_rows - r0),
+            )
+            cols = _fill_rows(part, body, body_kinds, n_body, doc_ids, seq_len, self.special)
+            chunks.append(_rows_table(pack_ids[r0 : r0 + part.n_rows], cols, seq_len))
+            valid.append(cols.valid)
+        rows = pa.concat_tables(chunks) if chunks else packed_rows_schema(seq_len).empty_table()
         pieces = pa.Table.from_arrays(
             [
                 pa.array(doc_ids[placed.doc], pa.int32()),
@@ -606,13 +627,14 @@ class _SplitPacker:
         )
         telemetry = None
         if config.packing_telemetry:
-            utilization = cols.valid / seq_len
+            valid_tokens = np.concatenate(valid) if valid else np.zeros(0, np.int64)
+            utilization = valid_tokens / seq_len
             hist, _ = np.histogram(utilization, bins=config.histogram_bins, range=(0.0, 1.0))
             telemetry = PackingTelemetry(
                 policy=str(config.policy),
                 seq_len=seq_len,
                 rows=placed.n_rows,
-                valid_tokens=int(cols.valid.sum()),
+                valid_tokens=int(valid_tokens.sum()),
                 docs=int(n_tok.size),
                 pieces=int(placed.length.size),
                 cropped_docs=int((n_pieces > 1).sum()),

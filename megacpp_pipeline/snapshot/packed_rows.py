@@ -29,6 +29,26 @@ OPTIONAL_TOKEN_COLUMNS: dict[str, tuple[pa.DataType, int]] = {
 TOKEN_COLUMNS = ("input_ids", "target_ids", "loss_mask", "doc_ids", *OPTIONAL_TOKEN_COLUMNS)
 
 
+# A rows shard is written in row groups of at most this many bytes of token columns, so a
+# reader that goes row group by row group (the checks, the export, the loader) holds a
+# bounded part of a shard however many rows one window packed (one 64 MiB file: 10,000+).
+ROW_GROUP_BYTES = 32 << 20
+
+
+def row_group_rows(seq_len: int) -> int:
+    """Rows per row group of a rows shard: the largest power of two whose token columns fit
+    in ROW_GROUP_BYTES (1024 rows at seq_len 2048), at least 1."""
+    schema = packed_rows_schema(seq_len)
+    widths = [
+        seq_len * f.type.value_type.bit_width if pa.types.is_fixed_size_list(f.type)
+        else f.type.bit_width
+        for f in schema
+    ]  # fmt: skip
+    per_row = sum(widths) // 8
+    rows = max(1, ROW_GROUP_BYTES // per_row)
+    return 1 << (rows.bit_length() - 1)
+
+
 def packed_rows_schema(seq_len: int, *, with_optional: bool = True) -> pa.Schema:
     fields = [
         pa.field("pack_id", pa.int64(), nullable=False),

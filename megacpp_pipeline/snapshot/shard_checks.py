@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.snapshot import layout
@@ -50,36 +51,49 @@ def file_facts(root: Path, rel: str) -> FileFacts:
     return FileFacts(rel, True, size, digest.hexdigest())
 
 
+def _row_groups(path: Path, columns: list[str]) -> Iterator[pa.Table]:
+    """A rows shard row group by row group: memory follows a row group (bounded by the
+    packer), never the shard."""
+    parquet = pq.ParquetFile(path)
+    for group in range(parquet.num_row_groups):
+        yield parquet.read_row_group(group, columns=columns)
+
+
 def token_problems(job: tuple[int, int], path: Path) -> tuple[int, list[str]]:
     """(rows, problems) of one rows shard: every id in [0, vocab); targets in range or
     ignored; pads only after valid_token_count (there: loss masked, doc_ids -1)."""
     vocab, seq = job
-    t = pq.read_table(
-        path, columns=["input_ids", "target_ids", "loss_mask", "doc_ids", "valid_token_count"]
-    )
-    ids = fixed_list_to_numpy(t["input_ids"], seq)
-    tgt = fixed_list_to_numpy(t["target_ids"], seq)
-    mask = fixed_list_to_numpy(t["loss_mask"], seq)
-    docs = fixed_list_to_numpy(t["doc_ids"], seq)
-    valid = t["valid_token_count"].to_numpy()
+    columns = ["input_ids", "target_ids", "loss_mask", "doc_ids", "valid_token_count"]
+    rows, low, high, bad_targets = 0, None, None, 0
+    found: dict[str, None] = {}  # the problems found, once each, in the order first seen
+    for t in _row_groups(path, columns):
+        rows += t.num_rows
+        ids = fixed_list_to_numpy(t["input_ids"], seq)
+        tgt = fixed_list_to_numpy(t["target_ids"], seq)
+        mask = fixed_list_to_numpy(t["loss_mask"], seq)
+        docs = fixed_list_to_numpy(t["doc_ids"], seq)
+        valid = t["valid_token_count"].to_numpy()
+        if ids.size:
+            low = min(int(ids.min()), low) if low is not None else int(ids.min())
+            high = max(int(ids.max()), high) if high is not None else int(ids.max())
+        bad_targets += int(((tgt != IGNORE_INDEX) & ((tgt < 0) | (tgt >= vocab))).sum())
+        if ((valid < 1) | (valid > seq)).any():
+            found[f"{path}: valid_token_count outside [1, {seq}]"] = None
+        pad = np.arange(seq)[None, :] >= valid[:, None]
+        if (docs[pad] != PAD_DOC_ID).any():
+            found[f"{path}: doc_ids on pad positions are not {PAD_DOC_ID}"] = None
+        if (docs[~pad] < 0).any():
+            found[f"{path}: a pad doc id inside the valid prefix"] = None
+        if mask[pad].any():
+            found[f"{path}: loss counted on pad positions"] = None
+        if ((mask == 1) & (tgt == IGNORE_INDEX)).any():
+            found[f"{path}: loss counted where the target is ignored"] = None
     problems: list[str] = []
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        problems.append(f"{path}: input_ids outside [0, {vocab}): min {ids.min()} max {ids.max()}")
-    bad_tgt = (tgt != IGNORE_INDEX) & ((tgt < 0) | (tgt >= vocab))
-    if bad_tgt.any():
-        problems.append(f"{path}: {int(bad_tgt.sum())} target_ids outside the vocabulary")
-    if ((valid < 1) | (valid > seq)).any():
-        problems.append(f"{path}: valid_token_count outside [1, {seq}]")
-    pad = np.arange(seq)[None, :] >= valid[:, None]
-    if (docs[pad] != PAD_DOC_ID).any():
-        problems.append(f"{path}: doc_ids on pad positions are not {PAD_DOC_ID}")
-    if (docs[~pad] < 0).any():
-        problems.append(f"{path}: a pad doc id inside the valid prefix")
-    if mask[pad].any():
-        problems.append(f"{path}: loss counted on pad positions")
-    if ((mask == 1) & (tgt == IGNORE_INDEX)).any():
-        problems.append(f"{path}: loss counted where the target is ignored")
-    return t.num_rows, problems
+    if low is not None and high is not None and (low < 0 or high >= vocab):
+        problems.append(f"{path}: input_ids outside [0, {vocab}): min {low} max {high}")
+    if bad_targets:
+        problems.append(f"{path}: {bad_targets} target_ids outside the vocabulary")
+    return rows, problems + list(found)
 
 
 @dataclass(frozen=True)
@@ -97,10 +111,31 @@ def row_problems(job: PlacedPieces, path: Path) -> tuple[int, list[str]]:
     """(rows, problems) of one rows shard against the pieces: each row's doc_ids must be its
     pieces' doc ids over their spans and pads elsewhere, num_docs and valid_token_count must
     agree, and no target may cross a document's last token."""
-    seq = job.seq_len
-    t = pq.read_table(
-        path, columns=["pack_id", "doc_ids", "target_ids", "num_docs", "valid_token_count"]
+    columns = ["pack_id", "doc_ids", "target_ids", "num_docs", "valid_token_count"]
+    rows = 0
+    no_pieces: list[str] = []
+    kinds = (
+        f"doc_ids disagree with {layout.PIECES}",
+        "num_docs/valid_token_count disagree",
+        "a target crosses a document boundary",
     )
+    found: dict[str, list[str]] = {kind: [] for kind in kinds}
+    for t in _row_groups(path, columns):
+        rows += t.num_rows
+        pack_ids, bad = _group_row_problems(job, t)
+        no_pieces += [f"{path}: row pack_id {p} has no pieces" for p in pack_ids[bad[0]].tolist()]
+        for kind, rows_bad in zip(kinds, bad[1:], strict=True):
+            found[kind] += [f"{path}: pack_id {p} {kind}" for p in pack_ids[rows_bad].tolist()]
+    problems = no_pieces[:MAX_PROBLEMS]
+    for kind in kinds:
+        problems += found[kind][:MAX_PROBLEMS]
+    return rows, problems
+
+
+def _group_row_problems(job: PlacedPieces, t: pa.Table) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(pack_ids, [rows without pieces, then rows whose doc_ids, counts or targets disagree],
+    each cut to MAX_PROBLEMS) of one row group."""
+    seq = job.seq_len
     n = t.num_rows
     pack_ids = t["pack_id"].to_numpy()
     doc_ids = fixed_list_to_numpy(t["doc_ids"], seq)
@@ -118,22 +153,14 @@ def row_problems(job: PlacedPieces, path: Path) -> tuple[int, list[str]]:
     crossing = np.zeros(n, dtype=bool)
     ends = start + job.length[chosen] - 1
     crossing[row[tgt.reshape(-1)[ends] != IGNORE_INDEX]] = True
-    problems: list[str] = []
-    for r in np.flatnonzero(count == 0)[:MAX_PROBLEMS].tolist():
-        problems.append(f"{path}: row pack_id {pack_ids[r]} has no pieces")
     have = count > 0
-    what = (
-        (~np.all(expected == doc_ids, axis=1), f"doc_ids disagree with {layout.PIECES}"),
-        (
-            (count != num_docs) | ((expected != PAD_DOC_ID).sum(axis=1) != valid),
-            "num_docs/valid_token_count disagree",
-        ),
-        (crossing, "a target crosses a document boundary"),
-    )
-    for bad, message in what:
-        for r in np.flatnonzero(bad & have)[:MAX_PROBLEMS].tolist():
-            problems.append(f"{path}: pack_id {pack_ids[r]} {message}")
-    return n, problems
+    bad = [
+        count == 0,
+        ~np.all(expected == doc_ids, axis=1) & have,
+        ((count != num_docs) | ((expected != PAD_DOC_ID).sum(axis=1) != valid)) & have,
+        crossing & have,
+    ]
+    return pack_ids, [np.flatnonzero(b)[:MAX_PROBLEMS] for b in bad]
 
 
 def ranges_of(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -183,6 +210,31 @@ def _tokenizer(root: Path) -> Any:
     return _TOKENIZERS[key]
 
 
+def _pieces_tokens(job: RoundTripJob, shard: RoundTripShard) -> dict[int, np.ndarray]:
+    """The tokens of each of the shard's sampled pieces (by their index in `shard`) that a
+    row of the shard holds, read row group by row group, only the groups that hold one."""
+    parquet = pq.ParquetFile(job.root / shard.rel)
+    pack_ids = parquet.read(columns=["pack_id"])["pack_id"].to_numpy()
+    if not len(pack_ids):
+        return {}
+    order = np.argsort(pack_ids, kind="stable")
+    at = np.searchsorted(pack_ids[order], shard.pack)
+    found = at < len(order)
+    found[found] = pack_ids[order[at[found]]] == shard.pack[found]
+    row = np.where(found, order[np.minimum(at, len(order) - 1)], -1)
+    meta = parquet.metadata
+    bounds = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    group_of = np.searchsorted(bounds, row, side="right") - 1
+    held: dict[int, np.ndarray] = {}
+    for g in np.unique(group_of[found]).tolist():
+        t = parquet.read_row_group(g, columns=["input_ids"])
+        ids = fixed_list_to_numpy(t["input_ids"], job.seq_len)
+        for k in np.flatnonzero(found & (group_of == g)).tolist():
+            off, n = int(shard.offset[k]), int(shard.length[k])
+            held[k] = ids[row[k] - bounds[g], off : off + n].copy()
+    return held
+
+
 def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, list[str], list[int]]:
     """(documents checked, problems, documents whose rows are not all here): each sampled
     document of the shard rebuilt from its pieces, FIM order restored, BOS/EOS stripped,
@@ -190,24 +242,20 @@ def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, lis
     from megacpp_pipeline.corpus.packing import restore_fim_order
     from megacpp_pipeline.corpus.tokenizer import SpecialIds
 
-    t = pq.read_table(job.root / shard.rel, columns=["pack_id", "input_ids"])
-    row_of = {int(p): r for r, p in enumerate(t["pack_id"].to_numpy().tolist())}
-    ids = fixed_list_to_numpy(t["input_ids"], job.seq_len)
+    held = _pieces_tokens(job, shard)
     problems: list[str] = []
     unresolved: list[int] = []
-    decodable: list[tuple[int, list[int]]] = []
+    decodable: list[tuple[int, np.ndarray]] = []
     starts = np.flatnonzero(np.r_[True, shard.doc[1:] != shard.doc[:-1]])
     ends = np.r_[starts[1:], len(shard.doc)]
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
         doc = int(shard.doc[lo])
         parts = []
         for k in range(lo, hi):
-            row = row_of.get(int(shard.pack[k]))
-            if row is None:  # its footer's pack_id range lied: the driver looks everywhere
+            if k not in held:  # its footer's pack_id range lied: the driver looks everywhere
                 unresolved.append(doc)
                 break
-            off, n = int(shard.offset[k]), int(shard.length[k])
-            parts.append(ids[row, off : off + n])
+            parts.append(held.pop(k))
         else:
             tokens = np.concatenate(parts)
             if tokens[0] != job.bos or tokens[-1] != job.eos:
@@ -216,7 +264,7 @@ def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, lis
             member_starts = shard.members.get(doc)
             starts_of = member_starts if member_starts and len(member_starts) > 1 else None
             body = restore_fim_order(tokens, SpecialIds(), starts_of)[1:-1]
-            decodable.append((doc, body.tolist()))
+            decodable.append((doc, body))  # the tokenizer takes the array: no list of ints
     tok = _tokenizer(job.root)
     texts = tok.decode_batch([b for _, b in decodable], skip_special_tokens=False)
     for (doc, _), text in zip(decodable, texts, strict=True):

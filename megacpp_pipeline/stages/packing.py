@@ -143,17 +143,20 @@ def _pack_task(job: _Job, task: _Block) -> _Packed:
             yield kept
 
     special = tokenizer.special_ids()
+    row_group_rows = rows_contract.row_group_rows(config.seq_len)
     batches = packing.pack_block(drawn(), task.split, task.block, config, special, task.copy)
     for window, batch in enumerate(batches):
         name = f"{task.split}-{task.block:05d}-{window:04d}.parquet"
         # a window's pieces in document order: each split's pieces tables then come sorted
         # by (doc_id, piece_index), the order the snapshot streams them in
         placed = batch.pieces.sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])
-        for table, rows, rows_schema in (
-            (layout.data_table(task.split), batch.rows, schema),
-            (pieces_table(task.split, task.copy), placed, rows_contract.PIECES_SCHEMA),
+        for table, rows, rows_schema, group in (
+            (layout.data_table(task.split), batch.rows, schema, row_group_rows),
+            (pieces_table(task.split, task.copy), placed, rows_contract.PIECES_SCHEMA, None),
         ):
-            shard, written = uploader.write_parquet(f"{table.replace(':', '-')}-{name}", rows)
+            options = {"row_group_size": group} if group else {}
+            rel = f"{table.replace(':', '-')}-{name}"
+            shard, written = uploader.write_parquet(rel, rows, **options)
             out.shards.append((table, rows_schema, shard, written))
         out.stats[f"rows:{task.split}"] += batch.rows.num_rows
         out.stats["valid_tokens"] += int(pc.sum(batch.rows["valid_token_count"]).as_py() or 0)

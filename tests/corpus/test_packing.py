@@ -175,6 +175,29 @@ def test_a_long_document_is_cut_into_seq_len_pieces_and_reported_as_cropped() ->
     assert sum(telemetry.histogram) == 3
 
 
+@pytest.mark.parametrize("policy", ["best_fit", "packed_rows"])
+def test_a_window_is_built_a_row_group_at_a_time_with_the_same_rows(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One document far longer than a row group among short ones (a huge file's window): the
+    # rows come in chunks of row_group_rows rows (what the writer keeps as row groups), and
+    # are the rows the window gives when built in one piece.
+    from megacpp_pipeline.snapshot import packed_rows
+
+    table = docs_table([5, 900, 17, 3, 260, 40, 1, 64])
+    config = PackingConfig(seq_len=16, policy=policy, fim_rate=0.5, packing_telemetry=True)
+    whole = run_pack([table], config)
+    monkeypatch.setattr(packed_rows, "ROW_GROUP_BYTES", 3 * 240)  # a row: 240 bytes at 16
+    assert packed_rows.row_group_rows(16) == 2  # 3 rows' worth, down to a power of two
+    grouped = run_pack([table], config)
+    assert len(whole) == len(grouped) == 1
+    rows = grouped[0].rows
+    assert rows.num_rows > 50 and rows.column("input_ids").num_chunks == -(-rows.num_rows // 2)
+    assert rows.combine_chunks().equals(whole[0].rows.combine_chunks())
+    assert grouped[0].pieces.equals(whole[0].pieces)
+    assert grouped[0].telemetry == whole[0].telemetry
+
+
 def test_best_fit_fills_rows_at_least_as_well_as_greedy_and_single_doc() -> None:
     rng = np.random.default_rng(7)
     lengths = (rng.lognormal(4.0, 1.0, size=400).astype(int) + 1).tolist()

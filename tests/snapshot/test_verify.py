@@ -181,7 +181,7 @@ def test_the_other_snapshot_commands_refuse_a_directory_without_complete_in_one_
 
 
 # --- document_consistency: every row against the pieces that say what it holds -------------
-def _rewrite_first_train_shard(snap: Path, change) -> None:
+def _rewrite_first_train_shard(snap: Path, change, row_group_size: int | None = None) -> None:
     from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 
     path = sorted((snap / "train").glob("part-*.parquet"))[0]
@@ -196,7 +196,7 @@ def _rewrite_first_train_shard(snap: Path, change) -> None:
         flat = pa.array(values.reshape(-1), field.type.value_type)
         columns[name] = pa.FixedSizeListArray.from_arrays(flat, seq)
     columns["pack_id"] = pa.array(pack_ids, t.schema.field("pack_id").type)
-    pq.write_table(pa.table(columns, schema=t.schema), path)
+    pq.write_table(pa.table(columns, schema=t.schema), path, row_group_size=row_group_size)
 
 
 def _documents_check(snap: Path) -> verify.CheckOutcome:
@@ -248,3 +248,34 @@ def test_document_consistency_names_a_row_without_pieces(pristine: Path, tmp_pat
     _rewrite_first_train_shard(snap, change)
     out = _documents_check(snap)
     assert any("row pack_id 987654321 has no pieces" in p for p in out.problems), out.problems
+
+
+def test_a_shard_of_many_row_groups_is_checked_group_by_group(
+    pristine: Path, tmp_path: Path
+) -> None:
+    # A huge file's window is written a row group at a time and read back the same way:
+    # one row per group, every check still passes, and a fault in the last group is found.
+    snap = damaged(pristine, tmp_path)
+    _rewrite_first_train_shard(snap, lambda arrays, pack_ids: None, row_group_size=1)
+    shard = sorted((snap / "train").glob("part-*.parquet"))[0]
+    groups = pq.ParquetFile(shard).num_row_groups
+    assert groups == pq.read_metadata(shard).num_rows > 2
+    manifest = read_manifest(snap)
+    for out in (
+        _documents_check(snap),
+        verify.check_token_ranges(snap, manifest),
+        verify.check_round_trip(snap, manifest, sample=1000),
+    ):
+        assert out.passed, (out.name, out.problems)
+    assert verify.check_round_trip(snap, manifest, sample=1000).metrics["documents_checked"] > 0
+
+    def change(arrays, pack_ids):
+        arrays["target_ids"][-1, -1] = 10**6  # the last row's last target: outside the vocab
+        arrays["doc_ids"][-1, 0] = 9999
+
+    _rewrite_first_train_shard(snap, change, row_group_size=1)
+    last = int(pq.read_table(shard, columns=["pack_id"])["pack_id"][-1].as_py())
+    ranges = verify.check_token_ranges(snap, manifest)
+    assert any("1 target_ids outside the vocabulary" in p for p in ranges.problems), ranges
+    docs = _documents_check(snap)
+    assert any(f"pack_id {last} doc_ids disagree" in p for p in docs.problems), docs.problems
