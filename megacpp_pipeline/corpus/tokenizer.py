@@ -177,6 +177,25 @@ def training_sample(
         yield text
 
 
+# The trainer holds a text's per-byte alignments while it pre-tokenizes it (~100 bytes a byte:
+# one 32 MiB file took 4 GB), so a long text reaches it in pieces of at most this many
+# characters, cut after a line; files below it (nearly all C++) go in whole, as before.
+TRAIN_PIECE_CHARS = 1 << 20
+
+
+def training_pieces(texts: Iterable[str], limit: int = TRAIN_PIECE_CHARS) -> Iterator[str]:
+    """`texts`, each longer than `limit` characters cut into consecutive pieces of at most
+    `limit`, each ending after a newline where the piece has one (so no line is split)."""
+    for text in texts:
+        start = 0
+        while len(text) - start > limit:
+            cut = text.rfind("\n", start, start + limit) + 1
+            end = cut if cut > start else start + limit
+            yield text[start:end]
+            start = end
+        yield text[start:] if start else text
+
+
 def _finalize(tok: Tokenizer) -> Tokenizer:
     # The trainer registers every special token as `special`; placeholders must not be (they
     # are text), and the added-token matcher is only rebuilt on load, hence the round trip.
@@ -206,7 +225,7 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     fraction = effective_fraction(config, total_bytes)
-    tok.train_from_iterator(training_sample(texts, config, fraction), trainer)
+    tok.train_from_iterator(training_pieces(training_sample(texts, config, fraction)), trainer)
     return _finalize(tok)
 
 

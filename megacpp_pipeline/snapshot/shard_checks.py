@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.packed_rows import IGNORE_INDEX, PAD_DOC_ID, fixed_list_to_numpy
+from megacpp_pipeline.snapshot.streams import read_back
 
 Mapper = Callable[[Callable[..., Any], Any, Sequence[Any]], Iterator[Any]]
 _CHUNK = 1 << 20
@@ -51,14 +52,6 @@ def file_facts(root: Path, rel: str) -> FileFacts:
     return FileFacts(rel, True, size, digest.hexdigest())
 
 
-def _row_groups(path: Path, columns: list[str]) -> Iterator[pa.Table]:
-    """A rows shard row group by row group: memory follows a row group (bounded by the
-    packer), never the shard."""
-    parquet = pq.ParquetFile(path)
-    for group in range(parquet.num_row_groups):
-        yield parquet.read_row_group(group, columns=columns)
-
-
 def token_problems(job: tuple[int, int], path: Path) -> tuple[int, list[str]]:
     """(rows, problems) of one rows shard: every id in [0, vocab); targets in range or
     ignored; pads only after valid_token_count (there: loss masked, doc_ids -1)."""
@@ -66,7 +59,7 @@ def token_problems(job: tuple[int, int], path: Path) -> tuple[int, list[str]]:
     columns = ["input_ids", "target_ids", "loss_mask", "doc_ids", "valid_token_count"]
     rows, low, high, bad_targets = 0, None, None, 0
     found: dict[str, None] = {}  # the problems found, once each, in the order first seen
-    for t in _row_groups(path, columns):
+    for t in read_back(path, columns):
         rows += t.num_rows
         ids = fixed_list_to_numpy(t["input_ids"], seq)
         tgt = fixed_list_to_numpy(t["target_ids"], seq)
@@ -120,7 +113,7 @@ def row_problems(job: PlacedPieces, path: Path) -> tuple[int, list[str]]:
         "a target crosses a document boundary",
     )
     found: dict[str, list[str]] = {kind: [] for kind in kinds}
-    for t in _row_groups(path, columns):
+    for t in read_back(path, columns):
         rows += t.num_rows
         pack_ids, bad = _group_row_problems(job, t)
         no_pieces += [f"{path}: row pack_id {p} has no pieces" for p in pack_ids[bad[0]].tolist()]

@@ -25,6 +25,7 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy, with_copy_column
+from megacpp_pipeline.snapshot.streams import read_back
 
 DOCS_PER_PASS = 20_000
 DECODE_BATCH_TOKENS = 1 << 20  # Python int lists cost ~36 bytes a token: decode in batches
@@ -48,17 +49,17 @@ def _tokens(
     parts: dict[int, dict[int, np.ndarray]] = {}
     for split in manifest.splits.values():
         for rel in split.shards:
-            t = pq.read_table(snap / rel, columns=["pack_id", "input_ids"])
-            ids = fixed_list_to_numpy(t["input_ids"], manifest.seq_len)
-            for r, pack_id in enumerate(t["pack_id"].to_pylist()):
-                ps = by_pack.get((pack_id,))
-                if ps is None:
-                    continue
-                for doc_id, idx, off, length in ps.select(
-                    ["doc_id", "piece_index", "row_offset", "length"]
-                ).iter_rows():
-                    # a copy, so the shard's token matrix is freed once this shard is done
-                    parts.setdefault(doc_id, {})[idx] = ids[r, off : off + length].copy()
+            for t in read_back(snap / rel, ["pack_id", "input_ids"]):  # a row group at a time
+                ids = fixed_list_to_numpy(t["input_ids"], manifest.seq_len)
+                for r, pack_id in enumerate(t["pack_id"].to_pylist()):
+                    ps = by_pack.get((pack_id,))
+                    if ps is None:
+                        continue
+                    for doc_id, idx, off, length in ps.select(
+                        ["doc_id", "piece_index", "row_offset", "length"]
+                    ).iter_rows():
+                        # a copy, so the row group's token matrix is freed once it is done
+                        parts.setdefault(doc_id, {})[idx] = ids[r, off : off + length].copy()
     return parts
 
 

@@ -26,6 +26,7 @@ from megacpp_pipeline.corpus.tokenizer import (
     obtain_tokenizer,
     save_tokenizer,
     train_tokenizer,
+    training_pieces,
     training_sample,
 )
 from megacpp_pipeline.storage.versions import sha256_file
@@ -257,3 +258,14 @@ def test_a_first_file_larger_than_the_budget_still_trains_the_tokenizer() -> Non
     assert len(tok.encode(" widgetcounter3").ids) <= 3  # it learned the big file's words
     multibyte = "é" * 10  # a cut never splits a character
     assert list(training_sample([multibyte], TokenizerConfig(max_train_bytes=5), 1.0)) == ["éé"]
+
+
+def test_a_long_training_text_reaches_the_trainer_in_pieces_cut_after_a_line() -> None:
+    lines = [f"int value{i} = {i};\n" for i in range(500)]
+    text = "".join(lines)
+    pieces = list(training_pieces([text], limit=100))
+    assert "".join(pieces) == text and len(pieces) > 50  # nothing lost or added, in order
+    assert all(len(p) <= 100 and p.endswith("\n") for p in pieces)  # no line split
+    assert list(training_pieces(["short"], limit=100)) == ["short"]  # under the limit: whole
+    # a line longer than the limit is cut at the limit
+    assert list(training_pieces(["x" * 250], limit=100)) == ["x" * 100, "x" * 100, "x" * 50]
