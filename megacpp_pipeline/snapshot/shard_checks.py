@@ -190,17 +190,38 @@ class RoundTripShard:
     path: dict[int, str]  # doc -> its file, to name in a problem
 
 
-_TOKENIZERS: dict[str, Any] = {}  # per process: the snapshot's tokenizer, loaded once
+# per process: the snapshot's tokenizer and its token bytes table, loaded once
+_TOKENIZERS: dict[str, tuple[Any, Any]] = {}
+_DECODE_TOKENS = 1 << 20  # a long document is decoded and hashed this many tokens at a time
 
 
-def _tokenizer(root: Path) -> Any:
+def _tokenizer(root: Path) -> tuple[Any, Any]:
     from tokenizers import Tokenizer
+
+    from megacpp_pipeline.corpus.encoders import TokenBytes
 
     key = str(root)
     if key not in _TOKENIZERS:
         _TOKENIZERS.clear()
-        _TOKENIZERS[key] = Tokenizer.from_file(str(root / layout.TOKENIZER))
+        tok = Tokenizer.from_file(str(root / layout.TOKENIZER))
+        _TOKENIZERS[key] = (tok, TokenBytes.of(tok))
     return _TOKENIZERS[key]
+
+
+def decoded_sha256(root: Path, body: np.ndarray) -> str:
+    """The sha256 of what `body` decodes to with the snapshot's tokenizer. A byte-level
+    tokenizer's decoder concatenates each id's bytes and reads them as UTF-8: the bytes
+    are gathered and hashed a bounded run of ids at a time (a 64 MiB file's document never
+    becomes one string of token strings), and any that are not the source's UTF-8 differ
+    from it; any other decoder decodes the document whole."""
+    tok, token_bytes = _tokenizer(root)
+    if token_bytes is None:
+        text = tok.decode(body, skip_special_tokens=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    digest = hashlib.sha256()
+    for lo in range(0, body.size, _DECODE_TOKENS):
+        digest.update(token_bytes.decode(body[lo : lo + _DECODE_TOKENS]))
+    return digest.hexdigest()
 
 
 def _pieces_tokens(job: RoundTripJob, shard: RoundTripShard) -> dict[int, np.ndarray]:
@@ -238,7 +259,7 @@ def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, lis
     held = _pieces_tokens(job, shard)
     problems: list[str] = []
     unresolved: list[int] = []
-    decodable: list[tuple[int, np.ndarray]] = []
+    checked = 0
     starts = np.flatnonzero(np.r_[True, shard.doc[1:] != shard.doc[:-1]])
     ends = np.r_[starts[1:], len(shard.doc)]
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
@@ -257,10 +278,9 @@ def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, lis
             member_starts = shard.members.get(doc)
             starts_of = member_starts if member_starts and len(member_starts) > 1 else None
             body = restore_fim_order(tokens, SpecialIds(), starts_of)[1:-1]
-            decodable.append((doc, body))  # the tokenizer takes the array: no list of ints
-    tok = _tokenizer(job.root)
-    texts = tok.decode_batch([b for _, b in decodable], skip_special_tokens=False)
-    for (doc, _), text in zip(decodable, texts, strict=True):
-        if hashlib.sha256(text.encode("utf-8")).hexdigest() != shard.sha256[doc]:
-            problems.append(f"doc {doc} ({shard.path[doc]}): decoded text differs from the source")
-    return len(decodable), problems[:MAX_PROBLEMS], unresolved
+            checked += 1
+            if decoded_sha256(job.root, body) != shard.sha256[doc]:
+                problems.append(
+                    f"doc {doc} ({shard.path[doc]}): decoded text differs from the source"
+                )
+    return checked, problems[:MAX_PROBLEMS], unresolved
