@@ -13,6 +13,7 @@ import pyarrow.fs as pafs
 
 from assets.defs import DEFAULT_CACHE_DIR
 from megacpp_pipeline import cli
+from megacpp_pipeline.collect.source import CollectError
 from megacpp_pipeline.plan import command as plan_command
 from megacpp_pipeline.plan.rates import RatesError
 from megacpp_pipeline.plan.table import render
@@ -24,7 +25,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.no_plan:  # the same check as `megacpp plan`, before any work
         try:
             plan = plan_command.plan_from_args(args, run_here=True)
-        except RatesError as e:  # no rates to plan with: say so, and run unchecked
+        except (RatesError, CollectError) as e:  # no rates, or a source it cannot list: say
+            # so and run unchecked; the run's own source checks then name what is wrong (a
+            # pinned revision that does not exist fails the source catalog's check)
             print(f"plan: not checked ({e})", file=sys.stderr)
             return _run(args)
         problems = plan.problems()

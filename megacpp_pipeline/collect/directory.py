@@ -26,8 +26,8 @@ from megacpp_pipeline.core.ledger import DropReason
 
 
 def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """Files in canonical order (full paths increasing, as git lists a tree): a folder sorts
-    as `name/`, so `a.h` comes before everything in `a/`. Dedup relies on this order. A
+    """Files in canonical order (full ledger paths increasing, as git lists a tree): a folder
+    sorts as `name/`, so `a.h` comes before everything in `a/`. Dedup relies on this order. A
     stack of listings, not recursion: a hostile tree may be thousands of folders deep."""
     stack = [_listing(root, "")]
     while stack:
@@ -43,7 +43,11 @@ def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
 def _listing(root: Path, rel_dir: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
     try:
         with os.scandir(root / rel_dir if rel_dir else root) as it:
-            items = [(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in it]
+            # sorted by the name as the ledger spells it (non-UTF-8 bytes and backslashes
+            # escaped), so every stream of a source is in the order of its ledger paths
+            items = [
+                (name_of(e.name) + ("/" if e.is_dir(follow_symlinks=False) else ""), e) for e in it
+            ]
     except OSError:
         return iter(())
     return (

@@ -95,27 +95,31 @@ def git_source(
         listing = _git(["ls-tree", "-r", "-z", "--full-tree", revision], repo)
         if listing.returncode != 0:
             raise CollectError(f"source {spec.id!r}: git ls-tree {revision} failed")
-        wanted: list[tuple[str, str, bool]] = []  # (path, blob, is a symlink)
+        records = []
         for record in listing.stdout.split(b"\x00"):
-            if not record:
-                continue
-            meta, raw_path = record.split(b"\t", 1)
-            mode, kind, obj = meta.decode().split()
-            name, ok = decode_name(raw_path)
+            if record:
+                meta, raw_path = record.split(b"\t", 1)
+                name, ok = decode_name(raw_path)
+                records.append((name, ok, *meta.decode().split()))
+        # in the order of the paths the ledger holds (git's is of the bytes; they differ
+        # where a name's bytes are escaped), drops in their places among the blobs
+        records.sort(key=lambda r: r[0])
+        items: list[Entry | tuple[str, str, bool]] = []  # (path, blob, is a symlink)
+        for name, ok, mode, kind, obj in records:
             rel = scope.relative(name)
             if rel is None:
                 continue
             if not ok:
-                yield Entry(rel, None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
+                items.append(Entry(rel, None, DropReason.UNSAFE_PATH, "file name is not UTF-8"))
             elif kind != "blob":
-                yield Entry(rel, None, DropReason.NOT_INCLUDED, f"git {kind} (submodule)")
+                items.append(Entry(rel, None, DropReason.NOT_INCLUDED, f"git {kind} (submodule)"))
             elif mode == "120000":
-                wanted.append((rel, obj, True))  # its target says whether git-annex made it
+                items.append((rel, obj, True))  # its target says whether git-annex made it
             elif (drop := scope.classify(rel)) is not None:
-                yield drop
+                items.append(drop)
             else:
-                wanted.append((rel, obj, False))
-        yield from _git_blobs(repo, wanted, limits, max_file_bytes)
+                items.append((rel, obj, False))
+        yield from _git_blobs(repo, items, limits, max_file_bytes)
 
     return SourceFiles(revision=revision, entries=entries)
 
@@ -125,14 +129,22 @@ _LINK_TARGET_BYTES = 4096
 
 
 def _git_blobs(
-    repo: str, wanted: list[tuple[str, str, bool]], limits: CollectLimits, max_file_bytes: int
+    repo: str,
+    items: list[Entry | tuple[str, str, bool]],
+    limits: CollectLimits,
+    max_file_bytes: int,
 ) -> Iterator[Entry]:
+    """`items` in order: a drop entry as it is, a (path, blob, is a symlink) read."""
     proc = subprocess.Popen(
         ["git", "cat-file", "--batch"], cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        for rel, obj, is_link in wanted:
+        for item in items:
+            if isinstance(item, Entry):
+                yield item
+                continue
+            rel, obj, is_link = item
             proc.stdin.write(obj.encode() + b"\n")
             proc.stdin.flush()
             header = proc.stdout.readline().split()

@@ -282,11 +282,21 @@ def _odd_tree(root: Path) -> None:
     with open(os.fsencode(root / "inc") + b"/odd\xff.h", "wb") as f:
         f.write(VECTOR_H)
     (root / "inc" / "odd\\xff.h").write_bytes(VECTOR_H)  # a backslash, then "xff"
+    # after odd\xff.h by its bytes (0x61 < 0xff), before it by its ledger path ('\\' < 'a')
+    (root / "inc" / "odda.h").write_bytes(VECTOR_H)
+    (root / "inc" / "notes.txt").write_bytes(b"not C++\n")
+    (root / "inc" / "zz.txt").write_bytes(b"not C++ either\n")  # a drop after every header
     os.symlink(ANNEX_TARGET, root / "inc" / "table.h")
 
 
 def _check_odd(files: dict[str, collect.Entry]) -> None:
-    assert set(files) == {"inc/vector.h", "inc/odd\\xff.h", "inc/odd\\\\xff.h", "inc/table.h"}
+    assert set(files) == {
+        "inc/vector.h", "inc/odd\\xff.h", "inc/odd\\\\xff.h", "inc/odda.h", "inc/notes.txt",
+        "inc/table.h", "inc/zz.txt",
+    }  # fmt: skip
+    # every file, dropped or kept, in the order of the paths the ledger holds: the snapshot
+    # joins a source's ledgers by that order
+    assert list(files) == sorted(files)
     not_utf8, literal = files["inc/odd\\xff.h"], files["inc/odd\\\\xff.h"]
     assert not_utf8.reason == DropReason.UNSAFE_PATH and "not UTF-8" in (not_utf8.detail or "")
     assert literal.reason == DropReason.UNSAFE_PATH and "backslash" in (literal.detail or "")
