@@ -9,6 +9,7 @@ the running group's processes are stopped before the command exits). The library
 (a version replaced because it failed verification, a result-cache entry discarded) reach
 the console as one line each."""
 
+import fcntl
 import gc
 import importlib.util
 import logging
@@ -109,19 +110,27 @@ def run_plan(defs: dg.Definitions) -> list[RunGroup]:
     return groups
 
 
-def prepare_instance_home(home: Path | None = None) -> Path:
-    """DAGSTER_HOME (default .dagster_home/ in the repo) with the repo's dagster.yaml in it."""
+def open_instance() -> dg.DagsterInstance:
+    """The Dagster instance of DAGSTER_HOME (default .dagster_home/ in the repo), with the
+    repo's dagster.yaml in it. Both under an exclusive lock on a file of that folder (which
+    Dagster requires to be local): two runs starting at once on a fresh home would each copy
+    the yaml and create the SQLite schema, and alembic then finds two heads."""
     chosen = os.environ.get("DAGSTER_HOME")
-    home = Path(chosen or home or REPO / ".dagster_home").resolve()
+    home = Path(chosen or REPO / ".dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    src = REPO / "dagster.yaml"
-    dst = home / "dagster.yaml"
-    # A DAGSTER_HOME the user chose keeps its own dagster.yaml (e.g. a deployment's Postgres
-    # storage, deploy/dagster.postgres.yaml); the repo's default home follows the repo's.
-    if src.exists() and (not dst.exists() or (not chosen and dst.read_bytes() != src.read_bytes())):
-        shutil.copyfile(src, dst)
-    os.environ["DAGSTER_HOME"] = str(home)
-    return home
+    with open(home / ".megacpp-instance.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        src = REPO / "dagster.yaml"
+        dst = home / "dagster.yaml"
+        # A DAGSTER_HOME the user chose keeps its own dagster.yaml (e.g. a deployment's
+        # Postgres storage, deploy/dagster.postgres.yaml); the repo's default home follows
+        # the repo's.
+        if src.exists() and (
+            not dst.exists() or (not chosen and dst.read_bytes() != src.read_bytes())
+        ):
+            shutil.copyfile(src, dst)
+        os.environ["DAGSTER_HOME"] = str(home)
+        return dg.DagsterInstance.get()
 
 
 def run_pipeline(
@@ -168,8 +177,7 @@ def run_pipeline(
     asked, cpus = workers or workers_from(os.environ), cpu_count()
     if not chosen.distributed and asked > cpus:
         print(f"megacpp run: {asked} workers asked, {cpus} CPUs here: {cpus} run", file=log)
-    prepare_instance_home()
-    instance = dg.DagsterInstance.get()
+    instance = open_instance()
     # Dagster's event log always goes to the instance (the UI shows it); to the console only
     # when asked: its DEBUG lines are hundreds per run, and formatting them costs per event
     run_config = {} if verbose else QUIET_CONSOLE
