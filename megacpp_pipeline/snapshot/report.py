@@ -30,6 +30,7 @@ from megacpp_pipeline.gates.enrich import KIND_NAMES
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.storage.versions import write_bytes_atomic
 
 # Dagster runs log at DEBUG; matplotlib's font lookup would add a "findfont" line per
@@ -458,6 +459,14 @@ def _render_png(
     return _write_atomic(path, buffer.getvalue())
 
 
+def _render_one(
+    drawings: list[tuple[Path, tuple[float, float], Callable[[Figure], None], int]], index: int
+) -> WrittenFile:
+    """One plot of the report, a task of its own (the drawings reach a forked worker with
+    the job, unpickled)."""
+    return _render_png(*drawings[index])
+
+
 def _fmt(value: float) -> str:
     if isinstance(value, float) and not value.is_integer():
         return f"{value:.4g}"
@@ -549,9 +558,14 @@ figcaption {{ color: #555; font-size: 0.9em; }}
 
 
 def render_report(
-    inputs: ReportInputs, out_dir: Path, config: ReportConfig | None = None
+    inputs: ReportInputs,
+    out_dir: Path,
+    config: ReportConfig | None = None,
+    mapper: Mapper = inline,
 ) -> ReportResult:
-    """Write `out_dir/quality_report.html` and its PNGs; return the files and a summary."""
+    """Write `out_dir/quality_report.html` and its PNGs; return the files and a summary. The
+    plots are drawn by tasks of `mapper` (an executor's map on this host: matplotlib's
+    layout and rasterizing were nearly all of the report's time, one plot after another)."""
     config = config or ReportConfig()
     snap = Path(inputs.snapshot_dir)
     manifest_path = snap / layout.MANIFEST
@@ -691,7 +705,8 @@ def render_report(
             lambda f: plot_utilization(f, rows, config),
         ),
     ]
-    written = [_render_png(out_dir / name, size, draw, config.dpi) for name, _, size, draw in plan]
+    drawings = [(out_dir / name, size, draw, config.dpi) for name, _, size, draw in plan]
+    written = list(mapper(_render_one, drawings, range(len(drawings))))
     snapshot_id = manifest.snapshot_id
     title = f"Quality report: snapshot {snapshot_id}"
     by_source = source_rows(ledger, documents, inputs.sources)

@@ -49,7 +49,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         removals=promoted.extra.get("removals") or {},
         removal_notes=str(promoted.extra.get("removal_notes") or ""),
     )
-    result = report.render_report(inputs, snap / REPORT_DIR)
+    result = report.render_report(inputs, snap / REPORT_DIR, mapper=ctx.host_executor().map)
     manifest = read_manifest(snap)
     uri = upload_beside_snapshot(
         ctx, snap / REPORT_DIR, "snapshots", manifest.snapshot_id, REPORT_DIR

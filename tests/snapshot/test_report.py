@@ -243,6 +243,20 @@ def test_two_renders_of_the_same_snapshot_are_byte_identical(
     assert again.markdown == report.markdown
 
 
+def test_plots_drawn_by_forked_workers_are_the_same_bytes(
+    snapshot: SnapshotFixture, report: ReportResult, tmp_path: Path
+) -> None:
+    # what the stage does: every plot a task of the host executor's forked workers
+    from megacpp_pipeline.pipeline.executor import LocalExecutor
+
+    executor = LocalExecutor(2, cap=False)
+    forked = render_report(_stage_inputs(snapshot.path), tmp_path / "forked", mapper=executor.map)
+    assert [f.path.name for f in forked.files] == [f.path.name for f in report.files]
+    assert [f.sha256 for f in forked.files] == [f.sha256 for f in report.files]
+    tasks = sum(work.tasks for work in executor.stats.nodes.values())
+    assert tasks == len(report.files) - 1  # a task per PNG; the page is the caller's
+
+
 def test_a_fresh_interpreter_renders_the_same_bytes(
     snapshot: SnapshotFixture, report: ReportResult, tmp_path: Path
 ) -> None:
