@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from megacpp_pipeline.core.catalog import Catalog
+from megacpp_pipeline.pipeline.executor import LocalExecutor
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.plan.rates import Calibration, Rates, load_rates
 from megacpp_pipeline.plan.sizing import (
@@ -255,8 +256,9 @@ def plan_run(
     memory_mb: float | None = None,
     disk_mb: float | None = None,
 ) -> Forecast:
-    """Size every operational source (listing, not collecting) and forecast the run."""
-    sources = size_sources(catalog, cache_dir)
+    """Size every operational source (listing, not collecting; the sources side by side on
+    up to `workers` forked workers of this host) and forecast the run."""
+    sources = size_sources(catalog, cache_dir, LocalExecutor(workers).map)
     return forecast(
         catalog,
         registry,

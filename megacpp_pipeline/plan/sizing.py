@@ -14,7 +14,8 @@ import pyarrow.fs as pafs
 
 from megacpp_pipeline import collect
 from megacpp_pipeline.collect import Listed
-from megacpp_pipeline.core.catalog import Catalog
+from megacpp_pipeline.core.catalog import Catalog, SourceSpec
+from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.storage.filesystem import is_local, resolve
 
 MB = 1e6  # as the bench counts
@@ -27,22 +28,22 @@ class SourceSize:
     listed: Listed
 
 
-def size_sources(catalog: Catalog, cache_dir: Path) -> list[SourceSize]:
-    """Every operational source listed: files collection would keep and their bytes."""
-    return [
-        SourceSize(
-            spec.id,
-            spec.kind,
-            collect.list_source(
-                spec,
-                catalog.resolve_uri(spec),
-                cache_dir=cache_dir,
-                limits=catalog.collect,
-                max_file_bytes=catalog.file_limit(spec),
-            ),
-        )
-        for spec in catalog.operational
-    ]
+def size_sources(catalog: Catalog, cache_dir: Path, mapper: Mapper = inline) -> list[SourceSize]:
+    """Every operational source listed, each a task of `mapper` (an executor's map: sources
+    are listed side by side): files collection would keep and their bytes."""
+    return list(mapper(_size_one, (catalog, cache_dir), list(catalog.operational)))
+
+
+def _size_one(job: tuple[Catalog, Path], spec: SourceSpec) -> SourceSize:
+    catalog, cache_dir = job
+    listed = collect.list_source(
+        spec,
+        catalog.resolve_uri(spec),
+        cache_dir=cache_dir,
+        limits=catalog.collect,
+        max_file_bytes=catalog.file_limit(spec),
+    )
+    return SourceSize(spec.id, spec.kind, listed)
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,36 @@ def test_a_catalog_is_sized_source_by_source(tmp_path: Path) -> None:
     assert sizes["tree"].listed.files + sizes["repo"].listed.files == len(kept)
 
 
+def test_sources_are_listed_side_by_side_on_forked_workers_with_the_same_sizes(
+    tmp_path: Path,
+) -> None:
+    from megacpp_pipeline.pipeline.executor import LocalExecutor
+
+    catalog = load_catalog(write_catalog(tmp_path)[0])
+    one = size_sources(catalog, tmp_path / "cache")
+    executor = LocalExecutor(2, cap=False)
+    forked = size_sources(catalog, tmp_path / "cache", executor.map)
+    assert forked == one and len(one) >= 2
+    assert sum(work.tasks for work in executor.stats.nodes.values()) == len(one)
+
+
+def test_a_source_that_cannot_be_listed_fails_the_forked_listing_naming_it(
+    tmp_path: Path,
+) -> None:
+    # what `megacpp run` turns into "plan: not checked", leaving the run's checks to say why
+    import yaml
+
+    from megacpp_pipeline.pipeline.executor import LocalExecutor
+
+    path, _ = write_catalog(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    repo = next(s for s in data["sources"] if s["id"] == "repo")
+    repo["revision"] = "de" * 20
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(collect.CollectError, match="source 'repo'"):
+        size_sources(load_catalog(path), tmp_path / "cache", LocalExecutor(2, cap=False).map)
+
+
 def rates(workers: int = 2) -> Rates:
     """Two stage groups' worth of made-up rates, enough to check the arithmetic."""
     line = Linear
