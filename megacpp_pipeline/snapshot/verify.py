@@ -597,6 +597,20 @@ FROM_DISK: dict[
 
 ALL_CHECKS = [*FROM_DISK, "consumer_smoke_read", "megatron_read_back"]
 
+# The checks whose every input is the manifest, a file it lists (with that file's sha256) or
+# the snapshot stage's config: over the same manifest bytes and config they can only give
+# what they gave before. A promoted snapshot's Dagster checks report what its promotion
+# recorded for these (stages/snapshot.py) while file_checksums, always run again, proves
+# the files are still the listed bytes. The others read what the manifest does not cover
+# (the card, the text release, the Megatron export) or prove a read in the final place.
+MANIFEST_BOUND = (
+    "schema_contract",
+    "token_range_and_pads",
+    "document_consistency",
+    "round_trip_decode",
+    "ledger_completeness",
+)
+
 
 def run_check(
     name: str,

@@ -1,13 +1,17 @@
 """snapshot: promotion. The packed rows, tokenizer, documents, pieces and the ledger of
 every stage become one snapshot directory, promoted only when every promotion check passes;
-each check also runs as its own blocking check with its metrics, so the UI's check history
-is a time series per property."""
+each check is also its own blocking check with its metrics, so the UI's check history is a
+time series per property. The checks bound to the manifest's files (verify.MANIFEST_BOUND)
+report what the promotion proved while the promoted manifest is byte for byte the one it
+checked and the config is the same (file_checksums re-hashes every listed file each time);
+otherwise, and for every other check, the check runs again."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +33,7 @@ from megacpp_pipeline.snapshot.diff import diff_snapshots, render_markdown
 from megacpp_pipeline.snapshot.layout import (
     CARD,
     COMPLETE,
+    MANIFEST,
     REPORT_DIR,
     SnapshotManifest,
     SourceEntry,
@@ -51,6 +56,7 @@ from megacpp_pipeline.stages.documents import documents_stream
 from megacpp_pipeline.stages.packing import pieces_tables
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import Manifest, ShardStore, config_hash
+from megacpp_pipeline.storage.versions import sha256_file
 
 
 class SourceRows:
@@ -288,20 +294,24 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         return render_card(build_dir, manifest, inputs)
 
     host = ctx.host_executor()  # the build is a folder of this host
+    recorded: dict[str, object] = {}  # what the promotion proved, for the Dagster checks
 
     def gate(build_dir: Path) -> list[str]:
         if config.text:  # the text release beside the rows, checked with everything else
             release = write_release(build_dir, build_dir / TEXT_DIR)
             ctx.log(f"snapshot: text release of {release.documents} documents in {TEXT_DIR}/")
         failures = []
+        outcomes = []
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
         for name in verify.ALL_CHECKS:
             outcome = verify.run_check(
                 name, build_dir, config, mapper=host.map, megatron_dir=exports
             )
+            outcomes.append(outcome)
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
+        recorded.update(promotion_record(build_dir, config, outcomes))
         ctx.log(f"promotion check no_removed_content: {'pass' if removed.passed else 'FAIL'}")
         if not removed.passed:
             failures.append(f"no_removed_content_in_snapshot: {removed.description}")
@@ -333,6 +343,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             "benchmarks": list(inputs.benchmarks),
             "removals": dict(inputs.removals),
             "removal_notes": str(removed.metadata.get("why", "")),
+            "promotion_checks": recorded,
         },
     )
     return Materialized(
@@ -373,10 +384,51 @@ _DESCRIPTIONS = {
 }
 
 
+def promotion_record(
+    build_dir: Path, config: SnapshotConfig, outcomes: list[verify.CheckOutcome]
+) -> dict[str, object]:
+    """What a promotion proved that holds for as long as the manifest's bytes and the config
+    do: the passed outcomes of the manifest-bound checks (verify.MANIFEST_BOUND) with their
+    metrics, beside the manifest's sha256 and the config's hash."""
+    return {
+        "manifest_sha256": sha256_file(build_dir / MANIFEST),
+        "config": config_hash(config),
+        "passed": {
+            o.name: {k: v for k, v in o.metrics.items() if isinstance(v, (int, float, str))}
+            for o in outcomes
+            if o.passed and o.name in verify.MANIFEST_BOUND
+        },
+    }
+
+
+def _recorded(ctx: StageContext, stage: Stage, snap: Path, name: str) -> dict[str, Any] | None:
+    """The metrics the promotion recorded for check `name`, when the snapshot there has the
+    manifest it checked (byte for byte) and the stage's config is the one it ran with."""
+    record = ctx.latest(names.SNAPSHOT, None).extra.get("promotion_checks") or {}
+    passed = record.get("passed") or {}
+    if name not in passed or record.get("config") != config_hash(ctx.config(stage)):
+        return None
+    manifest = snap / MANIFEST
+    if not manifest.is_file() or sha256_file(manifest) != record.get("manifest_sha256"):
+        return None
+    return dict(passed[name])
+
+
 def _promotion_check(name: str) -> Check:
     def evaluate(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
-        mapper = ctx.host_executor().map
         snap = snapshot_dir_of(ctx)
+        metrics = _recorded(ctx, stage, snap, name)
+        if metrics is not None:  # the same bytes the promotion checked: its outcome stands
+            return CheckOutcome(
+                passed=True,
+                metadata={
+                    **metrics,
+                    "problems": Markdown("none"),
+                    "checked": "at promotion, over this manifest's bytes (file_checksums "
+                    "re-hashes every file it lists on each evaluation)",
+                },
+            )
+        mapper = ctx.host_executor().map
         exports = megatron_dir(ctx, read_manifest(snap).snapshot_id)
         outcome = verify.run_check(
             name, snap, ctx.config(stage), mapper=mapper, megatron_dir=exports

@@ -1,0 +1,104 @@
+"""The snapshot's Dagster checks after a promotion: the checks bound to the manifest's files
+report what the promotion proved while the manifest is byte for byte the one it checked
+(file_checksums re-hashes every listed file each time, so a changed shard still fails);
+a changed manifest or snapshot config runs every check again, and a wrong fact then fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.registry import CheckOutcome
+from megacpp_pipeline.pipeline.runner import checks_of, run_all
+from megacpp_pipeline.snapshot import verify
+from megacpp_pipeline.snapshot.layout import MANIFEST
+from megacpp_pipeline.stages import default_registry, names
+from megacpp_pipeline.stages.snapshot import snapshot_dir_of
+from megacpp_pipeline.storage.store import ShardStore
+from tests.fixtures.catalogs import load_catalog
+from tests.fixtures.pipeline_corpus import write_catalog
+
+
+def _context(tmp_path: Path, catalog: Path, run: str) -> StageContext:
+    registry = default_registry()
+    return StageContext(
+        load_catalog(catalog, registry),
+        ShardStore(str(tmp_path / "data")),
+        registry,
+        tmp_path / "cache",
+        run_id=run,
+        workers=1,
+    )
+
+
+@pytest.fixture(scope="module")
+def promoted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("snapshot-checks")
+    catalog, _ = write_catalog(tmp)
+    run_all(_context(tmp, catalog, "first"))  # every stage, every blocking check
+    return tmp, catalog
+
+
+def _checks(ctx: StageContext) -> dict[str, CheckOutcome]:
+    stage = ctx.registry.get(names.SNAPSHOT)
+    return {c.name: c.evaluate(ctx, stage, None) for c in checks_of(stage)}
+
+
+def test_manifest_bound_checks_report_the_promotion_and_the_rest_run_again(
+    promoted: tuple[Path, Path],
+) -> None:
+    ctx = _context(*promoted, "checks")
+    outcomes = _checks(ctx)
+    assert all(o.passed for o in outcomes.values()), outcomes
+    for name in verify.ALL_CHECKS:
+        reported = "checked" in outcomes[name].metadata
+        assert reported == (name in verify.MANIFEST_BOUND), name
+    # the promotion's metrics come with the outcome: the dashboards' series do not change
+    assert outcomes["token_range_and_pads"].metadata["rows"] > 0
+    assert outcomes["document_consistency"].metadata["documents"] > 0
+    assert outcomes["file_checksums"].metadata["files"] > 0
+
+
+def test_a_changed_shard_fails_file_checksums(promoted: tuple[Path, Path], tmp_path: Path) -> None:
+    ctx = _context(*promoted, "shard")
+    shard = sorted((snapshot_dir_of(ctx) / "train").glob("*.parquet"))[0]
+    original = shard.read_bytes()
+    try:
+        shard.write_bytes(original[:-9] + bytes(b ^ 0xFF for b in original[-9:-8]) + original[-8:])
+        outcome = _checks(ctx)["file_checksums"]
+        assert not outcome.passed
+        assert f"{shard}: sha256 mismatch" in str(outcome.description)
+    finally:
+        shard.write_bytes(original)
+    assert _checks(ctx)["file_checksums"].passed
+
+
+def test_a_changed_manifest_runs_every_check_again(promoted: tuple[Path, Path]) -> None:
+    ctx = _context(*promoted, "manifest")
+    manifest = snapshot_dir_of(ctx) / MANIFEST
+    original = manifest.read_bytes()
+    try:
+        data = json.loads(original)
+        data["vocab_size"] = 3  # every id of the rows is now out of range
+        manifest.write_text(json.dumps(data, indent=2))
+        outcomes = _checks(ctx)
+        assert not any("checked" in o.metadata for o in outcomes.values())
+        assert not outcomes["token_range_and_pads"].passed
+        assert "input_ids outside [0, 3)" in str(outcomes["token_range_and_pads"].description)
+    finally:
+        manifest.write_bytes(original)
+    assert "checked" in _checks(ctx)["token_range_and_pads"].metadata
+
+
+def test_another_snapshot_config_runs_every_check_again(promoted: tuple[Path, Path]) -> None:
+    tmp, catalog = promoted
+    text = catalog.read_text()
+    assert text.count("  snapshot:\n") == 1 and "round_trip_sample" not in text
+    changed = catalog.with_name("sources-sample.yaml")
+    changed.write_text(text.replace("  snapshot:\n", "  snapshot:\n    round_trip_sample: 3\n"))
+    outcomes = _checks(_context(tmp, changed, "config"))
+    assert all(o.passed for o in outcomes.values())
+    assert not any("checked" in o.metadata for o in outcomes.values())
