@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from megacpp_pipeline.core.row_runs import rows_where
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENT_TOKENS, DOCUMENTS
@@ -41,6 +42,7 @@ from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.store import (
     Manifest,
     ShardInfo,
+    ShardStore,
     ShardUploader,
     VersionWriter,
     WrittenSchema,
@@ -109,6 +111,7 @@ def _texts(ctx: StageContext, source: str, paths: Sequence[str]) -> pa.Array:
 
 
 SPLITS = layout.SPLITS
+FILES_TABLE = "document_files"
 
 
 def split_table(source: str, split: str) -> str:
@@ -148,6 +151,16 @@ class _Written:
     broken: list[str] = field(default_factory=list)
 
 
+def _shard_name(table: str, task: int) -> str:
+    """The shard of `table` that task number `task` writes: a task's documents and its
+    document_files rows share the number (the check pairs them by it, `_task_of`)."""
+    return f"{table.replace(':', '-')}-{task:05d}.parquet"
+
+
+def _task_of(shard: ShardInfo) -> int:
+    return int(shard.path.removesuffix(".parquet").rsplit("-", 1)[1])
+
+
 def _write(job: _Job, index: int, source: str, docs: pa.Table, files: pa.Table) -> _Written:
     uploader = ShardUploader(job.ctx.store, job.out_dir)
     shards = []
@@ -156,12 +169,11 @@ def _write(job: _Job, index: int, source: str, docs: pa.Table, files: pa.Table) 
         part = rows_where(docs, pc.equal(split, name).to_numpy(zero_copy_only=False))
         if part.num_rows:
             table = split_table(source, name)
-            rel = f"{table.replace(':', '-')}-{index:05d}.parquet"
-            shard, written = uploader.write_parquet(rel, part)
+            shard, written = uploader.write_parquet(_shard_name(table, index), part)
             shards.append((table, DOCUMENT_TOKENS, shard, written))
     if files.num_rows:
-        shard, written = uploader.write_parquet(f"document_files-{index:05d}.parquet", files)
-        shards.append(("document_files", DOCUMENT_FILES, shard, written))
+        shard, written = uploader.write_parquet(_shard_name(FILES_TABLE, index), files)
+        shards.append((FILES_TABLE, DOCUMENT_FILES, shard, written))
     return _Written(shards, repository.length_counts(docs["num_tokens"]), Counter())
 
 
@@ -352,21 +364,144 @@ def document_files_table(ctx: StageContext, columns: list[str] | None = None) ->
     )
 
 
+# What the check compares, per document and per file (no hashes, no licences).
+_DOC_COLUMNS = ["doc_id", "num_files", "num_tokens"]
+_FILE_COLUMNS = ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"]
+_MASK64 = (1 << 64) - 1
+_SEEDS = (0, 0x9E3779B97F4A7C15)  # two independent 64-bit hashes of a file's identity
+
+
+@dataclass(frozen=True)
+class _CheckJob:
+    store: ShardStore
+    vdir: str
+
+
+@dataclass
+class _Proved:
+    """One task's documents as the check saw them: their doc_ids first..first+count-1 (or
+    count 0), its files per source, the sums of its files' identity hashes, and what is
+    wrong."""
+
+    first: int
+    count: int
+    files: Counter[str]
+    sums: tuple[int, int]
+    problems: list[str]
+
+
+def _identity_sums(sources: Sequence[str], paths: Sequence[str]) -> tuple[int, int]:
+    """Order-free sums (mod 2^64) of two hashes of each (source, path): equal sums over two
+    lists of files mean the same files the same number of times (but by chance, ~2^-128)."""
+    keys = [
+        f"{s}\0{p}".encode("utf-8", "surrogatepass") for s, p in zip(sources, paths, strict=True)
+    ]
+    a, b = (sum(xxhash.xxh3_64_intdigest(k, seed=seed) for k in keys) & _MASK64 for seed in _SEEDS)
+    return a, b
+
+
+def _check_task(
+    job: _CheckJob, shards: tuple[tuple[ShardInfo, ...], tuple[ShardInfo, ...]]
+) -> _Proved:
+    """The documents one task of the stage wrote (every split) against its document_files."""
+    doc_shards, file_shards = shards
+    docs = pa.concat_tables(
+        [pa.schema([DOCUMENTS.field(c) for c in _DOC_COLUMNS]).empty_table()]
+        + [job.store.read_shard(job.vdir, s, _DOC_COLUMNS) for s in doc_shards]
+    ).sort_by("doc_id")
+    files = pa.concat_tables(
+        [pa.schema([DOCUMENT_FILES.field(c) for c in _FILE_COLUMNS]).empty_table()]
+        + [job.store.read_shard(job.vdir, s, _FILE_COLUMNS) for s in file_shards]
+    )
+    first = int(docs["doc_id"][0].as_py()) if docs.num_rows else 0
+    ids = files["doc_id"].to_numpy()
+    outside = np.flatnonzero((ids < first) | (ids >= first + docs.num_rows))
+    problems = []
+    if outside.size:
+        row = int(outside[0])
+        problems.append(
+            f"{FILES_TABLE}: {files['source_id'][row]}:{files['path'][row]} is in doc "
+            f"{int(ids[row])}, which is not among the documents written with it "
+            f"({first}..{first + docs.num_rows - 1})"
+        )
+        files = files.take(np.flatnonzero((ids >= first) & (ids < first + docs.num_rows)))
+    problems += repository.document_files_problems(docs, files, None, first_id=first)
+    sources = files["source_id"].to_pylist()
+    return _Proved(
+        first,
+        docs.num_rows,
+        Counter(sources),
+        _identity_sums(sources, files["path"].to_pylist()),
+        problems,
+    )
+
+
+def _kept_task(job: _CheckJob, pieces: tuple[slices.Piece, ...]) -> tuple[int, tuple[int, int]]:
+    rows = slices.read(job.store, pieces, ["source_id", "path"])
+    return rows.num_rows, _identity_sums(rows["source_id"].to_pylist(), rows["path"].to_pylist())
+
+
 def _every_file_in_one_document(
     ctx: StageContext, stage: Stage, partition: str | None
 ) -> CheckOutcome:
-    kept = {s: ctx.latest(stage.input or "", s).rows for s in ctx.sources()}
-    # only what the tiling and counting compare (no hashes, no licences)
-    documents = documents_table(ctx, ["doc_id", "num_files", "num_tokens"])
-    files = document_files_table(
-        ctx, ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"]
+    """Proved a task's output at a time, on the run's executor: the documents each task of
+    the stage wrote, against the document_files rows it wrote with them; the driver keeps
+    only a few numbers per task. The tasks' doc_id runs must tile 0..N-1; per source as many
+    files as tokenized_docs kept, and the same files (equal identity-hash sums over both:
+    tokenized_docs holds each file once, so no file is listed twice)."""
+    assert stage.input is not None
+    manifest = ctx.latest(stage.name)
+    vdir = ctx.store.version_dir(manifest)
+    by_task: dict[int, tuple[list[ShardInfo], list[ShardInfo]]] = {}
+    for name, table in manifest.tables.items():
+        if name == FILES_TABLE or name in manifest.data_tables():
+            for shard in table.shards:
+                by_task.setdefault(_task_of(shard), ([], []))[name == FILES_TABLE].append(shard)
+    executor = ctx.executor()
+    job = _CheckJob(ctx.store, vdir)
+    tasks = [(tuple(d), tuple(f)) for _, (d, f) in sorted(by_task.items())]
+    problems: list[str] = []
+    files: Counter[str] = Counter()
+    sums = [0, 0]
+    runs = []
+    for proved in executor.map(_check_task, job, tasks):
+        problems += proved.problems
+        files.update(proved.files)
+        sums = [(x + y) & _MASK64 for x, y in zip(sums, proved.sums, strict=True)]
+        if proved.count:
+            runs.append((proved.first, proved.count))
+    documents = 0
+    for first, count in sorted(runs):
+        if first != documents:
+            problems.append(
+                f"documents: doc_ids are not 0..N-1 (the next after {documents - 1} is {first})"
+            )
+        documents = max(documents, first + count)
+    kept_sums = [0, 0]
+    kept = {s: ctx.latest(stage.input, s) for s in ctx.sources()}
+    inputs = [(m, layout.DATA) for m in kept.values()]
+    task_bytes = slices.task_bytes_for(
+        slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
     )
-    problems = repository.document_files_problems(documents, files, kept)
+    plan = [p.pieces for p in slices.plan(ctx.store, inputs, task_bytes)]
+    for _, part in executor.map(_kept_task, job, plan):
+        kept_sums = [(x + y) & _MASK64 for x, y in zip(kept_sums, part, strict=True)]
+    miscounted = [s for s, m in kept.items() if files.get(s, 0) != m.rows]
+    for source in miscounted:
+        problems.append(
+            f"{source}: {kept[source].rows} kept files but {files.get(source, 0)} in documents"
+        )
+    if not miscounted and kept_sums != sums:
+        problems.append(
+            f"{FILES_TABLE}: as many files per source as {stage.input} kept, but not the same"
+            " files (one listed twice, or one that was not kept)"
+        )
     return CheckOutcome(
         passed=not problems,
         metadata={
-            "documents": documents.num_rows,
-            "files": files.num_rows,
+            "documents": documents,
+            "files": sum(files.values()),
+            "tasks": len(tasks),
             "problems": "; ".join(problems[:5]) or "none",
         },
         description=problems[0] if problems else None,

@@ -279,20 +279,25 @@ def file_document_files(documents: pa.Table) -> pa.Table:
 
 
 def document_files_problems(
-    documents: pa.Table, document_files: pa.Table, kept: dict[str, int]
+    documents: pa.Table,
+    document_files: pa.Table,
+    kept: dict[str, int] | None,
+    first_id: int = 0,
 ) -> list[str]:
     """What is wrong with documents (doc_id, num_files, num_tokens) + document_files, in
     either mode: every kept file in exactly one document (per source, as many rows as
-    `kept` says), each document's members at positions 0..n-1 whose token spans tile the
-    document's own tokens, doc_ids 0..N-1."""
+    `kept` says; None: not counted here), each document's members at positions 0..n-1 whose
+    token spans tile the document's own tokens, doc_ids 0..N-1 (`first_id`..: a run of the
+    documents, every row of document_files one of theirs)."""
     problems: list[str] = []
     ids = documents["doc_id"].to_numpy()
-    if not np.array_equal(ids, np.arange(ids.size)):
-        problems.append("documents: doc_ids are not 0..N-1 in order")
+    if not np.array_equal(ids, np.arange(first_id, first_id + ids.size)):
+        span = "0..N-1" if first_id == 0 else f"{first_id}..{first_id}+n-1"
+        problems.append(f"documents: doc_ids are not {span} in order")
     listed_per_source = Counter(
         {r["values"]: r["counts"] for r in pc.value_counts(document_files["source_id"]).to_pylist()}
     )
-    for source, n in kept.items():
+    for source, n in (kept or {}).items():
         if listed_per_source.get(source, 0) != n:
             problems.append(
                 f"{source}: {n} kept files but {listed_per_source.get(source, 0)} in documents"
@@ -304,7 +309,7 @@ def document_files_problems(
     if len(pc.unique(keys)) != document_files.num_rows:
         problems.append("document_files: a file is listed more than once")
     df = document_files.sort_by([("doc_id", "ascending"), ("position", "ascending")])
-    doc = df["doc_id"].to_numpy()
+    doc = df["doc_id"].to_numpy().astype(np.int64) - first_id
     pos = df["position"].to_numpy().astype(np.int64)
     start = df["start_token"].to_numpy().astype(np.int64)
     size = df["num_tokens"].to_numpy().astype(np.int64)
@@ -312,14 +317,14 @@ def document_files_problems(
     first_row = np.maximum.accumulate(np.where(first, np.arange(doc.size), 0))
     bad_pos = np.flatnonzero(pos != np.arange(doc.size) - first_row)
     if bad_pos.size:
-        problems.append(f"doc {int(doc[bad_pos[0]])}: member positions are not 0..n-1")
+        problems.append(f"doc {int(doc[bad_pos[0]]) + first_id}: member positions are not 0..n-1")
     ends = start + size
     expected = np.where(first, 0, np.r_[0, ends[:-1]])
     bad_start = np.flatnonzero(start != expected)
     if bad_start.size:
         r = int(bad_start[0])
         problems.append(
-            f"doc {int(doc[r])}: member {int(pos[r])} does not start where the last ends"
+            f"doc {int(doc[r]) + first_id}: member {int(pos[r])} does not start where the last ends"
         )
     members = np.bincount(doc, minlength=ids.size) if doc.size else np.zeros(ids.size, np.int64)
     tokens = np.bincount(doc, weights=size, minlength=ids.size) if doc.size else members
