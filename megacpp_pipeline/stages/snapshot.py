@@ -294,14 +294,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         return render_card(build_dir, manifest, inputs)
 
     host = ctx.host_executor()  # the build is a folder of this host
-    recorded: dict[str, object] = {}  # what the promotion proved, for the Dagster checks
+    checked: list[tuple[SnapshotManifest, list[verify.CheckOutcome]]] = []  # by the gate
 
     def gate(build_dir: Path) -> list[str]:
         if config.text:  # the text release beside the rows, checked with everything else
             release = write_release(build_dir, build_dir / TEXT_DIR)
             ctx.log(f"snapshot: text release of {release.documents} documents in {TEXT_DIR}/")
         failures = []
-        outcomes = []
+        outcomes: list[verify.CheckOutcome] = []
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
         for name in verify.ALL_CHECKS:
             outcome = verify.run_check(
@@ -311,7 +311,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
-        recorded.update(promotion_record(build_dir, config, outcomes))
+        checked.append((read_manifest(build_dir), outcomes))
         ctx.log(f"promotion check no_removed_content: {'pass' if removed.passed else 'FAIL'}")
         if not removed.passed:
             failures.append(f"no_removed_content_in_snapshot: {removed.description}")
@@ -322,6 +322,11 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         root, parts, keep=config.keep_snapshots, gate=gate, card=card, mapper=host.map
     )
     manifest = read_manifest(snap)
+    recorded: dict[str, object] = {}  # what the promotion proved, for the Dagster checks
+    # the snapshot kept may be one promoted before with the same content, whose manifest
+    # differs only in when and from what it was made: what the checks proved holds for it
+    if checked and verify.same_checked_facts(manifest, checked[-1][0]):
+        recorded = promotion_record(snap, config, checked[-1][1])
     uploaded: dict[str, str] = {}
     if not store.is_local:  # the promoted snapshot goes to the store too, _COMPLETE last
         target = store.join("snapshots", manifest.snapshot_id)
@@ -385,13 +390,13 @@ _DESCRIPTIONS = {
 
 
 def promotion_record(
-    build_dir: Path, config: SnapshotConfig, outcomes: list[verify.CheckOutcome]
+    snap: Path, config: SnapshotConfig, outcomes: list[verify.CheckOutcome]
 ) -> dict[str, object]:
-    """What a promotion proved that holds for as long as the manifest's bytes and the config
-    do: the passed outcomes of the manifest-bound checks (verify.MANIFEST_BOUND) with their
-    metrics, beside the manifest's sha256 and the config's hash."""
+    """What a promotion proved that holds for as long as the promoted manifest's bytes and
+    the config do: the passed outcomes of the manifest-bound checks (verify.MANIFEST_BOUND)
+    with their metrics, beside that manifest's sha256 and the config's hash."""
     return {
-        "manifest_sha256": sha256_file(build_dir / MANIFEST),
+        "manifest_sha256": sha256_file(snap / MANIFEST),
         "config": config_hash(config),
         "passed": {
             o.name: {k: v for k, v in o.metrics.items() if isinstance(v, (int, float, str))}

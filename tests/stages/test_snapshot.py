@@ -102,3 +102,44 @@ def test_another_snapshot_config_runs_every_check_again(promoted: tuple[Path, Pa
     outcomes = _checks(_context(tmp, changed, "config"))
     assert all(o.passed for o in outcomes.values())
     assert not any("checked" in o.metadata for o in outcomes.values())
+
+
+def test_a_repeated_run_keeps_the_promoted_snapshot_and_its_record_holds(
+    promoted: tuple[Path, Path],
+) -> None:
+    tmp, catalog = promoted
+    ctx = _context(tmp, catalog, "again")
+    before = snapshot_dir_of(ctx)
+    made = (before / MANIFEST).read_bytes()
+    run_all(ctx)  # the same content: the snapshot promoted first is kept, manifest and all
+    assert snapshot_dir_of(ctx) == before and (before / MANIFEST).read_bytes() == made
+    outcomes = _checks(ctx)
+    assert all(o.passed for o in outcomes.values())
+    assert {n for n, o in outcomes.items() if "checked" in o.metadata} == set(verify.MANIFEST_BOUND)
+
+
+def test_no_check_reads_a_provenance_field(promoted: tuple[Path, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from megacpp_pipeline.snapshot.promote import SnapshotConfig, read_manifest
+
+    ctx = _context(*promoted, "provenance")
+    snap = tmp_path / "copy"
+    shutil.copytree(snapshot_dir_of(ctx), snap)
+    original = read_manifest(snap)
+    changed = original.model_copy(
+        update={"created_at": "1970-01-01T00:00:00", "engine": {"engine": "elsewhere"},
+                "inputs": {}, "tokenizer_policy": {"mode": "other"}}
+    )  # fmt: skip
+    assert verify.same_checked_facts(original, changed)
+    assert not verify.same_checked_facts(original, changed.model_copy(update={"draw_seed": 7}))
+    config = SnapshotConfig()
+    before = {n: verify.run_check(n, snap, config) for n in verify.MANIFEST_BOUND}
+    (snap / MANIFEST).write_text(changed.model_dump_json(indent=2))
+    for name in verify.MANIFEST_BOUND:
+        after = verify.run_check(name, snap, config)
+        assert (after.passed, after.metrics, after.problems) == (
+            before[name].passed,
+            before[name].metrics,
+            before[name].problems,
+        ), name
