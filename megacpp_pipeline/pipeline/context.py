@@ -24,7 +24,7 @@ from megacpp_pipeline.pipeline.parallel import cpu_count
 from megacpp_pipeline.pipeline.registry import Registry, Stage
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.file_cache import FileResultCache
-from megacpp_pipeline.storage.store import Manifest, ShardStore
+from megacpp_pipeline.storage.store import Manifest, ShardStore, VersionWriter
 
 
 def _ignore(message: str) -> None:
@@ -98,6 +98,19 @@ class StageContext:
         s = self.registry.get(stage) if isinstance(stage, str) else stage
         self.may_read(s.name)
         return self.registry.code_version(s, self.catalog)
+
+    def begin(self, stage: Stage, partition: str | None, config: Any) -> VersionWriter:
+        """A new version of `stage` (this run's, at its code version); the latest version of
+        the partition, verified first, is re-hashed by this host's forked workers when it is
+        large (ShardStore.verify_objects), not by this process."""
+        return self.store.begin(
+            stage.name,
+            partition,
+            code_version=self.code_version(stage),
+            config=config,
+            run_id=self.run_id,
+            mapper=self.host_executor().map,
+        )
 
     def file_cache(
         self, stage: Stage, code_version: str, salt: str, source: str

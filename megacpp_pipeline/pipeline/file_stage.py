@@ -166,13 +166,7 @@ def run_gate_stage(
             gate = stage.gate(reading)  # the driver's copy: what it reads, salt and extras
             if stage.per_source or not pending:
                 partition = source if stage.per_source else None
-                version = ctx.store.begin(
-                    stage.name,
-                    partition,
-                    code_version=code_version,
-                    config=config,
-                    run_id=ctx.run_id,
-                )
+                version = ctx.begin(stage, partition, config)
                 pending.append(_Pending(version, [], [], dict(gate.extra)))
                 token = token or version.dir
             current = pending[-1]

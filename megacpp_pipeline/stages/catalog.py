@@ -18,9 +18,7 @@ from megacpp_pipeline.stages import names
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
     cat = ctx.catalog
-    version = ctx.store.begin(
-        stage.name, None, code_version=ctx.code_version(stage), config=cat, run_id=ctx.run_id
-    )
+    version = ctx.begin(stage, None, cat)
     rows = [
         {
             "id": s.id,

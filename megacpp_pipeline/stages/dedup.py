@@ -40,9 +40,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     upstream = [ctx.latest(stage.input, s) for s in ctx.sources()]
     executor = ctx.executor()
     code_version = ctx.code_version(stage)
-    version = ctx.store.begin(
-        stage.name, None, code_version=code_version, config=config, run_id=ctx.run_id
-    )
+    version = ctx.begin(stage, None, config)
     with version:  # aborted if anything below raises
         plan, n_docs = _plan(ctx, upstream, executor.workers)
         outcome = dedup.deduplicate(

@@ -229,9 +229,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     sources = ctx.sources()
     upstream = [ctx.latest(stage.input, s) for s in sources]
     executor = ctx.executor()
-    version = ctx.store.begin(
-        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
-    )
+    version = ctx.begin(stage, None, config)
     with version:
         job = _Job(replace(ctx, log=_ignore), config, version.dir)
         results: Iterator[_Written]

@@ -191,9 +191,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     config = ctx.config(stage)
     upstream = ctx.latest(stage.input)
     executor = ctx.executor()
-    version = ctx.store.begin(
-        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
-    )
+    version = ctx.begin(stage, None, config)
     with version:
         schema = rows_contract.packed_rows_schema(config.seq_len)
         for split in packing.SPLITS:  # both exist even when a split has no document

@@ -335,9 +335,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         pruned = prune_store_snapshots(store, manifest, config.keep_snapshots)
         if pruned:
             ctx.log(f"snapshot: removed {len(pruned)} older snapshot(s) from the store")
-    version = store.begin(
-        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
-    )
+    version = ctx.begin(stage, None, config)
     version.commit(
         upstream=parts.inputs,
         extra={

@@ -95,9 +95,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     config: tokenizer.TokenizerConfig = ctx.config(stage)
     split_config = ctx.catalog.split
     source = ctx.latest(stage.input)
-    version = ctx.store.begin(
-        stage.name, None, code_version=ctx.code_version(stage), config=config, run_id=ctx.run_id
-    )
+    version = ctx.begin(stage, None, config)
     with version:
         training = None
         mode = config.effective_mode

@@ -120,9 +120,20 @@ class ShardVerificationError(StoreError):
 
 log = logging.getLogger(__name__)
 _CHUNK = 1 << 20
+# A version with more bytes than this is re-hashed by the caller's tasks when it gives a
+# `Mapper` (an executor's map), a batch of about this many bytes per task: a stage's driver
+# never reads a whole corpus version itself. Below it, one process hashes it.
+HASH_IN_TASKS_BYTES = 64 << 20
+# (task, job, items) -> each item's result, in order: an executor's map.
+Mapper = Callable[[Callable[[Any, Any], Any], Any, list[Any]], Iterator[Any]]
 # Manifests of committed versions read for verifying `read_bytes` of their files; a version
 # never changes once committed (its id is unique), so this only saves re-reading them.
 _MANIFESTS_KEPT = 256
+
+
+def _sha256_batch(fs: pafs.FileSystem, paths: list[str]) -> list[str]:
+    """A task: the sha256 of each object, in order."""
+    return [sha256_on(fs, p) for p in paths]
 
 
 def _utcnow() -> datetime:
@@ -366,12 +377,14 @@ class ShardStore:
         code_version: str,
         config: BaseModel | Mapping[str, Any] | None = None,
         run_id: str | None = None,
+        mapper: Mapper | None = None,
     ) -> VersionWriter:
         """A new version, leased to this process; it is invisible until `commit()`. Use it
-        as a context manager to have a failing gate's version removed at once."""
+        as a context manager to have a failing gate's version removed at once. The latest
+        version of the partition is verified first (`mapper`: see `verify_objects`)."""
         pdir = self.partition_dir(asset, partition)
         self.clean_abandoned(pdir)
-        replaced = self._replaced_unsound(asset, partition)
+        replaced = self._replaced_unsound(asset, partition, mapper)
         now = datetime.now(UTC)
         version = new_version_id(now)
         vdir = f"{pdir}/{version}"
@@ -421,7 +434,9 @@ class ShardStore:
             keeper,
         )
 
-    def _replaced_unsound(self, asset: str, partition: str | None) -> dict[str, str] | None:
+    def _replaced_unsound(
+        self, asset: str, partition: str | None, mapper: Mapper | None = None
+    ) -> dict[str, str] | None:
         """The partition's newest complete version, when it no longer verifies (an object
         changed after its commit): a new version replaces it, and says so in one warning
         line and in its manifest's `replaced_unverified`. None when there is none or it is
@@ -430,7 +445,7 @@ class ShardStore:
             previous = self.latest(asset, partition)
         except StoreError:
             return None  # none yet, or unreadable: the new version's own writes say why
-        problem = next(iter(self.verify_objects(previous)), None)
+        problem = next(iter(self.verify_objects(previous, mapper)), None)
         if problem is None:
             return None
         where = "" if previous.partition == UNPARTITIONED else f" [{previous.partition}]"
@@ -791,10 +806,11 @@ class ShardStore:
             problems.append(f"{path}: schema differs from the manifest's table {name!r}")
         return meta.num_rows, problems
 
-    def verify_objects(self, manifest: Manifest) -> list[str]:
+    def verify_objects(self, manifest: Manifest, mapper: Mapper | None = None) -> list[str]:
         """Every object the version lists that is missing, of another size or another
         sha256 than recorded (one listing, then a streaming hash of each object whose size
-        is right); [] when its bytes are exactly what was committed."""
+        is right: by tasks of `mapper` when those hold more than HASH_IN_TASKS_BYTES); []
+        when its bytes are exactly what was committed."""
         vdir = self.version_dir(manifest)
         try:
             infos = self.fs.get_file_info(
@@ -803,19 +819,40 @@ class ShardStore:
         except OSError as e:
             raise StoreError(f"{describe(self.fs, vdir)}: list failed ({e})") from e
         sizes = {i.path[len(vdir) + 1 :]: i.size for i in infos}
+        shards = manifest.all_shards()
+        whole = [s for s in shards if sizes.get(s.path) == s.bytes]
+        digests = dict(
+            zip([s.path for s in whole], self._sha256s(vdir, whole, mapper), strict=True)
+        )
         problems = []
-        for shard in manifest.all_shards():
+        for shard in shards:
             path = f"{vdir}/{shard.path}"
             size = sizes.get(shard.path)
             if size is None:
                 problems.append(f"{self.uri_of(path)}: missing")
             elif size != shard.bytes:
                 problems.append(f"{self.uri_of(path)}: {size} bytes, manifest says {shard.bytes}")
-            elif (got := self.sha256_of(path)) != shard.sha256:
+            elif (got := digests[shard.path]) != shard.sha256:
                 problems.append(
                     f"{self.uri_of(path)}: sha256 {got[:12]}..., manifest says {shard.sha256}"
                 )
         return problems
+
+    def _sha256s(self, vdir: str, shards: list[ShardInfo], mapper: Mapper | None) -> list[str]:
+        """The sha256 of each shard's object, in order; by tasks of `mapper`, a batch of
+        about HASH_IN_TASKS_BYTES each, when they hold more than one batch."""
+        paths = [f"{vdir}/{s.path}" for s in shards]
+        if mapper is None or sum(s.bytes for s in shards) <= HASH_IN_TASKS_BYTES:
+            return [self.sha256_of(p) for p in paths]
+        batches: list[list[str]] = [[]]
+        held = 0
+        for path, shard in zip(paths, shards, strict=True):
+            if batches[-1] and held + shard.bytes > HASH_IN_TASKS_BYTES:
+                batches.append([])
+                held = 0
+            batches[-1].append(path)
+            held += shard.bytes
+        return [d for batch in mapper(_sha256_batch, self.fs, batches) for d in batch]
 
     def _verify_manifest_bytes(self, vdir: str) -> list[str]:
         """The manifest's sha256 against the one `_COMPLETE` recorded (older versions have

@@ -322,3 +322,35 @@ def test_a_new_version_says_which_version_it_replaces_when_that_one_failed_verif
     assert line.startswith("raw_files [demo]: replacing version") and "failed verification" in line
     replaced = store.latest("raw_files", "demo").extra["replaced_unverified"]
     assert replaced["version"] == edited.version and shard.path in replaced["problem"]
+
+
+def test_a_large_previous_version_is_hashed_by_the_callers_tasks_and_an_edit_still_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from megacpp_pipeline.pipeline.executor import LocalExecutor
+    from megacpp_pipeline.storage import store as store_module
+
+    monkeypatch.setattr(store_module, "HASH_IN_TASKS_BYTES", 1)  # every shard its own batch
+    store = ShardStore(str(tmp_path), max_rows_per_shard=10)
+    _write_version(store, rows=25)
+    m = store.latest("raw_files", "demo")
+    batches: list[list[str]] = []
+
+    def mapper(task, job, items):  # type: ignore[no-untyped-def]
+        batches.extend(items)
+        return LocalExecutor(2).map(task, job, items)  # forked workers hash them
+
+    assert store.verify_objects(m, mapper) == []
+    assert [len(b) for b in batches] == [1, 1, 1]
+    shard = m.tables["data"].shards[1]
+    path = Path(store.version_dir(m)) / shard.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the same size: only its hash tells
+    path.write_bytes(bytes(data))
+    [problem] = store.verify_objects(m, mapper)
+    assert shard.path in problem and f"manifest says {shard.sha256}" in problem
+    v = store.begin("raw_files", "demo", code_version="t", mapper=mapper)
+    v.table("data", SCHEMA).write(_table(0, 5))
+    v.commit(stats={"rows": 5})
+    replaced = store.latest("raw_files", "demo").extra["replaced_unverified"]
+    assert replaced["version"] == m.version and shard.path in replaced["problem"]
