@@ -5,11 +5,13 @@ rows go to a table of their own (`data:<source>`), so the next per-source stage 
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,7 +33,7 @@ from megacpp_pipeline.pipeline.registry import (
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage import slices
-from megacpp_pipeline.storage.store import Manifest, VersionWriter
+from megacpp_pipeline.storage.store import Manifest, ShardStore, VersionWriter
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -138,31 +140,83 @@ def _write(
     return Materialized(None, meta, stats)
 
 
+# Kept hashes per shuffle partition of the check: a partition's are counted by one task.
+_HASHES_PER_PARTITION = 1_000_000
+
+
+@dataclass(frozen=True)
+class _HashJob:
+    store: ShardStore
+    area: dedup.WorkArea
+    partitions: int
+
+
+def _bucket_hashes(job: _HashJob, task: tuple[int, tuple[slices.Piece, ...]]) -> int:
+    """One slice's kept hashes, written to the shuffle partition each one's leading hex
+    digits choose; how many there were."""
+    index, pieces = task
+    hashes = slices.read(job.store, pieces, ["content_sha256"])["content_sha256"]
+    bucket = np.fromiter(
+        (int(h[:8], 16) % job.partitions for h in hashes.to_pylist()), np.int64, len(hashes)
+    )
+    for b in np.unique(bucket).tolist():
+        rows = pa.table({"h": hashes.filter(pa.array(bucket == b))})
+        job.area.write_table(f"p={b:04d}/part-{index:06d}.parquet", rows)
+    return len(hashes)
+
+
+def _count_distinct(job: _HashJob, b: int) -> tuple[int, int, str | None]:
+    """(hashes, distinct hashes, one that is kept twice) of one shuffle partition."""
+    table = job.area.tables_under(f"p={b:04d}")
+    if table is None:
+        return 0, 0, None
+    counts = pc.value_counts(table["h"])
+    twice = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+    return table.num_rows, len(counts), twice[0]["values"].as_py() if len(twice) else None
+
+
 def _no_shared_hash(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
     """Across every source, each content_sha256 is kept at most once, and every input file
-    is kept or in the ledger."""
+    is kept or in the ledger. The kept hashes are shuffled by their leading digits into
+    partitions of at most about a million, each counted by one task: the driver holds three
+    numbers per partition."""
     manifest = ctx.latest(stage.name, None)
-    hashes: list[pa.Array] = []
-    for name in manifest.data_tables():
-        for t in ctx.store.iter_tables(manifest, name, columns=["content_sha256"]):
-            hashes.append(t["content_sha256"].combine_chunks())
-    all_hashes = pa.chunked_array(hashes, pa.string())
-    distinct = len(pc.unique(all_hashes)) if len(all_hashes) else 0
+    executor = ctx.executor()
+    inputs = [(manifest, name) for name in manifest.data_tables()]
+    task_bytes = slices.task_bytes_for(
+        slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
+    )
+    plan = list(enumerate(s.pieces for s in slices.plan(ctx.store, inputs, task_bytes)))
+    # at least one partition per worker: every count is a task, none runs in this process
+    parts = max(executor.workers, -(-manifest.rows // _HASHES_PER_PARTITION))
+    # the store's scratch folder: removed when the check ends, whatever its outcome
+    area = dedup.WorkArea(
+        ctx.store.fs, ctx.store.join("scratch", f"{stage.name}-{uuid.uuid4().hex}")
+    )
+    job = _HashJob(ctx.store, area, parts)
+    try:
+        kept = sum(executor.map(_bucket_hashes, job, plan))
+        counted = list(executor.map(_count_distinct, job, list(range(parts))))
+    finally:
+        area.remove()
+    distinct = sum(d for _, d, _ in counted)
+    twice = next((h for _, _, h in counted if h is not None), None)
     dropped = manifest.tables["ledger"].rows if "ledger" in manifest.tables else 0
     files_in = int(manifest.stats["input_files"])
     accounted = files_in == manifest.rows + dropped
-    passed = distinct == len(all_hashes) and accounted
+    passed = distinct == kept == sum(n for n, _, _ in counted) and accounted
     return CheckOutcome(
         passed=passed,
         metadata={
-            "kept_files": len(all_hashes),
+            "kept_files": kept,
             "distinct_hashes": distinct,
             "dropped": dropped,
             "accounted": accounted,
+            "partitions": parts,
         },
         description=None
         if passed
-        else f"{len(all_hashes) - distinct} kept files share a hash"
+        else f"{kept - distinct} kept files share a hash (one is {twice})"
         if accounted
         else f"{files_in} files in, {manifest.rows} kept + {dropped} in the ledger",
     )

@@ -34,6 +34,7 @@ from megacpp_pipeline.corpus.dedup.work import (
     DedupOutcome,
     DedupResult,
     SliceOfSource,
+    WorkArea,
     deduplicate,
     find_duplicates,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "DedupResult",
     "SliceOfSource",
     "StreamOrder",
+    "WorkArea",
     "band_partition_count",
     "band_partitions",
     "band_rows",
