@@ -284,3 +284,41 @@ def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, lis
                     f"doc {doc} ({shard.path[doc]}): decoded text differs from the source"
                 )
     return checked, problems[:MAX_PROBLEMS], unresolved
+
+
+@dataclass(frozen=True)
+class DrawJob:
+    """What every task of the draws check shares: documents.parquet, each source's weight
+    (1.0 for one the manifest does not list) and the snapshot's draw seed."""
+
+    documents: Path
+    weights: dict[str, float]
+    seed: int
+
+
+def draw_problems_in(job: DrawJob, group: int) -> list[str]:
+    """Documents of one row group of documents.parquet whose copies in the rows are not the
+    draws their source's weight and the seed give (corpus/packing.py: document_draws)."""
+    from megacpp_pipeline.corpus.packing import document_draws, draw_keys
+
+    rows = pq.ParquetFile(job.documents).read_row_group(
+        group, columns=["doc_id", "source_id", "path", "draws"]
+    )
+    sources = np.array(rows["source_id"].to_pylist(), dtype=object)
+    paths = rows["path"].to_pylist()
+    keys = draw_keys(sources.tolist(), paths)
+    got = rows["draws"].to_numpy()
+    out: list[str] = []
+    for source in dict.fromkeys(sources.tolist()):  # in their order of appearance
+        at = np.flatnonzero(sources == source)
+        weight = job.weights.get(str(source), 1.0)
+        want = document_draws(keys[at], weight, job.seed)
+        for j in np.flatnonzero(got[at] != want)[: MAX_PROBLEMS - len(out)].tolist():
+            i = int(at[j])
+            out.append(
+                f"{layout.DOCUMENTS}: doc {rows['doc_id'][i]} ({source}:{paths[i]}) is packed "
+                f"{got[i]} times; weight {weight} draws it {want[j]} times"
+            )
+        if len(out) >= MAX_PROBLEMS:
+            break
+    return out

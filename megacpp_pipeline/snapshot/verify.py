@@ -49,17 +49,18 @@ from megacpp_pipeline.snapshot.promote import (
     read_manifest,
 )
 from megacpp_pipeline.snapshot.shard_checks import (
+    DrawJob,
     Mapper,
     PlacedPieces,
     RoundTripJob,
     RoundTripShard,
+    draw_problems_in,
     file_facts,
     inline,
     round_trip_shard,
     row_problems,
     token_problems,
 )
-from megacpp_pipeline.snapshot.streams import read_back
 from megacpp_pipeline.snapshot.text_release import (
     TEXT_DIR,
     ReleaseConfig,
@@ -162,28 +163,15 @@ def check_token_ranges(
     return out
 
 
-def draw_problems(snap: Path, manifest: SnapshotManifest) -> list[str]:
+def draw_problems(snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline) -> list[str]:
     """Documents whose copies in the rows are not the draws their source's weight and the
-    snapshot's draw seed give (corpus/packing.py: document_draws); documents.parquet is read
-    a row group at a time (a draw is keyed by the document's source and path alone)."""
-    from megacpp_pipeline.corpus.packing import document_draws, draw_keys
-
+    snapshot's draw seed give (corpus/packing.py: document_draws): a task of `mapper` per row
+    group of documents.parquet (a draw is keyed by the document's source and path alone)."""
+    path = snap / layout.DOCUMENTS
+    job = DrawJob(path, {s: e.weight for s, e in manifest.sources.items()}, manifest.draw_seed)
     out: list[str] = []
-    columns = ["doc_id", "source_id", "path", "draws"]
-    for chunk in read_back(snap / layout.DOCUMENTS, columns):
-        for (source,), part in pl.DataFrame(chunk).group_by(["source_id"], maintain_order=True):
-            entry = manifest.sources.get(str(source))
-            weight = entry.weight if entry is not None else 1.0
-            keys = draw_keys(part["source_id"].to_list(), part["path"].to_list())
-            want = document_draws(keys, weight, manifest.draw_seed)
-            got = part["draws"].to_numpy()
-            for i in np.flatnonzero(got != want)[: 5 - len(out)].tolist():
-                out.append(
-                    f"{layout.DOCUMENTS}: doc {part['doc_id'][i]} ({source}:{part['path'][i]}) "
-                    f"is packed {got[i]} times; weight {weight} draws it {want[i]} times"
-                )
-            if len(out) >= 5:
-                return out
+    for found in mapper(draw_problems_in, job, list(range(pq.ParquetFile(path).num_row_groups))):
+        out += found[: 5 - len(out)]
     return out
 
 
@@ -239,7 +227,7 @@ def check_documents(
     wrong_count = joined.filter(pl.col("n") != pl.col("num_pieces"))
     wrong_split = joined.filter(pl.col("piece_split") != pl.col("split"))
     if "draws" in present and manifest.schema_version >= 3:
-        for problem in draw_problems(snap, manifest):
+        for problem in draw_problems(snap, manifest, mapper):
             out.fail(problem)
     files = read_document_files(
         snap,

@@ -135,6 +135,13 @@ def test_verify_recomputes_the_draws_from_the_recorded_weights(
     outcomes = {o.name: o for o in verify_snapshot(snap)}
     problems = outcomes["document_consistency"].problems
     assert any("weight 1.0 draws it 1 times" in p for p in problems), problems
+    # the draws are checked a row group of documents.parquet per task: forked workers say
+    # what one process says
+    from megacpp_pipeline.pipeline.executor import LocalExecutor
+    from megacpp_pipeline.snapshot.verify import draw_problems
+
+    inline = draw_problems(snap, read_manifest(snap))
+    assert inline and draw_problems(snap, read_manifest(snap), LocalExecutor(2).map) == inline
 
 
 def test_the_card_and_the_diff_show_the_weights(snapshots: dict[str, Path]) -> None:
