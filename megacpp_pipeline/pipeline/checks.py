@@ -65,7 +65,7 @@ def inspect_rows(
     task_bytes = slices.task_bytes_for(
         slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
     )
-    plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes)]
+    plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes, cut=False)]
     rows, problems = 0, list[str]()
     for n, found in executor.map(_inspect_task, _RowJob(ctx.store, check, state), plan):
         rows += n

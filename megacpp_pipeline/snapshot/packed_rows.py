@@ -128,11 +128,13 @@ def validate_rows(table: pa.Table, seq_len: int, vocab_size: int) -> list[str]:
     if problems or table.num_rows == 0:
         return problems
 
+    # in the columns' own dtypes (no int64 copies), and each slot compared with the next
+    # through views rather than shifted copies: this runs over every row of a run twice
     n = table.num_rows
-    ids = fixed_list_to_numpy(table.column("input_ids"), seq_len).astype(np.int64)
-    tgt = fixed_list_to_numpy(table.column("target_ids"), seq_len).astype(np.int64)
+    ids = fixed_list_to_numpy(table.column("input_ids"), seq_len)
+    tgt = fixed_list_to_numpy(table.column("target_ids"), seq_len)
     mask = fixed_list_to_numpy(table.column("loss_mask"), seq_len)
-    docs = fixed_list_to_numpy(table.column("doc_ids"), seq_len).astype(np.int64)
+    docs = fixed_list_to_numpy(table.column("doc_ids"), seq_len)
     valid = table.column("valid_token_count").to_numpy().astype(np.int64)
     num_docs = table.column("num_docs").to_numpy().astype(np.int64)
     pack_ids = table.column("pack_id").to_numpy()
@@ -146,34 +148,46 @@ def validate_rows(table: pa.Table, seq_len: int, vocab_size: int) -> list[str]:
     report("valid_token_count", (valid < 0) | (valid > seq_len), f"outside [0, {seq_len}]")
     valid = np.clip(valid, 0, seq_len)
     is_valid = np.arange(seq_len)[None, :] < valid[:, None]
-    report("input_ids", is_valid & ((ids < 0) | (ids >= vocab_size)), f"outside [0, {vocab_size})")
+    pad = ~is_valid
+    report("input_ids", is_valid & _outside(ids, vocab_size), f"outside [0, {vocab_size})")
     report("doc_ids", is_valid & (docs < 0), "negative id inside the valid prefix")
-    report("doc_ids", ~is_valid & (docs != PAD_DOC_ID), f"pad slot not {PAD_DOC_ID}")
-    report("loss_mask", (mask != 0) & (mask != 1), "not 0/1")
-    report("loss_mask", ~is_valid & (mask != 0), "pad slot counted in the loss")
+    report("doc_ids", pad & (docs != PAD_DOC_ID), f"pad slot not {PAD_DOC_ID}")
+    report("loss_mask", _outside(mask, 2), "not 0/1")
+    report("loss_mask", pad & (mask != 0), "pad slot counted in the loss")
     counted = mask == 1
     report("target_ids", counted == (tgt == IGNORE_INDEX), "ignore index disagrees with loss_mask")
     report(
         "target_ids",
-        counted & ((tgt < 0) | (tgt >= vocab_size)),
+        counted & _outside(tgt, vocab_size),
         f"counted target outside [0, {vocab_size})",
     )
     # A counted target must be the next slot's input, of the same document, inside the row.
-    next_ids = np.concatenate([ids[:, 1:], np.full((n, 1), -1)], axis=1)
-    next_docs = np.concatenate([docs[:, 1:], np.full((n, 1), PAD_DOC_ID)], axis=1)
-    next_valid = np.concatenate([is_valid[:, 1:], np.zeros((n, 1), dtype=bool)], axis=1)
-    report("target_ids", counted & ~next_valid, "counted target past the valid prefix")
-    report("target_ids", counted & next_valid & (docs != next_docs), "target crosses a document")
-    report("target_ids", counted & next_valid & (tgt != next_ids), "target is not the next input")
-    runs = (
-        is_valid
-        & np.concatenate([np.ones((n, 1), dtype=bool), docs[:, 1:] != docs[:, :-1]], axis=1)
-    ).sum(axis=1)
+    here, next_valid = counted[:, :-1], is_valid[:, 1:]
+    report(
+        "target_ids",
+        (here & ~next_valid).any(axis=1) | counted[:, -1],
+        "counted target past the valid prefix",
+    )
+    counted_next = here & next_valid
+    change = docs[:, 1:] != docs[:, :-1]
+    report("target_ids", counted_next & change, "target crosses a document")
+    report("target_ids", counted_next & (tgt[:, :-1] != ids[:, 1:]), "target is not the next input")
+    runs = is_valid[:, 0].astype(np.int64) + (next_valid & change).sum(axis=1)
     report("num_docs", num_docs != runs, "differs from the document runs in doc_ids")
     if np.unique(pack_ids).size != n:
         problems.append("pack_id: not unique")
     for name, (_dtype, _default) in OPTIONAL_TOKEN_COLUMNS.items():
         if name in names:
             values = fixed_list_to_numpy(table.column(name), seq_len)
-            report(name, ~is_valid & (values != _default), f"pad slot not {_default}")
+            report(name, pad & (values != _default), f"pad slot not {_default}")
     return problems
+
+
+def _outside(values: np.ndarray, high: int) -> np.ndarray:
+    """values < 0 or values >= high, in one pass for integers (a negative one seen unsigned
+    is at least 2^(bits-1), above any `high` a column holds)."""
+    if values.dtype.kind == "i" and high <= np.iinfo(values.dtype).max:
+        return values.view(values.dtype.str.replace("i", "u")) >= high
+    if values.dtype.kind == "u":
+        return values >= high
+    return (values < 0) | (values >= high)

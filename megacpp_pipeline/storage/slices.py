@@ -71,10 +71,13 @@ def plan(
     task_bytes: int,
     *,
     first_row: int = 0,
+    cut: bool = True,
 ) -> list[Slice]:
     """Slices over the shards of `tables` ((version, table name), in stream order), about
     `task_bytes` each, none empty. One plan never joins two tables' rows in one slice:
-    call it per table when outputs must not mix (a source's rows stay its own)."""
+    call it per table when outputs must not mix (a source's rows stay its own). With `cut`
+    off a shard is never split among slices (a task that writes nothing, a check, need not
+    bound its output, and each shard is then decoded once)."""
     out: list[Slice] = []
     pieces: list[Piece] = []
     size = 0.0
@@ -87,6 +90,14 @@ def plan(
         vdir = store.version_dir(manifest)
         for shard in info.shards:
             if shard.rows == 0:
+                continue
+            if not cut:
+                pieces.append(Piece(vdir, shard, 0, shard.rows))
+                size += shard.bytes
+                row += shard.rows
+                if size >= task_bytes:
+                    out.append(Slice(tuple(pieces), start))
+                    pieces, size, start = [], 0.0, row
                 continue
             row_bytes = max(1.0, shard.bytes / shard.rows)
             lo = 0
@@ -155,12 +166,17 @@ def read_each(
     """A slice's rows shard by shard (a task that streams holds one shard at a time)."""
     for path, group in itertools.groupby(pieces, key=lambda p: p.path):
         first, *rest = list(group)
+        lo = min(p.lo for p in (first, *rest))
         if first.shard is not None:  # verified as it is read (ShardVerificationError)
-            shard = store.read_shard(first.vdir, first.shard, columns)
+            # only the row groups this task's rows are in are decoded (a large shard is
+            # cut among several tasks)
+            hi = max(p.hi for p in (first, *rest))
+            shard = store.read_shard(first.vdir, first.shard, columns, rows=(lo, hi))
         else:
+            lo = 0
             try:
                 shard = pq.read_table(path, filesystem=store.fs, columns=columns)
             except (OSError, pa.ArrowInvalid) as e:
                 raise StoreError(f"{path}: unreadable shard ({e})") from e
         for p in (first, *rest):
-            yield shard.slice(p.lo, p.rows)
+            yield shard.slice(p.lo - lo, p.rows)

@@ -124,11 +124,31 @@ _CHUNK = 1 << 20
 # `Mapper` (an executor's map), a batch of about this many bytes per task: a stage's driver
 # never reads a whole corpus version itself. Below it, one process hashes it.
 HASH_IN_TASKS_BYTES = 64 << 20
+# A shard's rows go in row groups of about this many bytes (in memory), unless its writer
+# says otherwise: a task given a few rows of a large shard (slices cut shards larger than a
+# task) decodes only the groups those rows are in, not the whole shard once per task.
+ROW_GROUP_BYTES = 1 << 20
 # (task, job, items) -> each item's result, in order: an executor's map.
 Mapper = Callable[[Callable[[Any, Any], Any], Any, list[Any]], Iterator[Any]]
 # Manifests of committed versions read for verifying `read_bytes` of their files; a version
 # never changes once committed (its id is unique), so this only saves re-reading them.
 _MANIFESTS_KEPT = 256
+
+
+def _read_rows(parquet: pq.ParquetFile, columns: list[str] | None, lo: int, hi: int) -> pa.Table:
+    """Rows [lo, hi) of a parquet file, decoding only the row groups that hold them."""
+    meta = parquet.metadata
+    groups, first, start = [], None, 0
+    for i in range(meta.num_row_groups):
+        end = start + meta.row_group(i).num_rows
+        if start < hi and end > lo:
+            groups.append(i)
+            first = start if first is None else first
+        start = end
+    if not groups:
+        return parquet.schema_arrow.empty_table().select(columns or parquet.schema_arrow.names)
+    table = parquet.read_row_groups(groups, columns=columns)
+    return table.slice(lo - (first or 0), hi - lo)
 
 
 def _sha256_batch(fs: pafs.FileSystem, paths: list[str]) -> list[str]:
@@ -646,17 +666,24 @@ class ShardStore:
 
     # verified reads ------------------------------------------------------------------------
     def read_shard(
-        self, where: Manifest | str, shard: ShardInfo, columns: list[str] | None = None
+        self,
+        where: Manifest | str,
+        shard: ShardInfo,
+        columns: list[str] | None = None,
+        rows: tuple[int, int] | None = None,
     ) -> pa.Table:
         """One parquet shard of a committed version (`where`: its manifest, or its version
         folder), read once: its bytes are hashed as they arrive and must be exactly the
         size and sha256 the manifest records (else ShardVerificationError naming the
         version, the shard and the expected hash); the table is then decoded from those
-        same bytes in memory (`columns`: only these)."""
+        same bytes in memory (`columns`: only these; `rows`: only rows [lo, hi), decoding
+        only the row groups they are in)."""
         vdir = where if isinstance(where, str) else self.version_dir(where)
         data = self._read_verified(vdir, shard)
         try:
-            return pq.read_table(pa.BufferReader(data), columns=columns)
+            if rows is None or rows == (0, shard.rows):
+                return pq.read_table(pa.BufferReader(data), columns=columns)
+            return _read_rows(pq.ParquetFile(pa.BufferReader(data)), columns, *rows)
         except (OSError, pa.ArrowInvalid) as e:
             raise StoreError(f"{vdir}/{shard.path}: unreadable shard ({e})") from e
 
@@ -951,6 +978,9 @@ class ShardUploader:
         the shard and what parquet holds of its schema."""
         final = f"{self.dir}/{relpath}"
         options: dict[str, Any] = {"compression": self.store.compression}
+        if table.num_rows:
+            row_bytes = max(1, table.nbytes // table.num_rows)
+            options["row_group_size"] = max(1, ROW_GROUP_BYTES // row_bytes)
         options.update(kwargs)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, **options)

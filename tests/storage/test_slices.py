@@ -62,3 +62,37 @@ def test_the_planner_gives_every_worker_a_few_slices_but_never_tiny_ones() -> No
     assert slices.task_bytes_for(8 << 20, 16, 1 << 20) == (8 << 20) // 64
     assert slices.task_bytes_for(1 << 10, 16, 1 << 20) == slices.MIN_TASK_BYTES
     assert slices.task_bytes_for(1 << 10, 16, 1) == 1  # the engine's ceiling wins
+
+
+@pytest.mark.parametrize("task_bytes", [1, 300, 5_000, 1 << 30])
+def test_uncut_slices_hold_whole_shards_and_every_row_once(tmp_path: Path, task_bytes: int) -> None:
+    store, manifest, total = _version(tmp_path, [3, 40, 1, 25])
+    plan = slices.plan(store, [(manifest, "data")], task_bytes, cut=False)
+    assert _rows(store, plan) == list(range(total))
+    sizes = {s.path: s.rows for s in manifest.tables["data"].shards}
+    assert all(p.lo == 0 and p.hi == sizes[p.shard.path] for s in plan for p in s.pieces if p.shard)
+    if task_bytes <= 300:
+        assert len(plan) == 4  # every shard larger than a task: one slice each
+    if task_bytes == 1 << 30:
+        assert len(plan) == 1
+
+
+def test_a_piece_of_a_shard_decodes_only_its_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    from megacpp_pipeline.storage import store as store_module
+
+    monkeypatch.setattr(store_module, "ROW_GROUP_BYTES", 2_000)  # ~9 rows of ~216 B a group
+    store, manifest, total = _version(tmp_path, [100])
+    [shard] = manifest.tables["data"].shards
+    path = Path(store.version_dir(manifest)) / shard.path
+    groups = pq.ParquetFile(path).metadata.num_row_groups
+    assert groups >= 10
+    whole = store.read_shard(manifest, shard)
+    for lo, hi in [(0, 100), (0, 1), (9, 10), (13, 57), (99, 100), (50, 50)]:
+        part = store.read_shard(manifest, shard, rows=(lo, hi))
+        assert part.equals(whole.slice(lo, hi - lo)), (lo, hi)
+    plan = slices.plan(store, [(manifest, "data")], 3_000)  # the shard cut among slices
+    assert len(plan) > 3 and _rows(store, plan) == list(range(total))
