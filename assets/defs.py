@@ -10,6 +10,7 @@ import dagster as dg
 from assets.factory import build_assets
 from assets.schedules import build_refresh
 from megacpp_pipeline.pipeline.catalog import load_catalog
+from megacpp_pipeline.pipeline.no_pandas import skip_pandas_probe
 from megacpp_pipeline.pipeline.parallel import workers_from
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.stages import default_registry
@@ -22,6 +23,9 @@ DEFAULT_CACHE_DIR = REPO / ".cache"
 # what the step processes of a UI or scheduled run fork from already has imported: this module
 # imports dagster and, through the stage registry, every library a stage uses
 PRELOADED = __name__
+# and no process of the pipeline imports pandas for pyarrow (pipeline/no_pandas.py): neither
+# the step processes forked from here nor `megacpp run` and the runs it forks
+skip_pandas_probe()
 
 
 def build_defs(

@@ -296,13 +296,33 @@ class DrawJob:
     seed: int
 
 
-def draw_problems_in(job: DrawJob, group: int) -> list[str]:
-    """Documents of one row group of documents.parquet whose copies in the rows are not the
-    draws their source's weight and the seed give (corpus/packing.py: document_draws)."""
+# Documents per task of the draws check: a snapshot of tens of thousands of documents is
+# still checked by several forked workers (a map of one item runs in the driver).
+DRAW_ROWS = 16384
+
+
+def draw_items(documents: Path) -> list[tuple[int, int, int]]:
+    """(row group, first row, end row) of documents.parquet, DRAW_ROWS rows at most each."""
+    meta = pq.ParquetFile(documents).metadata
+    return [
+        (g, lo, min(lo + DRAW_ROWS, n))
+        for g in range(meta.num_row_groups)
+        for n in [meta.row_group(g).num_rows]
+        for lo in range(0, n, DRAW_ROWS)
+    ]
+
+
+def draw_problems_in(job: DrawJob, item: tuple[int, int, int]) -> list[str]:
+    """Documents of one part of documents.parquet (draw_items) whose copies in the rows are
+    not the draws their source's weight and the seed give (corpus/packing.py:
+    document_draws)."""
     from megacpp_pipeline.corpus.packing import document_draws, draw_keys
 
-    rows = pq.ParquetFile(job.documents).read_row_group(
-        group, columns=["doc_id", "source_id", "path", "draws"]
+    group, lo, hi = item
+    rows = (
+        pq.ParquetFile(job.documents)
+        .read_row_group(group, columns=["doc_id", "source_id", "path", "draws"])
+        .slice(lo, hi - lo)
     )
     sources = np.array(rows["source_id"].to_pylist(), dtype=object)
     paths = rows["path"].to_pylist()

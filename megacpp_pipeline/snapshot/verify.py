@@ -54,6 +54,7 @@ from megacpp_pipeline.snapshot.shard_checks import (
     PlacedPieces,
     RoundTripJob,
     RoundTripShard,
+    draw_items,
     draw_problems_in,
     file_facts,
     inline,
@@ -165,12 +166,12 @@ def check_token_ranges(
 
 def draw_problems(snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline) -> list[str]:
     """Documents whose copies in the rows are not the draws their source's weight and the
-    snapshot's draw seed give (corpus/packing.py: document_draws): a task of `mapper` per row
-    group of documents.parquet (a draw is keyed by the document's source and path alone)."""
+    snapshot's draw seed give (corpus/packing.py: document_draws): a task of `mapper` per
+    part of documents.parquet (a draw is keyed by the document's source and path alone)."""
     path = snap / layout.DOCUMENTS
     job = DrawJob(path, {s: e.weight for s, e in manifest.sources.items()}, manifest.draw_seed)
     out: list[str] = []
-    for found in mapper(draw_problems_in, job, list(range(pq.ParquetFile(path).num_row_groups))):
+    for found in mapper(draw_problems_in, job, draw_items(path)):
         out += found[: 5 - len(out)]
     return out
 

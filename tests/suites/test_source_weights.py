@@ -122,7 +122,7 @@ def test_an_epoch_of_the_loader_holds_each_document_as_often_as_it_was_drawn(
 
 
 def test_verify_recomputes_the_draws_from_the_recorded_weights(
-    snapshots: dict[str, Path], tmp_path: Path
+    snapshots: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import shutil
 
@@ -135,12 +135,15 @@ def test_verify_recomputes_the_draws_from_the_recorded_weights(
     outcomes = {o.name: o for o in verify_snapshot(snap)}
     problems = outcomes["document_consistency"].problems
     assert any("weight 1.0 draws it 1 times" in p for p in problems), problems
-    # the draws are checked a row group of documents.parquet per task: forked workers say
-    # what one process says
+    # the draws are checked a part of documents.parquet per task: forked workers, each given
+    # a few documents, say what one process says
     from megacpp_pipeline.pipeline.executor import LocalExecutor
+    from megacpp_pipeline.snapshot import shard_checks
     from megacpp_pipeline.snapshot.verify import draw_problems
 
     inline = draw_problems(snap, read_manifest(snap))
+    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
+    assert len(shard_checks.draw_items(snap / "documents.parquet")) > 3
     assert inline and draw_problems(snap, read_manifest(snap), LocalExecutor(2).map) == inline
 
 
