@@ -5,6 +5,7 @@ check's scratch folder is gone afterwards, pass or fail."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,11 +16,9 @@ from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import dedup as dedup_lib
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import CheckOutcome
-from megacpp_pipeline.pipeline.runner import checks_of, run_stage
-from megacpp_pipeline.stages import dedup, default_registry, names
-from megacpp_pipeline.storage.store import ShardStore
-from tests.fixtures.catalogs import load_catalog
+from megacpp_pipeline.stages import dedup, names
 from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.stage_runs import context, evaluate, rewrite_version, run_through, unchanged
 
 CHECK = "no_two_kept_files_share_a_hash"
 
@@ -28,30 +27,24 @@ CHECK = "no_two_kept_files_share_a_hash"
 def built(tmp_path_factory: pytest.TempPathFactory) -> StageContext:
     tmp = tmp_path_factory.mktemp("dedup-check")
     catalog, _ = write_catalog(tmp)
-    registry = default_registry()
-    ctx = StageContext(
-        load_catalog(catalog, registry),
-        ShardStore(str(tmp / "data")),
-        registry,
-        tmp / "cache",
-        run_id="built",
-        workers=2,
-    )
-    for stage in registry:
-        for _ in run_stage(ctx, stage, ctx.partitions(stage)):
-            pass
-        if stage.name == names.DEDUPED_FILES:
-            return ctx
-    raise AssertionError("no dedup stage")
+    return run_through(context(tmp, catalog, "built", workers=2), names.DEDUPED_FILES)
 
 
 def _check(ctx: StageContext) -> CheckOutcome:
-    stage = ctx.registry.get(names.DEDUPED_FILES)
-    (check,) = [c for c in checks_of(stage) if c.name == CHECK]
-    outcome = check.evaluate(ctx, stage, None)
+    outcome = evaluate(ctx, names.DEDUPED_FILES, CHECK)
     scratch = Path(ctx.store.join("scratch"))
     assert not scratch.exists() or not any(scratch.iterdir())  # the shuffle is cleaned up
     return outcome
+
+
+def _schemas(ctx: StageContext) -> dict[str, pa.Schema]:
+    good = ctx.store.latest(names.DEDUPED_FILES, None)
+    fixed = {
+        "ledger": LEDGER_SCHEMA,
+        "decisions": dedup_lib.DECISIONS_SCHEMA,
+        "clusters": dedup_lib.CLUSTERS_SCHEMA,
+    }
+    return {name: fixed.get(name, DEDUPED_FILES) for name in good.tables}
 
 
 @pytest.mark.parametrize("per_partition", [1_000_000, 3])
@@ -66,35 +59,33 @@ def test_a_real_version_passes_in_one_partition_or_many(
     assert outcome.metadata["partitions"] == max(2, -(-kept // per_partition))  # 2 workers
 
 
-def test_a_hash_kept_twice_is_named(built: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dedup, "_HASHES_PER_PARTITION", 4)
+@pytest.fixture
+def ctx(built: StageContext) -> Iterator[StageContext]:
+    """The built store, its good dedup version the latest again after each test."""
     good = built.store.latest(names.DEDUPED_FILES, None)
+    yield built
+    if built.store.latest(names.DEDUPED_FILES, None).version != good.version:
+        rewrite_version(built, names.DEDUPED_FILES, _schemas(built), unchanged, good)
+        assert _check(built).passed
+
+
+def test_a_hash_kept_twice_is_named(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dedup, "_HASHES_PER_PARTITION", 4)
+    good = ctx.store.latest(names.DEDUPED_FILES, None)
     tables = [n for n in good.data_tables() if good.tables[n].rows]
     assert len(tables) >= 2
-    first = built.store.read_shard(good, good.tables[tables[0]].shards[0])
+    first = ctx.store.read_shard(good, good.tables[tables[0]].shards[0])
     twice = first["content_sha256"][0].as_py()
-    version = built.store.begin(names.DEDUPED_FILES, None, code_version=good.code_version)
-    schemas = {"ledger": LEDGER_SCHEMA, "decisions": dedup_lib.DECISIONS_SCHEMA}
-    schemas["clusters"] = dedup_lib.CLUSTERS_SCHEMA
-    for name, info in good.tables.items():
-        writer = version.table(name, schemas.get(name, DEDUPED_FILES))
-        for n, shard in enumerate(info.shards):
-            rows = built.store.read_shard(good, shard)
-            if name == tables[1] and n == 0:  # another source keeps the same content
-                i = rows.schema.get_field_index("content_sha256")
-                values = [twice, *rows["content_sha256"].to_pylist()[1:]]
-                rows = rows.set_column(i, rows.schema.field(i), pa.array(values, pa.string()))
-            writer.write(rows)
-    version.commit(upstream=good.upstream, stats=good.stats, extra=good.extra)
-    try:
-        outcome = _check(built)
-        assert not outcome.passed
-        assert outcome.description == f"1 kept files share a hash (one is {twice})"
-    finally:  # the good rows, latest again
-        version = built.store.begin(names.DEDUPED_FILES, None, code_version=good.code_version)
-        for name, info in good.tables.items():
-            writer = version.table(name, schemas.get(name, DEDUPED_FILES))
-            for shard in info.shards:
-                writer.write(built.store.read_shard(good, shard))
-        version.commit(upstream=good.upstream, stats=good.stats, extra=good.extra)
-    assert _check(built).passed
+    target = good.tables[tables[1]].shards[0].path
+
+    def change(name: str, path: str, rows: pa.Table) -> pa.Table:
+        if path != target:
+            return rows
+        i = rows.schema.get_field_index("content_sha256")
+        values = [twice, *rows["content_sha256"].to_pylist()[1:]]  # another source keeps it
+        return rows.set_column(i, rows.schema.field(i), pa.array(values, pa.string()))
+
+    rewrite_version(ctx, names.DEDUPED_FILES, _schemas(ctx), change, good)
+    outcome = _check(ctx)
+    assert not outcome.passed
+    assert outcome.description == f"1 kept files share a hash (one is {twice})"

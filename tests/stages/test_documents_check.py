@@ -5,7 +5,7 @@ still agree), a file in a document another task wrote, doc_ids that skip a numbe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pyarrow as pa
@@ -16,14 +16,19 @@ from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENT_TOKENS
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.engine import Engine
 from megacpp_pipeline.pipeline.registry import CheckOutcome
-from megacpp_pipeline.pipeline.runner import checks_of, run_stage
-from megacpp_pipeline.stages import default_registry, names
-from megacpp_pipeline.storage.store import Manifest, ShardStore
-from tests.fixtures.catalogs import load_catalog
+from megacpp_pipeline.stages import names
+from megacpp_pipeline.storage.store import Manifest
 from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.stage_runs import (
+    Change,
+    context,
+    evaluate,
+    rewrite_version,
+    run_through,
+    unchanged,
+)
 
 CHECK = "every_kept_file_in_one_document"
-Change = Callable[[str, str, pa.Table], pa.Table]
 
 
 @pytest.fixture(scope="module")
@@ -31,45 +36,23 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> StageContext:
     """Every stage up to documents, with tasks of ~2 KB of input: several tasks write it."""
     tmp = tmp_path_factory.mktemp("documents-check")
     catalog, _ = write_catalog(tmp)
-    registry = default_registry()
-    ctx = StageContext(
-        load_catalog(catalog, registry),
-        ShardStore(str(tmp / "data")),
-        registry,
-        tmp / "cache",
-        run_id="built",
-        workers=2,
-        engine=replace(Engine(), task_bytes=2_000),
-    )
-    for stage in registry:
-        for _ in run_stage(ctx, stage, ctx.partitions(stage)):
-            pass
-        if stage.name == names.DOCUMENTS:
-            break
-    return ctx
+    engine = replace(Engine(), task_bytes=2_000)
+    return run_through(context(tmp, catalog, "built", workers=2, engine=engine), names.DOCUMENTS)
 
 
 def _check(ctx: StageContext) -> CheckOutcome:
-    stage = ctx.registry.get(names.DOCUMENTS)
-    (check,) = [c for c in checks_of(stage) if c.name == CHECK]
-    return check.evaluate(ctx, stage, None)
+    return evaluate(ctx, names.DOCUMENTS, CHECK)
+
+
+SCHEMAS = {"document_files": DOCUMENT_FILES}
 
 
 def _rewritten(ctx: StageContext, change: Change, good: Manifest | None = None) -> None:
     """A new documents version: every shard of `good` (default: the latest version) under its
     own name, through `change(table name, shard path, rows)`."""
     good = good or ctx.store.latest(names.DOCUMENTS, None)
-    version = ctx.store.begin(names.DOCUMENTS, None, code_version=good.code_version)
-    for name, info in good.tables.items():
-        writer = version.table(
-            name, DOCUMENT_FILES if name == "document_files" else DOCUMENT_TOKENS
-        )
-        for shard in info.shards:
-            rows = change(name, shard.path, ctx.store.read_shard(good, shard))
-            written = version.write_parquet(shard.path, rows)
-            assert version.last_schema is not None
-            writer.adopt(written, version.last_schema)
-    version.commit(upstream=good.upstream, stats=good.stats, extra=good.extra)
+    schemas = {name: SCHEMAS.get(name, DOCUMENT_TOKENS) for name in good.tables}
+    rewrite_version(ctx, names.DOCUMENTS, schemas, change, good)
 
 
 def _set(rows: pa.Table, column: str, row: int, value: object) -> pa.Table:
@@ -99,7 +82,7 @@ def ctx(built: StageContext) -> Iterator[StageContext]:
     good = built.store.latest(names.DOCUMENTS, None)
     yield built
     if built.store.latest(names.DOCUMENTS, None).version != good.version:
-        _rewritten(built, lambda name, path, rows: rows, good)  # the good rows, latest again
+        _rewritten(built, unchanged, good)  # the good rows, the latest again
         assert _check(built).passed
 
 

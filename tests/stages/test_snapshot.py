@@ -15,23 +15,14 @@ from megacpp_pipeline.pipeline.registry import CheckOutcome
 from megacpp_pipeline.pipeline.runner import checks_of, run_all
 from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.layout import MANIFEST
-from megacpp_pipeline.stages import default_registry, names
+from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.snapshot import snapshot_dir_of
-from megacpp_pipeline.storage.store import ShardStore
-from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.stage_runs import context
 
 
 def _context(tmp_path: Path, catalog: Path, run: str) -> StageContext:
-    registry = default_registry()
-    return StageContext(
-        load_catalog(catalog, registry),
-        ShardStore(str(tmp_path / "data")),
-        registry,
-        tmp_path / "cache",
-        run_id=run,
-        workers=1,
-    )
+    return context(tmp_path, catalog, run)
 
 
 @pytest.fixture(scope="module")
