@@ -183,12 +183,14 @@ def _no_shared_hash(ctx: StageContext, stage: Stage, partition: str | None) -> C
     manifest = ctx.latest(stage.name, None)
     executor = ctx.executor()
     inputs = [(manifest, name) for name in manifest.data_tables()]
-    task_bytes = slices.task_bytes_for(
+    task_bytes = slices.few_column_task_bytes(
         slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
     )
-    plan = list(enumerate(s.pieces for s in slices.plan(ctx.store, inputs, task_bytes)))
-    # at least one partition per worker: every count is a task, none runs in this process
-    parts = max(executor.workers, -(-manifest.rows // _HASHES_PER_PARTITION))
+    plan = list(enumerate(s.pieces for s in slices.plan(ctx.store, inputs, task_bytes, cut=False)))
+    # at most about a million hashes a partition, and two at least where two workers run, so
+    # no count runs in this process (a local map of one item runs inline); the shuffle writes
+    # at most tasks x partitions objects, the tasks a few per worker
+    parts = max(min(2, executor.workers), -(-manifest.rows // _HASHES_PER_PARTITION))
     # the store's scratch folder: removed when the check ends, whatever its outcome
     area = dedup.WorkArea(
         ctx.store.fs, ctx.store.join("scratch", f"{stage.name}-{uuid.uuid4().hex}")

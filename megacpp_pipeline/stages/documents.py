@@ -478,10 +478,10 @@ def _every_file_in_one_document(
     kept_sums = [0, 0]
     kept = {s: ctx.latest(stage.input, s) for s in ctx.sources()}
     inputs = [(m, layout.DATA) for m in kept.values()]
-    task_bytes = slices.task_bytes_for(
+    task_bytes = slices.few_column_task_bytes(
         slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
     )
-    plan = [p.pieces for p in slices.plan(ctx.store, inputs, task_bytes)]
+    plan = [p.pieces for p in slices.plan(ctx.store, inputs, task_bytes, cut=False)]
     for _, part in executor.map(_kept_task, job, plan):
         kept_sums = [(x + y) & _MASK64 for x, y in zip(kept_sums, part, strict=True)]
     miscounted = [s for s, m in kept.items() if files.get(s, 0) != m.rows]

@@ -65,6 +65,14 @@ def task_bytes_for(total_bytes: int, workers: int, ceiling: int) -> int:
     return min(ceiling, max(MIN_TASK_BYTES, share))
 
 
+def few_column_task_bytes(total_bytes: int, workers: int, ceiling: int) -> int:
+    """Parquet bytes per task for a task that decodes a few small columns and writes one
+    object per output partition (a check's shuffle): SLICES_PER_WORKER tasks a worker, none
+    smaller than `ceiling`, so the tasks (and the objects they write) grow with the workers,
+    not with the corpus's bytes."""
+    return max(ceiling, total_bytes // (max(1, workers) * SLICES_PER_WORKER))
+
+
 def plan(
     store: ShardStore,
     tables: Iterable[tuple[Manifest, str]],

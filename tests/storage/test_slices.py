@@ -96,3 +96,12 @@ def test_a_piece_of_a_shard_decodes_only_its_row_groups(
         assert part.equals(whole.slice(lo, hi - lo)), (lo, hi)
     plan = slices.plan(store, [(manifest, "data")], 3_000)  # the shard cut among slices
     assert len(plan) > 3 and _rows(store, plan) == list(range(total))
+
+
+def test_a_few_column_task_is_a_share_of_the_input_per_worker_never_under_the_ceiling() -> None:
+    ceiling = 1 << 20
+    assert slices.few_column_task_bytes(10 << 20, 2, ceiling) == ceiling  # small input
+    big = 64 << 30
+    per_task = slices.few_column_task_bytes(big, 16, ceiling)
+    assert per_task == big // (16 * slices.SLICES_PER_WORKER)
+    assert slices.few_column_task_bytes(big, 64, ceiling) == per_task // 4  # more workers
