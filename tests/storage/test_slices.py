@@ -100,7 +100,7 @@ def test_a_piece_of_a_shard_decodes_only_its_row_groups(
 
 def test_a_few_column_task_is_a_share_of_the_input_per_worker_never_under_the_ceiling() -> None:
     ceiling = 1 << 20
-    assert slices.few_column_task_bytes(10 << 20, 2, ceiling) == ceiling  # small input
+    assert slices.few_column_task_bytes(4 << 20, 2, ceiling) == ceiling  # small input
     big = 64 << 30
     per_task = slices.few_column_task_bytes(big, 16, ceiling)
     assert per_task == big // (16 * slices.SLICES_PER_WORKER)
