@@ -32,6 +32,9 @@ REVISION_TAG = "megacpp/revision"
 # single-run backfill policy), as `megacpp run` and the nightly cascade launch them.
 PARTITION_RANGE_START = "dagster/asset_partition_range_start"
 PARTITION_RANGE_END = "dagster/asset_partition_range_end"
+# Executors that run every step of a run in the run's own process, one after another: a
+# job's `in_process_executor`, and the one `dg.materialize` (execute_in_process) uses.
+IN_PROCESS_EXECUTORS = frozenset({dg.in_process_executor.name, "execute_in_process_executor"})
 
 
 def source_partitions(catalog: Catalog) -> dg.StaticPartitionsDefinition:
@@ -87,6 +90,7 @@ def build_stage_asset(
             run_id=context.run.run_id,
             pins=_pins(context, partitions),
             log=context.log.info,
+            ahead=_ahead(context),
         )
         for out in run_stage(ctx, stage, partitions):
             if partitioned:
@@ -98,6 +102,17 @@ def build_stage_asset(
         return dg.MaterializeResult()
 
     return _asset
+
+
+def _ahead(context: dg.AssetExecutionContext) -> list[str]:
+    """The assets this run materializes, when its steps run one after another in this
+    process (`megacpp run`'s runs through `dg.materialize`, a job on the in-process
+    executor): a per-file gate then runs the gates ahead of it in its own pass
+    (pipeline/file_stage.py). A run whose steps each get a process (the UI's and the
+    schedule's, on the multiprocess executor) runs each gate in its own step."""
+    if context.job_def.executor_def.name not in IN_PROCESS_EXECUTORS:
+        return []
+    return [key.to_user_string() for key in context.job_def.asset_layer.selected_asset_keys]
 
 
 def _pins(context: dg.AssetExecutionContext, partitions: Sequence[str | None]) -> dict[str, str]:

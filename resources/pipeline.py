@@ -2,7 +2,7 @@
 the cache are, turned into the library's StageContext (no logic of its own)."""
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -45,6 +45,7 @@ class PipelineResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         run_id: str | None = None,
         pins: Mapping[str, str] | None = None,
         log: Callable[[str], None] | None = None,
+        ahead: Iterable[str] = (),
     ) -> StageContext:
         return StageContext(
             catalog=load_catalog(self.config_path, registry),
@@ -57,4 +58,5 @@ class PipelineResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             # the environment is read here, at the edge, once per context
             workers=self.workers if self.workers is not None else workers_from(os.environ),
             engine=Engine.choose(self.engine, self.ray_address, os.environ),
+            ahead=frozenset(ahead),
         )

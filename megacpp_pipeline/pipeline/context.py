@@ -50,6 +50,10 @@ class StageContext:
     # the stage whose work this context serves: its reads of other stages are checked
     # against what it declares (None: the orchestration's own, unchecked)
     reader: Stage | None = None
+    # stages this process runs later in the same run, each after the blocking checks of
+    # the one before: a per-file gate runs those of them it can in its own pass over the
+    # files, and their steps commit what it wrote (pipeline/file_stage.py)
+    ahead: frozenset[str] = frozenset()
 
     def for_stage(self, stage: Stage) -> StageContext:
         """This context for `stage`'s body or checks."""

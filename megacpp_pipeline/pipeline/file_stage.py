@@ -8,10 +8,21 @@ hashes and counters come back from a task, never text.
 A per-source stage commits one version per source, each as soon as its last slice is
 back; a corpus-wide gate (decontamination: every source's rows against one index) commits
 one version whose `data:<source>` tables keep the sources apart, as its input did.
+
+One pass, several gates: when the same process runs the next per-file gates of the chain
+later in the same run (`StageContext.ahead`, Registry.pass_after: normalize through scrub),
+each task runs them too, on the rows the gate before kept, and writes each one's shards
+into a version of its own, begun now and left uncommitted. The text is read from the store
+once per pass instead of once per gate. Each of those stages still runs as its own step
+after the blocking checks of the one before: it commits the version waiting for it only
+if that version's input is the latest (the version the checks just passed), and its code,
+config and everything else its gate read are unchanged; otherwise it drops the version and
+runs its gate itself. A check that fails stops the run, and nothing it blocks is committed.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,6 +48,7 @@ from megacpp_pipeline.storage.store import (
     WrittenSchema,
     conform,
 )
+from megacpp_pipeline.storage.versions import config_hash
 
 # Counters every per-file version carries, zero included: a check never has to guess.
 ACCOUNTING_STATS = ("input_files", "kept_files", "dropped_files", "cached_files")
@@ -53,20 +65,28 @@ class Output:
 
 
 @dataclass(frozen=True)
-class GateJob:
-    """What every task of one stage run needs; inherited by forked workers, put into Ray's
-    object store once."""
+class Link:
+    """One gate of a pass: its stage, its context (which reads what the stage declares) and
+    where each source's rows go (`outputs`, in the same order for every link)."""
 
     ctx: StageContext
     stage: Stage
     outputs: tuple[Output, ...]
+
+
+@dataclass(frozen=True)
+class GateJob:
+    """What every task of one stage run needs; inherited by forked workers, put into Ray's
+    object store once."""
+
+    links: tuple[Link, ...]  # the stage's gate, then the gates run ahead in the same pass
     token: str  # unique per run of the stage: keys the per-process gate memo
 
 
 @dataclass(frozen=True)
 class SliceTask:
     index: int  # the slice's number within its output version: names its shards
-    output: int  # into GateJob.outputs
+    output: int  # into each link's outputs
     pieces: tuple[slices.Piece, ...]
 
 
@@ -74,22 +94,22 @@ class SliceTask:
 class SliceResult:
     tables: dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]]
     stats: Counter[str]
+    busy_s: float = 0.0  # this gate's seconds on the slice (the first one's: with the read)
 
 
-# Per process: each source's gate and cache for the job it last ran. The driver fills it
-# before a local map forks (workers inherit the compiled gates); a Ray worker fills it on
-# its first task of a job.
-_PREPARED: dict[tuple[str, str], tuple[Any, FileResultCache]] = {}
+# Per process: each stage's gate and cache for one source, for the job it last ran. The
+# driver fills it before a local map forks (workers inherit the compiled gates); a Ray
+# worker fills it on its first task of a job.
+_PREPARED: dict[tuple[str, str, str], tuple[Any, FileResultCache]] = {}
 
 
-def _prepared(job: GateJob, output: Output) -> tuple[Any, FileResultCache]:
-    key = (job.token, output.source)
+def _prepared(job: GateJob, link: Link, output: Output) -> tuple[Any, FileResultCache]:
+    key = (job.token, link.stage.name, output.source)
     if key not in _PREPARED:
         if any(k[0] != job.token for k in _PREPARED):
             _PREPARED.clear()  # a new job: the last one's gates are done with
-        ctx, stage = job.ctx, job.stage
-        prepared = prepare_gate(ctx, stage, output.source)
-        _PREPARED[key] = (prepared.gate, _cache(ctx, stage, output, prepared))
+        prepared = prepare_gate(link.ctx, link.stage, output.source)
+        _PREPARED[key] = (prepared.gate, _cache(link.ctx, link.stage, output, prepared))
     return _PREPARED[key]
 
 
@@ -104,30 +124,50 @@ def _cache(
     return ctx.file_cache(stage, output.code_version, prepared.salt, output.source)
 
 
-def gate_slice(job: GateJob, task: SliceTask) -> SliceResult:
-    """One slice through the stage's gate; its outputs written into the new version."""
-    ctx, stage = job.ctx, job.stage
+def gate_slice(job: GateJob, task: SliceTask) -> list[SliceResult]:
+    """One slice through the stage's gate, then through each gate ahead on the rows the one
+    before it kept; each one's outputs written into its own new version. The slice's text
+    is read from the store once, whatever the number of gates."""
+    started = time.perf_counter()
+    table = slices.read(job.links[0].ctx.store, task.pieces)
+    results: list[SliceResult] = []
+    for link in job.links:
+        output = link.outputs[task.output]
+        gate, cache = _prepared(job, link, output)
+        result, stats = gate_table(table, gate, link.stage, cache)
+        tables, table = _write(link, output, task.index, result)
+        now = time.perf_counter()
+        results.append(SliceResult(tables, stats, now - started))
+        started = now
+    return results
+
+
+def _write(
+    link: Link, output: Output, index: int, result: GateResult
+) -> tuple[dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]], pa.Table]:
+    """A gate's result on one slice written into its version; returns what was written and
+    the kept rows as written (the next gate's input)."""
+    stage = link.stage
     assert stage.schema is not None
-    output = job.outputs[task.output]
-    gate, cache = _prepared(job, output)
-    table = slices.read(ctx.store, task.pieces)
-    result, stats = gate_table(table, gate, stage, cache)
-    uploader = ShardUploader(ctx.store, output.dir)
+    uploader = ShardUploader(link.ctx.store, output.dir)
     outputs = [
         (output.table, result.kept, stage.schema),
         ("ledger", result.dropped, ledger.LEDGER_SCHEMA),
         *((n, t, stage.side_tables.get(n, t.schema)) for n, t in result.extra.items()),
     ]
     tables: dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]] = {}
+    kept = result.kept
     for name, out, schema in outputs:
         out = conform(out, schema, f"{output.dir}: table {name!r}")
+        if name == output.table:
+            kept = out
         shard: ShardInfo | None = None
         written: WrittenSchema | None = None
         if out.num_rows:
             prefix = "part" if name == layout.DATA else name.replace(":", "-")
-            shard, written = uploader.write_parquet(f"{prefix}-{task.index:05d}.parquet", out)
+            shard, written = uploader.write_parquet(f"{prefix}-{index:05d}.parquet", out)
         tables[name] = (schema, shard, written)
-    return SliceResult(tables, stats)
+    return tables, kept
 
 
 @dataclass
@@ -143,49 +183,100 @@ class _Pending:
     nodes: MapStats = field(default_factory=MapStats)  # where this version's tasks ran
 
 
+@dataclass
+class _Staged:
+    """A version a pass wrote ahead of its stage's step, waiting for it: what it was
+    computed from, for the step to confirm before it commits it."""
+
+    pending: _Pending
+    head: str  # the stage whose pass wrote it
+    input_dir: str  # the version of the stage's input it was computed from
+    run_id: str | None
+    code_version: str
+    config_hash: str
+
+
+# Per process, by the partition's folder in the store: the versions passes wrote ahead.
+_STAGED: dict[str, _Staged] = {}
+
+
 def run_gate_stage(
     ctx: StageContext, stage: Stage, partitions: Sequence[str | None], executor: Executor
 ) -> Iterator[Materialized]:
     """`stage`'s gate over `partitions` (sources, or [None] for a corpus-wide gate) on
-    `executor`; yields each committed partition in order."""
+    `executor`; yields each committed partition. A partition a pass already wrote this
+    stage's version for is committed first, without running the gate again."""
     assert stage.gate is not None and stage.input is not None
     sources = [p for p in partitions if p] if stage.per_source else ctx.sources()
-    code_version = ctx.code_version(stage)
-    config = ctx.config(stage)
-    pending: list[_Pending] = []
-    outputs: list[Output] = []
+    if stage.per_source:
+        left: list[str] = []
+        for source in sources:
+            staged = _take_staged(ctx, stage, source)
+            if staged is None:
+                left.append(source)
+            else:
+                ctx.log(f"{stage.name} [{source}]: {staged.head}'s pass wrote this version")
+                yield _commit(ctx, stage, staged.pending, executor)
+        if not left and sources:
+            return
+        sources = left
+    stages = [stage]
+    for name in ctx.registry.pass_after(stage):  # the gates ahead this pass runs too
+        if name not in ctx.ahead:
+            break
+        stages.append(ctx.registry.get(name))
+    links: list[Link] = []
+    pending: list[list[_Pending]] = [[] for _ in stages]  # per link, its versions
     owner: list[int] = []  # each output's pending version
     inputs: list[tuple[Manifest, str]] = []
-    gates: list[PreparedGate] = []
+    gates: list[list[PreparedGate]] = [[] for _ in stages]
     closing: list[Any] = []  # the map's generator, closed if this fails
     token = ""
     try:
-        for source in sources:
-            upstream = ctx.latest(stage.input, source)
-            reading = SourceInputs(ctx, stage, ctx.catalog.source(source), config)
-            gate = stage.gate(reading)  # the driver's copy: what it reads, salt and extras
-            if stage.per_source or not pending:
-                partition = source if stage.per_source else None
-                version = ctx.begin(stage, partition, config)
-                pending.append(_Pending(version, [], [], dict(gate.extra)))
-                token = token or version.dir
-            current = pending[-1]
-            current.sources.append(source)
-            for m in [upstream, *reading.read]:
-                if all(
-                    (m.asset, m.partition, m.version) != (u.asset, u.partition, u.version)
-                    for u in current.upstream
-                ):
-                    current.upstream.append(m)
-            table = layout.data_table(None if stage.per_source else source)
-            outputs.append(Output(source, table, current.version.dir, code_version))
-            owner.append(len(pending) - 1)
-            inputs.append((upstream, ctx.input_table(stage, source)))
-            gates.append(gate)
-        job = GateJob(replace(ctx, log=_ignore, workers=1), stage, tuple(outputs), token)
+        for k, s in enumerate(stages):
+            s_ctx = ctx.for_stage(s)
+            code_version = s_ctx.code_version(s)
+            config = s_ctx.config(s)
+            outputs: list[Output] = []
+            for source in sources:
+                reading = SourceInputs(s_ctx, s, ctx.catalog.source(source), config)
+                assert s.gate is not None
+                gate = s.gate(reading)  # the driver's copy: what it reads, salt and extras
+                versions = pending[k]
+                if s.per_source or not versions:
+                    partition = source if s.per_source else None
+                    if k:  # written ahead: a staged version this partition had goes now
+                        _drop_staged(ctx.store.partition_dir(s.name, partition))
+                    versions.append(
+                        _Pending(s_ctx.begin(s, partition, config), [], [], dict(gate.extra))
+                    )
+                    token = token or versions[-1].version.dir
+                current = versions[-1]
+                current.sources.append(source)
+                read = list(reading.read)
+                if k == 0:
+                    upstream = ctx.latest(stage.input, source)
+                    read.insert(0, upstream)
+                    inputs.append((upstream, ctx.input_table(stage, source)))
+                    owner.append(len(versions) - 1)
+                for m in read:
+                    if all(
+                        (m.asset, m.partition, m.version) != (u.asset, u.partition, u.version)
+                        for u in current.upstream
+                    ):
+                        current.upstream.append(m)
+                table = layout.data_table(None if s.per_source else source)
+                outputs.append(Output(source, table, current.version.dir, code_version))
+                gates[k].append(gate)
+            links.append(
+                Link(replace(s_ctx, log=_ignore, workers=1, ahead=frozenset()), s, tuple(outputs))
+            )
+        job = GateJob(tuple(links), token)
         if not executor.distributed:  # forked workers inherit the driver's compiled gates
-            for output, gate in zip(outputs, gates, strict=True):
-                _PREPARED[(token, output.source)] = (gate.gate, _cache(ctx, stage, output, gate))
+            for link, link_gates in zip(links, gates, strict=True):
+                for output, gate in zip(link.outputs, link_gates, strict=True):
+                    key = (token, link.stage.name, output.source)
+                    _PREPARED[key] = (gate.gate, _cache(link.ctx, link.stage, output, gate))
         task_bytes = slices.task_bytes_for(
             slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
         )
@@ -196,32 +287,97 @@ def run_gate_stage(
             for piece_list in slices.plan(ctx.store, [table_of_source], task_bytes):
                 tasks.append(SliceTask(numbered[v], n, piece_list.pieces))
                 numbered[v] += 1
-        for v, p in enumerate(pending):
-            p.tasks_left = numbered[v]
+        for versions in pending:  # a gate ahead runs per source: its versions pair with these
+            for v, p in enumerate(versions):
+                p.tasks_left = numbered[v]
         done = 0
         results = executor.map_timed(gate_slice, job, tasks)
         closing.append(results)
         for task, timed in zip(tasks, results, strict=True):
-            p = pending[owner[task.output]]
-            p.nodes.count(timed.node, timed.busy_s)
-            _adopt(p, stage, timed.value)
-            p.tasks_left -= 1
-            while done < len(pending) and pending[done].tasks_left == 0:
-                yield _commit(ctx, stage, pending[done], executor)
+            v = owner[task.output]
+            for versions, s, result in zip(pending, stages, timed.value, strict=True):
+                p = versions[v]
+                p.nodes.count(timed.node, result.busy_s)
+                _adopt(p, s, result)
+                p.tasks_left -= 1
+            while done < len(pending[0]) and pending[0][done].tasks_left == 0:
+                yield _commit(ctx, stage, pending[0][done], executor)
+                _stage_ahead(ctx, stages, pending, done)
                 done += 1
-        while done < len(pending):  # versions with no slice at all (an empty input)
-            yield _commit(ctx, stage, pending[done], executor)
+        while done < len(pending[0]):  # versions with no slice at all (an empty input)
+            yield _commit(ctx, stage, pending[0][done], executor)
+            _stage_ahead(ctx, stages, pending, done)
             done += 1
     except BaseException:
         for results in closing:  # its workers end now, not when the process exits
             results.close()
-        for p in pending:
-            if not p.version.closed:
-                p.version.abort()
+        for versions in pending:
+            for p in versions:
+                if not p.version.closed and p.version.dir not in _staged_dirs():
+                    p.version.abort()
         raise
     finally:
         for key in [k for k in _PREPARED if k[0] == token]:
             del _PREPARED[key]
+
+
+def _stage_ahead(
+    ctx: StageContext, stages: list[Stage], pending: list[list[_Pending]], v: int
+) -> None:
+    """Leave the versions the gates ahead wrote for version `v` to their own steps."""
+    for k in range(1, len(stages)):
+        s, p = stages[k], pending[k][v]
+        partition = p.sources[0]
+        _STAGED[ctx.store.partition_dir(s.name, partition)] = _Staged(
+            p,
+            head=stages[0].name,
+            input_dir=pending[k - 1][v].version.dir,
+            run_id=ctx.run_id,
+            code_version=p.version.manifest.code_version,
+            config_hash=p.version.manifest.config_hash or "",
+        )
+
+
+def _staged_dirs() -> set[str]:
+    return {staged.pending.version.dir for staged in _STAGED.values()}
+
+
+def _drop_staged(key: str) -> None:
+    staged = _STAGED.pop(key, None)
+    if staged is not None and not staged.pending.version.closed:
+        staged.pending.version.abort()
+
+
+def _take_staged(ctx: StageContext, stage: Stage, source: str) -> _Staged | None:
+    """The version a pass wrote ahead for `stage` and `source`, if it still stands: computed
+    in this run from the input's latest version, at this code and config, from reads that
+    are all still the latest. One that does not is dropped (the gate runs again)."""
+    key = ctx.store.partition_dir(stage.name, source)
+    staged = _STAGED.get(key)
+    if staged is None:
+        return None
+    assert stage.input is not None
+    p = staged.pending
+    upstream = ctx.latest(stage.input, source)
+    why = None
+    if ctx.store.version_dir(upstream) != staged.input_dir:
+        why = "its input has a newer version"
+    elif staged.run_id != ctx.run_id:
+        why = "another run wrote it"
+    elif (staged.code_version, staged.config_hash) != (
+        ctx.code_version(stage),
+        config_hash(ctx.config(stage)),
+    ):
+        why = "the stage's code or config changed"
+    elif any(ctx.store.latest(m.asset, m.partition).version != m.version for m in p.upstream):
+        why = "a version its gate read has a newer one"
+    if why is not None:
+        ctx.log(f"{stage.name} [{source}]: the version written ahead is dropped: {why}")
+        _drop_staged(key)
+        return None
+    del _STAGED[key]
+    p.upstream.insert(0, upstream)
+    return staged
 
 
 def _adopt(p: _Pending, stage: Stage, result: SliceResult) -> None:

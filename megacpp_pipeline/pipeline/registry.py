@@ -281,6 +281,27 @@ class Registry:
             names += [n for n in earlier if self.get(n).writes_ledger]
         return tuple(dict.fromkeys(names))
 
+    def pass_after(self, stage: Stage) -> tuple[str, ...]:
+        """The per-source gates that can run in one pass over the files with `stage`'s gate
+        (pipeline/file_stage.py), in order: each comes right after the one before it in the
+        list, takes that one's output as its input, and reads nothing else that is not
+        done before `stage` runs."""
+        if stage.gate is None or not stage.per_source:
+            return ()
+        names = self.names()
+        before = set(names[: names.index(stage.name)])
+        out: list[str] = []
+        previous = stage
+        for s in self.stages[names.index(stage.name) + 1 :]:
+            others = set(self.reads_of(s)) - {previous.name}
+            if s.gate is None or not s.per_source or s.input != previous.name:
+                break
+            if not others <= before:
+                break
+            out.append(s.name)
+            previous = s
+        return tuple(out)
+
     def downstream_of(self, name: str) -> list[str]:
         """Every stage that reads `name`'s output, directly or not, in order."""
         out: list[str] = []

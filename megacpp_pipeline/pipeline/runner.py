@@ -69,6 +69,7 @@ def _run_body(job: _BodyJob, partition: str | None) -> Materialized:
 def run_all(ctx: StageContext, *, checks: bool = True) -> None:
     """Every stage in registry order over every partition, each stage's blocking checks
     right after it (the same work `megacpp run` has Dagster do, without Dagster)."""
+    ctx = replace(ctx, ahead=frozenset(ctx.registry.names()))  # all of them, in this process
     for stage in ctx.registry:
         partitions = ctx.partitions(stage)
         for _ in run_stage(ctx, stage, partitions):

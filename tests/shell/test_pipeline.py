@@ -68,6 +68,21 @@ def test_the_run_is_five_dagster_runs_recorded_in_the_instance_with_every_partit
     assert event is not None and event.asset_materialization is not None
 
 
+def test_the_gates_after_normalize_run_in_its_pass_and_each_commits_in_its_own_step(
+    pipeline_run: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    monkeypatch.setenv("DAGSTER_HOME", pipeline_run["env"]["DAGSTER_HOME"])
+    instance = dg.DagsterInstance.get()
+    logged = {e.user_message for run in instance.get_runs() for e in instance.all_logs(run.run_id)}
+    for stage in ("classified_files", "quality_files", "removed_files", "scrubbed_files"):
+        for source in ("tree", "repo"):
+            assert f"{stage} [{source}]: normalized_files's pass wrote this version" in logged
+    for asset in ("classified_files", "scrubbed_files"):  # each its own materialization
+        assert instance.get_materialized_partitions(dg.AssetKey(asset)) == {"tree", "repo"}
+
+
 def _snapshot(pipeline_run: dict) -> Path:
     return Path(pipeline_run["out"].stdout.strip().splitlines()[-1])
 

@@ -1,0 +1,151 @@
+"""Several per-file gates in one pass over the files (pipeline/file_stage.py): when the same
+process runs the next gates of the chain later in the run, the first gate's tasks run them
+too and write each one's version ahead; each stage's own step commits that version only
+after the checks of the stage before it, and only while it still stands. The versions, and
+so the snapshot, are the ones the gates give one step at a time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.runner import checks_of, run_all, run_stage
+from megacpp_pipeline.storage.store import NoVersionError
+from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.stage_runs import context, run_through
+
+HEAD = "normalized_files"
+AHEAD = ("classified_files", "quality_files", "licensed_files", "removed_files", "scrubbed_files")
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path, _ = write_catalog(tmp_path_factory.mktemp("one_pass"))
+    return path
+
+
+def _logged(ctx: StageContext) -> tuple[StageContext, list[str]]:
+    lines: list[str] = []
+    return replace(ctx, log=lines.append), lines
+
+
+def _rows(ctx: StageContext, stage: str, partition: str | None) -> dict[str, pa.Table | None]:
+    m = ctx.store.latest(stage, partition)
+    out: dict[str, pa.Table | None] = {}
+    for name, info in m.tables.items():
+        out[name] = ctx.store.read_table(m, name) if info.shards else None
+    return out
+
+
+def _versions(ctx: StageContext, stage: str, source: str) -> list[Path]:
+    """The version folders of a partition in the (local) store, committed or not."""
+    folder = Path(ctx.store.partition_dir(stage, source))
+    return sorted(p for p in folder.iterdir() if p.is_dir())
+
+
+def _materialize(ctx: StageContext, name: str) -> None:
+    stage = ctx.registry.get(name)
+    for _ in run_stage(ctx, stage, ctx.partitions(stage)):
+        pass
+    for check in checks_of(stage):
+        for partition in ctx.partitions(stage):
+            assert check.evaluate(ctx, stage, partition).passed, (name, check.name)
+
+
+def test_one_pass_gives_every_gate_the_version_and_the_snapshot_it_gives_alone(
+    tmp_path: Path, catalog: Path
+) -> None:
+    one_pass, lines = _logged(context(tmp_path / "pass", catalog, "pass", workers=2))
+    run_all(one_pass)  # every stage ahead, each one's checks between
+    alone = run_through(context(tmp_path / "alone", catalog, "alone", workers=2), "snapshot")
+    for name in AHEAD:
+        for source in one_pass.sources():
+            assert f"{name} [{source}]: {HEAD}'s pass wrote this version" in lines
+    for stage in list(one_pass.registry)[: one_pass.registry.names().index("snapshot")]:
+        for partition in one_pass.partitions(stage):
+            a = one_pass.store.latest(stage.name, partition)
+            b = alone.store.latest(stage.name, partition)
+            assert a.stats == b.stats, stage.name
+            got, want = _rows(one_pass, stage.name, partition), _rows(alone, stage.name, partition)
+            assert got.keys() == want.keys(), stage.name
+            for table, rows in got.items():
+                other = want[table]
+                assert (rows is None and other is None) or (
+                    rows is not None and other is not None and rows.equals(other)
+                ), (stage.name, partition, table)
+    snapshot = one_pass.store.latest("snapshot").extra["snapshot_id"]
+    assert snapshot == alone.store.latest("snapshot").extra["snapshot_id"]
+
+
+def test_a_version_written_ahead_is_committed_only_by_its_own_step(
+    tmp_path: Path, catalog: Path
+) -> None:
+    ctx = context(tmp_path, catalog, "run")
+    ctx = run_through(ctx, "raw_files")
+    ctx, lines = _logged(replace(ctx, ahead=frozenset(AHEAD)))
+    _materialize(ctx, HEAD)
+    for name in AHEAD:  # written, not committed: a failed check of the head stops here
+        for source in ctx.sources():
+            with pytest.raises(NoVersionError):
+                ctx.store.latest(name, source)
+            (written,) = _versions(ctx, name, source)
+            assert not (written / "_COMPLETE").exists() and list(written.glob("part-*.parquet"))
+    _materialize(ctx, AHEAD[0])
+    for source in ctx.sources():
+        assert f"{AHEAD[0]} [{source}]: {HEAD}'s pass wrote this version" in lines
+        head = ctx.store.latest(HEAD, source)
+        m = ctx.store.latest(AHEAD[0], source)
+        assert m.upstream[f"{HEAD}/{source}"] == ctx.store.manifest_sha256(head)
+        assert m.run_id == "run"
+
+
+def test_a_version_written_ahead_of_an_input_that_moved_on_is_dropped_and_run_again(
+    tmp_path: Path, catalog: Path
+) -> None:
+    ctx = run_through(context(tmp_path, catalog, "run"), "raw_files")
+    ctx, lines = _logged(replace(ctx, ahead=frozenset(AHEAD)))
+    _materialize(ctx, HEAD)
+    _materialize(replace(ctx, ahead=frozenset()), HEAD)  # a newer input, by itself
+    _materialize(replace(ctx, ahead=frozenset()), AHEAD[0])
+    for source in ctx.sources():
+        assert (
+            f"{AHEAD[0]} [{source}]: the version written ahead is dropped:"
+            " its input has a newer version"
+        ) in lines
+        assert f"{AHEAD[0]} [{source}]: {HEAD}'s pass wrote this version" not in lines
+        head = ctx.store.latest(HEAD, source)
+        m = ctx.store.latest(AHEAD[0], source)
+        assert m.upstream[f"{HEAD}/{source}"] == ctx.store.manifest_sha256(head)
+        # the dropped version's folder is gone; the committed one is the only version
+        assert [v.name for v in _versions(ctx, AHEAD[0], source)] == [m.version]
+
+
+def test_another_run_never_commits_a_version_this_run_wrote_ahead(
+    tmp_path: Path, catalog: Path
+) -> None:
+    ctx = run_through(context(tmp_path, catalog, "first"), "raw_files")
+    _materialize(replace(ctx, ahead=frozenset(AHEAD)), HEAD)
+    later, lines = _logged(replace(ctx, run_id="second"))
+    _materialize(later, AHEAD[0])
+    for source in ctx.sources():
+        assert (
+            f"{AHEAD[0]} [{source}]: the version written ahead is dropped: another run wrote it"
+        ) in lines
+        assert ctx.store.latest(AHEAD[0], source).run_id == "second"
+
+
+def test_a_pass_stops_before_a_stage_the_run_does_not_run(tmp_path: Path, catalog: Path) -> None:
+    ctx = run_through(context(tmp_path, catalog, "run"), "raw_files")
+    classified, quality, licensed = AHEAD[:3]
+    ctx, lines = _logged(replace(ctx, ahead=frozenset({classified, licensed})))
+    for name in (HEAD, classified, quality, licensed):
+        _materialize(ctx, name)
+    for source in ctx.sources():
+        assert f"{classified} [{source}]: {HEAD}'s pass wrote this version" in lines
+        # quality is not ahead: its own step runs its gate, and its pass writes licensed
+        assert not any(line.startswith(f"{quality} [{source}]: {HEAD}") for line in lines)
+        assert f"{licensed} [{source}]: {quality}'s pass wrote this version" in lines
