@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 # The entry format; part of every namespace, so entries of an older format are never read
 # (they sit in namespaces nothing uses any more, which `megacpp cache prune` removes).
-FORMAT = "2"
+FORMAT = "3"
 # Columns a cached row takes from the live input row instead of the entry: where the file was
 # collected from, which no gate reads. A refresh that moves a source to a new commit reuses
 # every unchanged file's results, stamped with the new revision.
@@ -54,6 +54,7 @@ CARRIED_LIVE = ("revision",)
 _META_FORMAT = b"megacpp.cache.format"
 _META_CODE = b"megacpp.cache.code_version"
 _META_PARTS = b"megacpp.cache.parts"
+_META_CARRIED = b"megacpp.cache.carried"  # a kept part's columns left to the live input
 _MATERIAL = "material"  # what each key is the hash of
 
 
@@ -198,11 +199,16 @@ class FileResultCache:
         return np.fromiter((k in index for k in keys), dtype=bool, count=len(keys))
 
     def fetch_proven(
-        self, keys: Sequence[str], identities: Sequence[tuple[str, str]], kinds: Iterable[str]
+        self,
+        keys: Sequence[str],
+        identities: Sequence[tuple[str, str]],
+        kinds: Iterable[str],
+        carry: Callable[[pa.Table, list[str]], pa.Table] | None = None,
     ) -> ProvenEntry:
         """The cached rows of `kinds` for those of `keys` whose entries prove themselves
         (`identities[i]`: the (source, path) the input holds at `keys[i]`). An entry that does
-        not is discarded with one warning; its keys are left out, to be computed again."""
+        not is discarded with one warning; its keys are left out, to be computed again. A
+        part that left columns to the input gets them back from `carry(rows, columns)`."""
         index = self._load_index()
         wanted: dict[str, dict[str, tuple[str, str]]] = {}
         for key, ident in zip(keys, identities, strict=True):
@@ -223,7 +229,13 @@ class FileResultCache:
             for kind in kinds:
                 if kind in tables:
                     t = tables[kind]
-                    parts[kind].append(t.filter(pc.is_in(t[KEY], value_set=chosen)))
+                    t = t.filter(pc.is_in(t[KEY], value_set=chosen))
+                    carried = json.loads((t.schema.metadata or {}).get(_META_CARRIED, b"[]"))
+                    if carried:
+                        if carry is None:
+                            raise ValueError(f"{self.dir}/{entry}: its rows need the input's")
+                        t = carry(t.replace_schema_metadata(None), carried)
+                    parts[kind].append(t)
         out.tables = {k: pa.concat_tables(v) for k, v in parts.items() if v}
         return out
 
@@ -250,11 +262,14 @@ class FileResultCache:
         result: GateResult,
         identities: Sequence[tuple[str, str]] | None = None,
         material: Sequence[str] | None = None,
+        carried: Sequence[str] = (),
     ) -> None:
         """Store one gate call's outputs; `table_keys[kind]` aligns keys with that table;
         `identities`: each key's (source, path) (default: from the kept and dropped rows);
         `material`: what each key is the hash of (RowKeys.material; without it the entry
-        proves its files' identities but not its keys' preimages)."""
+        proves its files' identities but not its keys' preimages); `carried`: columns of
+        the kept rows that hold their input rows' values, left out of the entry (a hit takes
+        them from the input row, whose key covers them)."""
         if identities is None:
             ident_of = {
                 k: ident
@@ -274,6 +289,10 @@ class FileResultCache:
         tables = {"kept": result.kept, "dropped": result.dropped, **result.extra}
         recorded: dict[str, dict[str, object]] = {}
         for kind, table in tables.items():
+            if kind == "kept" and carried:
+                table = table.drop_columns(list(carried)).replace_schema_metadata(
+                    {_META_CARRIED: json.dumps(list(carried)).encode()}
+                )
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
             size, sha256 = self._write_table(keyed, f"{self.dir}/{entry}.{kind}{ENTRY_SUFFIX}")
             recorded[kind] = {"bytes": size, "sha256": sha256, "rows": keyed.num_rows}
@@ -500,7 +519,10 @@ def cached_gate_call(
     key_of = dict(zip(identity, keys, strict=True))
     hit_rows = np.flatnonzero(cache.lookup(keys))
     proven = cache.fetch_proven(
-        [keys[i] for i in hit_rows], [identity[i] for i in hit_rows], schemas
+        [keys[i] for i in hit_rows],
+        [identity[i] for i in hit_rows],
+        schemas,
+        carry=lambda rows, columns: _from_input(rows, columns, table, position),
     )
     served = set(proven.keys)
     misses = np.array([i for i, k in enumerate(keys) if k not in served], dtype=np.int64)
@@ -519,6 +541,7 @@ def cached_gate_call(
             fresh,
             identities=[identity[i] for i in misses],
             material=[material[i] for i in misses] if material is not None else None,
+            carried=_carried(fresh.kept, table, position),
         )
     live = {c: table[c].to_pylist() for c in CARRIED_LIVE if c in table.column_names}
     out: dict[str, pa.Table] = {}
@@ -560,6 +583,45 @@ def _carry_live(
             column = pa.array([values[r] for r in rows], cached.schema.field(i).type)
             cached = cached.set_column(i, cached.schema.field(i), column)
     return cached
+
+
+def _input_rows(rows: pa.Table, position: dict[tuple[str, str], int]) -> pa.Array:
+    """Where each of `rows` is in the input table (by source and path)."""
+    return pa.array(
+        [
+            position[ident]
+            for ident in zip(rows["source_id"].to_pylist(), rows["path"].to_pylist(), strict=True)
+        ],
+        pa.int64(),
+    )
+
+
+def _carried(kept: pa.Table, table: pa.Table, position: dict[tuple[str, str], int]) -> list[str]:
+    """The text and binary columns whose every kept row holds its input row's value (the
+    text a gate only looked at): its entry need not hold a second copy of them. The rows'
+    identity stays, to prove the entry, and CARRIED_LIVE columns are the input's anyway."""
+    names = [
+        c
+        for c in kept.column_names
+        if c in table.column_names
+        and c not in ("source_id", "path", *CARRIED_LIVE)
+        and _is_bytes(kept.schema.field(c).type)
+        and kept.schema.field(c).type == table.schema.field(c).type
+    ]
+    if not names or not kept.num_rows:
+        return []
+    rows = _input_rows(kept, position)
+    return [c for c in names if kept[c].equals(table[c].take(rows))]
+
+
+def _from_input(
+    rows: pa.Table, columns: list[str], table: pa.Table, position: dict[tuple[str, str], int]
+) -> pa.Table:
+    """Cached rows with `columns` taken from their rows of the input table."""
+    at = _input_rows(rows, position)
+    for name in columns:
+        rows = rows.append_column(table.schema.field(name), table[name].take(at))
+    return rows
 
 
 def _keys(table: pa.Table, key_of: dict[tuple[str, str], str]) -> list[str]:

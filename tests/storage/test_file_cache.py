@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from megacpp_pipeline.core.gate import GateResult
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, drops
 from megacpp_pipeline.core.schemas import NORMALIZED_FILES, RAW_FILES, git_blob_sha
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
@@ -255,3 +255,63 @@ def test_a_refresh_at_a_new_revision_reuses_every_result_stamped_with_the_new_re
     assert gate.files_seen == 0
     assert set(warm.kept["revision"].to_pylist()) == {"r2"}
     assert warm.kept.equals(normalize.run(moved, cfg).kept)
+
+
+def _classified(table: pa.Table, *, change: str | None = None) -> GateResult:
+    """A gate that adds a column to each row of normalized text and drops one file; with
+    `change`, it also rewrites that file's text (as scrub would)."""
+    kept = table.filter(pa.compute.not_equal(table["path"], "include/m3.hpp"))
+    if change is not None:
+        text = [
+            t + "// scrubbed\n" if p == change else t
+            for p, t in zip(kept["path"].to_pylist(), kept["text"].to_pylist(), strict=True)
+        ]
+        kept = kept.set_column(kept.schema.get_field_index("text"), "text", pa.array(text))
+    kept = kept.append_column("lines", pa.array([t.count("\n") for t in kept["text"].to_pylist()]))
+    dropped = table.filter(pa.compute.equal(table["path"], "include/m3.hpp"))
+    return GateResult(
+        kept=kept,
+        dropped=drops(
+            dropped["source_id"].to_pylist(),
+            dropped["path"].to_pylist(),
+            ["low_quality"] * dropped.num_rows,
+        ),
+    )
+
+
+def _kept_part_columns(cache: FileResultCache) -> list[list[str]]:
+    return [
+        pa.ipc.open_file(pa.memory_map(str(p))).read_all().column_names
+        for p in sorted(Path(cache.dir).glob("e-*.kept.arrow"))
+    ]
+
+
+@pytest.mark.parametrize("change", [None, "include/m5.hpp"])
+def test_text_a_gate_only_read_is_not_copied_into_its_entry_and_a_hit_takes_the_inputs(
+    tmp_path: Path, change: str | None
+) -> None:
+    normalized = normalize.run(_raw(_corpus()), normalize.NormalizeConfig()).kept
+    schema = NORMALIZED_FILES.append(pa.field("lines", pa.int64()))
+    schemas = {"kept": schema, "dropped": LEDGER_SCHEMA}
+    keys = row_keys(normalized, "content_sha256")
+    calls: list[int] = []
+
+    def gate(table: pa.Table) -> GateResult:
+        calls.append(table.num_rows)
+        return _classified(table, change=change)
+
+    cold, _ = cached_gate_call(
+        FileResultCache(tmp_path, "classify", "c", ""), normalized, keys, gate, schemas
+    )
+    (columns,) = _kept_part_columns(FileResultCache(tmp_path, "classify", "c", ""))
+    # the text stays in the entry only when the gate changed it; the identity always stays
+    assert ("text" in columns) == (change is not None)
+    assert {"source_id", "path", "lines"} <= set(columns)
+    warm, hits = cached_gate_call(
+        FileResultCache(tmp_path, "classify", "c", ""), normalized, keys, gate, schemas
+    )
+    assert calls == [normalized.num_rows] and hits == normalized.num_rows
+    assert warm.kept.equals(cold.kept) and warm.dropped.equals(cold.dropped)
+    if change is not None:
+        (text,) = warm.kept.filter(pa.compute.equal(warm.kept["path"], change))["text"].to_pylist()
+        assert text.endswith("// scrubbed\n")
