@@ -236,7 +236,15 @@ class FileResultCache:
                             raise ValueError(f"{self.dir}/{entry}: its rows need the input's")
                         t = carry(t.replace_schema_metadata(None), carried)
                     parts[kind].append(t)
-        out.tables = {k: pa.concat_tables(v) for k, v in parts.items() if v}
+        # entries that left different columns to the input hold them in another order, and
+        # a column from the input may differ in nullability (the caller casts to its schema)
+        out.tables = {
+            k: pa.concat_tables(
+                [t.select(v[0].column_names) for t in v], promote_options="permissive"
+            )
+            for k, v in parts.items()
+            if v
+        }
         return out
 
     def _prove(self, entry: str, served: dict[str, tuple[str, str]]) -> dict[str, pa.Table]:

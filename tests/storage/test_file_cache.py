@@ -315,3 +315,29 @@ def test_text_a_gate_only_read_is_not_copied_into_its_entry_and_a_hit_takes_the_
     if change is not None:
         (text,) = warm.kept.filter(pa.compute.equal(warm.kept["path"], change))["text"].to_pylist()
         assert text.endswith("// scrubbed\n")
+
+
+def test_entries_that_left_different_columns_to_the_input_serve_one_call(tmp_path: Path) -> None:
+    normalized = normalize.run(_raw(_corpus()), normalize.NormalizeConfig()).kept
+    schemas = {
+        "kept": NORMALIZED_FILES.append(pa.field("lines", pa.int64())),
+        "dropped": LEDGER_SCHEMA,
+    }
+    keys = row_keys(normalized, "content_sha256")
+    first, rest = normalized.slice(0, 20), normalized.slice(20)
+
+    def gate(table: pa.Table) -> GateResult:  # rewrites one file's text, in the first half
+        return _classified(table, change="include/m12.hpp")
+
+    cache = FileResultCache(tmp_path, "classify", "c", "")
+    cached_gate_call(cache, first, keys[:20], gate, schemas)  # the text kept in the entry
+    cached_gate_call(cache, rest, keys[20:], gate, schemas)  # the text left to the input
+    assert sorted("text" in c for c in _kept_part_columns(cache)) == [False, True]
+    warm, hits = cached_gate_call(
+        FileResultCache(tmp_path, "classify", "c", ""), normalized, keys, gate, schemas
+    )
+    assert hits == normalized.num_rows
+    cold, _ = cached_gate_call(
+        FileResultCache(tmp_path / "cold", "classify", "c", ""), normalized, keys, gate, schemas
+    )
+    assert warm.kept.equals(cold.kept) and warm.dropped.equals(cold.dropped)
