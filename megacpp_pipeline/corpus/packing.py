@@ -97,8 +97,9 @@ class PackingConfig(BaseModel):
     fim_structured_kinds: tuple[int, ...] = (2,)
     seed: int = 0
     # Windows a packing task packs: the unit of parallel packing (a block of this many
-    # windows of one split, numbered from its own pack_id base)
-    windows_per_task: int = Field(default=16, ge=1)
+    # windows of one split, numbered from its own pack_id base). None: from the split's size
+    # alone (`block_windows`), so the blocks are the same on any engine and worker count.
+    windows_per_task: int | None = Field(default=None, ge=1)
     packing_telemetry: bool = False
     histogram_bins: int = Field(default=20, ge=1)
     # source id -> its `weight:` from sources.yaml (the catalog fills it in; a source not
@@ -653,6 +654,23 @@ def _own_buffers(table: pa.Table) -> pa.Table:
     )
 
 
+# With windows_per_task unset, a split is cut into about this many blocks (enough for the
+# cores of a large host to pack side by side), each of at most MAX_BLOCK_WINDOWS windows (so
+# a terabyte's split is tens of thousands of tasks, not hundreds of thousands).
+TARGET_BLOCKS = 64
+MAX_BLOCK_WINDOWS = 16
+
+
+def block_windows(config: PackingConfig, documents: int) -> int:
+    """Windows per block for a split of `documents` documents: the configured number, else
+    the fewest that cut the split into at most TARGET_BLOCKS blocks, capped at
+    MAX_BLOCK_WINDOWS. A function of the split's size alone, never of the workers."""
+    if config.windows_per_task is not None:
+        return config.windows_per_task
+    windows = -(-documents // config.window_docs)
+    return max(1, min(MAX_BLOCK_WINDOWS, -(-windows // TARGET_BLOCKS)))
+
+
 def block_base(split: str, block: int) -> int:
     """The first pack_id of a block of one split."""
     return PACK_ID_BASE[split] + (block << BLOCK_SHIFT)
@@ -714,7 +732,7 @@ def pack_block(
 ) -> Iterator[PackedBatch]:
     """One block of one split: its documents (all of `split`, in doc order) packed window
     by window, pack_ids from the block's base, their pieces marked as copy `copy`. The
-    windows of the whole split, cut into blocks of `windows_per_task` windows, pack to
+    windows of the whole split, cut into blocks of whole windows (`block_windows`), pack to
     exactly the rows `pack` gives them; only the pack_ids say which block a row came from."""
     packer = _SplitPacker(split, config, special, block, copy)
     for table in docs:

@@ -4,7 +4,8 @@ and validation apart), with the pieces table that says where every piece of ever
 sits. FIM stays inside one member file of a repository document.
 
 Windows of documents are packed independently, so each split's windows are cut into blocks
-(`windows_per_task`) and a task packs one block wherever it runs; the driver adopts the
+(`packing.block_windows`: at most 64 per split, at most 16 windows each, unless
+`windows_per_task` is set) and a task packs one block wherever it runs; the driver adopts the
 blocks' shards in order and merges their telemetry.
 
 Source weights apply here, where documents are drawn into rows, and nowhere before: the
@@ -169,10 +170,10 @@ def _pack_task(job: _Job, task: _Block) -> _Packed:
 
 
 def _plan(ctx: StageContext, upstream: Manifest, config: packing.PackingConfig) -> list[_Block]:
-    """Each split's documents, in doc order, cut into blocks of `windows_per_task` whole
-    windows, pass after pass (pass k: the sources whose weight can draw a document more than
-    k times): the same blocks whatever the engine or the number of workers."""
-    rows = config.window_docs * config.windows_per_task
+    """Each split's documents, in doc order, cut into blocks of whole windows
+    (`packing.block_windows`: from the pass's size unless configured), pass after pass
+    (pass k: the sources whose weight can draw a document more than k times): the same
+    blocks whatever the engine or the number of workers."""
     passes = max((packing.max_draws(config.weight(s)) for s in ctx.sources()), default=1)
     blocks: list[_Block] = []
     for split in packing.SPLITS:
@@ -180,6 +181,13 @@ def _plan(ctx: StageContext, upstream: Manifest, config: packing.PackingConfig) 
         for copy in range(passes):
             sources = [s for s in ctx.sources() if packing.max_draws(config.weight(s)) > copy]
             tables = [(upstream, t) for t in split_tables(upstream, sources, split)]
+            documents = sum(
+                shard.rows
+                for m, t in tables
+                if (info := m.tables.get(t)) is not None
+                for shard in info.shards
+            )
+            rows = config.window_docs * packing.block_windows(config, documents)
             for s in slices.plan_rows(ctx.store, tables, rows):
                 blocks.append(_Block(split, numbered, s.pieces, copy))
                 numbered += 1

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megacpp_pipeline.corpus import packing
 from megacpp_pipeline.corpus.packing import (
     PACK_ID_BASE,
     PackedBatch,
@@ -446,3 +447,23 @@ def test_a_blocks_pieces_name_the_copy_it_packs() -> None:
     pieces = pa.concat_tables([b.pieces for b in batches])
     assert set(pieces["copy"].to_pylist()) == {2}
     assert min(pieces["pack_id"].to_pylist()) == PACK_ID_BASE["train"] + (3 << 32)
+
+
+@pytest.mark.parametrize(
+    ("documents", "expected"),
+    [(0, 1), (1, 1), (14 * 1024, 1), (64 * 1024, 1), (64 * 1024 + 1, 2), (10**9, 16)],
+)
+def test_a_split_is_cut_into_at_most_64_blocks_of_at_most_16_windows(
+    documents: int, expected: int
+) -> None:
+    config = PackingConfig(window_docs=1024)
+    windows = packing.block_windows(config, documents)
+    assert windows == expected
+    blocks = -(-documents // (1024 * windows))
+    assert blocks <= packing.TARGET_BLOCKS or windows == packing.MAX_BLOCK_WINDOWS
+
+
+def test_a_configured_block_size_wins_over_the_split_size() -> None:
+    config = PackingConfig(window_docs=1024, windows_per_task=3)
+    assert packing.block_windows(config, 10**9) == 3
+    assert packing.block_windows(config, 1) == 3
