@@ -45,6 +45,27 @@ for k, c in r["compare"].items():
     print(k, "wall", c["wall_speedup"], "same snapshot", c["same_snapshot"], "slowest", c["slowest_group"])
     print("  ", c["stage_group_speedup"])
 PY
+  # each run's Dagster steps, start and length, from its event log (which steps do not shrink)
+  $py - /tmp/scaleout-"$scale" >"$out/steps-${scale}x.txt" <<'PY'
+import datetime, pathlib, sqlite3, sys
+for work in sorted(pathlib.Path(sys.argv[1]).glob("w*")):
+    home, t0 = work / "dagster_home", None
+    print(f"== {work.name}")
+    runs = sqlite3.connect(home / "history" / "runs.db")
+    for (run_id,) in runs.execute("select run_id from runs order by create_timestamp"):
+        db = sqlite3.connect(home / "history" / "runs" / f"{run_id}.db")
+        starts = {}
+        for kind, step, ts in db.execute(
+            "select dagster_event_type, step_key, timestamp from event_logs"
+            " where dagster_event_type is not null order by id"
+        ):
+            ts = datetime.datetime.fromisoformat(str(ts)).timestamp()
+            t0 = ts if t0 is None else t0
+            if kind == "STEP_START":
+                starts[step] = ts
+            elif kind in ("STEP_SUCCESS", "STEP_FAILURE") and step in starts:
+                print(f"{starts[step] - t0:8.2f} {ts - starts[step]:7.2f}  {step}")
+PY
   echo "after ${scale}x: $(( $(date +%s) - started )) s"
 done
 echo "total $(( $(date +%s) - started )) s"
