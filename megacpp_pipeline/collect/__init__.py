@@ -16,7 +16,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from megacpp_pipeline.collect.archive import archive_listing, archive_source, fetch_archive
-from megacpp_pipeline.collect.directory import dir_listing, dir_source
+from megacpp_pipeline.collect.directory import (
+    ToRead,
+    dir_listing,
+    dir_slices,
+    dir_source,
+    read_entry,
+    tree_lines,
+)
 from megacpp_pipeline.collect.git import commit_exists, git_listing, git_source, resolve_branch
 from megacpp_pipeline.collect.source import (
     CollectError,
@@ -44,14 +51,19 @@ __all__ = [
     "Listed",
     "PathFilter",
     "SourceFiles",
+    "ToRead",
     "collect_batches",
+    "collect_slice",
     "commit_exists",
     "fetch_archive",
     "glob_to_regex",
     "list_source",
     "open_source",
+    "read_entry",
     "resolve_branch",
     "safe_relpath",
+    "slice_source",
+    "tree_lines",
     "unescape_name",
 ]
 
@@ -82,6 +94,21 @@ def open_source(
     if spec.kind == "jsonl":
         return _jsonl_source(spec, uri, scope, max_file_bytes)
     raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
+
+
+def slice_source(
+    spec: SourceSpec,
+    uri: str,
+    *,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    keep_also: Callable[[str], bool] | None = None,
+) -> list[tuple[Entry | ToRead, ...]] | None:
+    """A directory source's walk cut into slices that tasks read side by side (its revision
+    is then the sha256 of their `tree_lines` in order); None for the kinds read as one
+    stream (git, archives, JSONL)."""
+    if spec.kind != "dir":
+        return None
+    return dir_slices(spec, uri, Scope(spec, keep_also), max_file_bytes)
 
 
 def list_source(
@@ -192,6 +219,13 @@ def collect_batches(
             rows, size = [], 0
     if rows:
         yield _batch(spec, files.revision, rows, is_metadata, wanted)
+
+
+def collect_slice(
+    spec: SourceSpec, revision: str, entries: list[Entry], is_metadata: Callable[[str], bool]
+) -> CollectBatch:
+    """One slice's files as one batch (a slice is cut to about a batch's size)."""
+    return _batch(spec, revision, entries, is_metadata, PathFilter(spec.include, spec.exclude))
 
 
 def _batch(

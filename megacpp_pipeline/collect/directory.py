@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from megacpp_pipeline.collect.source import (
@@ -66,48 +67,105 @@ def _rooted(spec: SourceSpec, uri: str, scope: Scope) -> tuple[Path, Scope]:
     return root, Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
 
 
+@dataclass(frozen=True)
+class ToRead:
+    """A file the walk found wanted and within the size policy: read when collected."""
+
+    path: str  # as the ledger spells it
+    os_path: str  # where it is (the walk's own name, non-UTF-8 bytes and all)
+    size: int  # at the walk: what slices are cut by
+
+
+def _walked(root: Path, scope: Scope, max_file_bytes: int) -> Iterator[Entry | ToRead]:
+    """The tree in canonical order: a drop decided by the walk (names, links, special files,
+    the scope, the size policy) as its Entry, every other file as a ToRead."""
+    for raw, e in _walk(root):
+        rel = name_of(raw)  # os.scandir's name with its non-UTF-8 bytes escaped
+        if not is_utf8(raw):
+            yield Entry(rel, None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
+        elif has_control_chars(rel):
+            yield Entry(rel, None, DropReason.UNSAFE_PATH, "control character in file name")
+        elif e.is_symlink():
+            yield link_drop(rel, _link_target(e.path))
+        elif not e.is_file(follow_symlinks=False):
+            yield Entry(rel, None, DropReason.UNSAFE_PATH, "device, fifo or special file")
+        elif (drop := scope.classify(rel)) is not None:
+            yield drop
+        else:
+            size = e.stat(follow_symlinks=False).st_size
+            if size > max_file_bytes:
+                yield too_large(rel, size, max_file_bytes)
+            else:
+                yield ToRead(rel, e.path, size)
+
+
+def read_entry(item: Entry | ToRead, max_file_bytes: int) -> Entry:
+    """A walked item as collection sees it: a ToRead read (no more than the limit)."""
+    if isinstance(item, Entry):
+        return item
+    try:
+        with open(item.os_path, "rb") as f:
+            data = f.read(max_file_bytes + 1)
+    except OSError as err:
+        return Entry(item.path, None, DropReason.UNREADABLE, str(err))
+    if len(data) > max_file_bytes:  # it grew since the listing
+        return too_large(item.path, len(data), max_file_bytes)
+    return Entry(item.path, data)
+
+
+def tree_lines(entries: Iterable[Entry]) -> bytes:
+    """What the revision hashes of these entries, in order: a directory's revision is the
+    sha256 of the concatenation of every slice's lines, the same however it is sliced."""
+    lines = []
+    for e in entries:
+        digest = hashlib.sha256(e.content).hexdigest() if e.content is not None else "-"
+        lines.append(f"{e.path}\x00{digest}\n".encode("utf-8", "backslashreplace"))
+    return b"".join(lines)
+
+
 def dir_source(
     spec: SourceSpec, uri: str, scope: Scope, limits: CollectLimits, max_file_bytes: int
 ) -> SourceFiles:
     root, scope = _rooted(spec, uri, scope)
 
     def entries() -> Iterator[Entry]:
-        for raw, e in _walk(root):
-            rel = name_of(raw)  # os.scandir's name with its non-UTF-8 bytes escaped
-            if not is_utf8(raw):
-                yield Entry(rel, None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
-                continue
-            if has_control_chars(rel):
-                yield Entry(rel, None, DropReason.UNSAFE_PATH, "control character in file name")
-            elif e.is_symlink():
-                yield link_drop(rel, _link_target(e.path))
-            elif not e.is_file(follow_symlinks=False):
-                yield Entry(rel, None, DropReason.UNSAFE_PATH, "device, fifo or special file")
-            elif (drop := scope.classify(rel)) is not None:
-                yield drop
-            else:
-                size = e.stat(follow_symlinks=False).st_size
-                if size > max_file_bytes:
-                    yield too_large(rel, size, max_file_bytes)
-                    continue
-                try:
-                    with open(e.path, "rb") as f:
-                        data = f.read(max_file_bytes + 1)
-                except OSError as err:
-                    yield Entry(rel, None, DropReason.UNREADABLE, str(err))
-                    continue
-                if len(data) > max_file_bytes:  # it grew since the listing
-                    yield too_large(rel, len(data), max_file_bytes)
-                else:
-                    yield Entry(rel, data)
+        for item in _walked(root, scope, max_file_bytes):
+            yield read_entry(item, max_file_bytes)
 
     # The revision is a tree hash of (path, content hash) pairs: one extra hashing pass,
     # cheap next to the gates (read + sha256 runs at hundreds of MB/s).
     tree = hashlib.sha256()
     for entry in entries():
-        digest = hashlib.sha256(entry.content).hexdigest() if entry.content is not None else "-"
-        tree.update(f"{entry.path}\x00{digest}\n".encode("utf-8", "backslashreplace"))
+        tree.update(tree_lines((entry,)))
     return SourceFiles(revision=tree.hexdigest(), entries=entries)
+
+
+# A slice of a directory source: about one shard of rows (collect_batches' batch size)
+SLICE_BYTES = 16 << 20
+SLICE_FILES = 5000
+
+
+def dir_slices(
+    spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int
+) -> list[tuple[Entry | ToRead, ...]]:
+    """The walk cut into consecutive slices of about SLICE_BYTES (by the sizes the walk saw)
+    or SLICE_FILES items, for tasks to read side by side: the same slices whatever runs
+    them. Empty for an empty tree. The list holds every path of the source (about 100 bytes
+    a file in the process that plans them)."""
+    slice_bytes, slice_files = SLICE_BYTES, SLICE_FILES
+    root, scope = _rooted(spec, uri, scope)
+    out: list[tuple[Entry | ToRead, ...]] = []
+    items: list[Entry | ToRead] = []
+    size = 0
+    for item in _walked(root, scope, max_file_bytes):
+        items.append(item)
+        size += item.size if isinstance(item, ToRead) else 0
+        if size >= slice_bytes or len(items) >= slice_files:
+            out.append(tuple(items))
+            items, size = [], 0
+    if items:
+        out.append(tuple(items))
+    return out
 
 
 def _link_target(path: str) -> str | None:

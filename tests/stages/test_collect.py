@@ -1,0 +1,114 @@
+"""raw_files over a directory source: the tree cut into slices that this host's workers read
+side by side (stages/collect.py) gives the version one process reading the tree in order
+gives: the same rows, ledger and metadata in the same order, and the same revision."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from megacpp_pipeline import collect
+from megacpp_pipeline.collect import directory
+from megacpp_pipeline.collect.source import Scope
+from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.pipeline.runner import checks_of, run_stage
+from tests.fixtures.stage_runs import context
+
+HEADER = "// SPDX-License-Identifier: MIT\n#pragma once\n"
+
+
+def _tree(root: Path) -> None:
+    for i in range(9):
+        path = root / f"include/lib{i % 3}/part{i}.hpp"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(HEADER + f"namespace lib{i} {{\ninline int f() {{ return {i}; }}\n}}\n")
+    (root / "src").mkdir()
+    (root / "src/main.cc").write_text('#include "lib0/part0.hpp"\nint main() { return 0; }\n')
+    (root / "src/huge.cc").write_text("int x;\n" * 400)  # over the source's max_file_bytes
+    (root / "README.md").write_text("# not C++\n")
+    (root / "REUSE.toml").write_text('version = 1\n[[annotations]]\npath = "**"\n')
+    (root / "include/link.hpp").symlink_to("lib0/part0.hpp")
+    os.mkfifo(root / "src/pipe.cc")
+    (root / "include" / os.fsdecode(b"bad\xff.hpp")).write_text("int bad;\n")
+    (root / "empty").mkdir()
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Path:
+    _tree(tmp_path / "tree")
+    path = tmp_path / "sources.yaml"
+    path.write_text(
+        "snapshot: slices\nseq_len: 256\nsources:\n"
+        "  - id: tree\n    kind: dir\n    uri: tree\n    declared_license: MIT\n"
+        "    max_file_bytes: 1000\n"
+    )
+    return path
+
+
+def _raw(tmp: Path, catalog: Path, workers: int) -> tuple[dict[str, pa.Table], str]:
+    ctx = context(tmp, catalog, f"w{workers}", workers=workers)
+    stage = ctx.registry.get("raw_files")
+    for _ in run_stage(ctx, stage, ["tree"]):
+        pass
+    for check in checks_of(stage):
+        assert check.evaluate(ctx, stage, "tree").passed, check.name
+    m = ctx.store.latest("raw_files", "tree")
+    tables = {n: ctx.store.read_table(m, n) for n, info in m.tables.items() if info.shards}
+    return tables, str(m.extra["revision"])
+
+
+def test_slices_read_by_workers_give_the_version_and_revision_of_one_ordered_read(
+    tmp_path: Path, catalog: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(directory, "SLICE_FILES", 3)  # many slices out of a small tree
+    spec_root = tmp_path / "tree"
+    tables, revision = _raw(tmp_path / "a", catalog, workers=2)
+    one, one_revision = _raw(tmp_path / "b", catalog, workers=1)
+    assert revision == one_revision
+    for name in ("data", "ledger", "metadata"):
+        assert tables[name].equals(one[name]), name
+
+    # what one process reading the tree in order gives, with the serial reader
+    ctx = context(tmp_path / "c", catalog, "serial")
+    spec = ctx.catalog.source("tree")
+    scope = Scope(spec, lambda p: p == "REUSE.toml")
+    files = collect.dir_source(spec, str(spec_root), scope, ctx.catalog.collect, 1000)
+    assert files.revision == revision
+    serial = list(files.entries())
+    ledger = tables["ledger"]
+    assert ledger["path"].to_pylist() == [e.path for e in serial]
+    reasons = dict(zip(ledger["path"].to_pylist(), ledger["reason"].to_pylist(), strict=True))
+    assert reasons["include/link.hpp"] == DropReason.SYMLINK
+    assert reasons["src/huge.cc"] == DropReason.TOO_LARGE
+    assert reasons["src/pipe.cc"] == DropReason.UNSAFE_PATH
+    assert reasons["README.md"] == DropReason.NOT_INCLUDED
+    assert sum(r == DropReason.UNSAFE_PATH for r in reasons.values()) == 2  # the fifo, bad\xff
+    assert tables["data"].num_rows == 10
+    assert tables["data"]["path"].to_pylist() == sorted(tables["data"]["path"].to_pylist())
+    assert set(tables["data"]["revision"].to_pylist()) == {revision}
+    assert tables["metadata"]["path"].to_pylist() == ["REUSE.toml"]
+
+
+def test_an_empty_tree_gives_an_empty_version_with_a_revision(tmp_path: Path) -> None:
+    (tmp_path / "tree").mkdir()
+    catalog = tmp_path / "sources.yaml"
+    catalog.write_text(
+        "snapshot: empty\nseq_len: 256\nsources:\n"
+        "  - id: tree\n    kind: dir\n    uri: tree\n    declared_license: MIT\n"
+    )
+    ctx = context(tmp_path, catalog, "empty", workers=2)
+    stage = ctx.registry.get("raw_files")
+    for _ in run_stage(ctx, stage, ["tree"]):
+        pass
+    for check in checks_of(stage):
+        assert check.evaluate(ctx, stage, "tree").passed, check.name
+    m = ctx.store.latest("raw_files", "tree")
+    assert m.rows == 0
+    spec = ctx.catalog.source("tree")
+    files = collect.dir_source(
+        spec, str(tmp_path / "tree"), Scope(spec, None), ctx.catalog.collect, 10
+    )
+    assert m.extra["revision"] == files.revision
