@@ -94,6 +94,9 @@ class Materialized:
 
 
 Body = Callable[["StageContext", "Stage", "str | None"], Materialized]
+# A per-source stage's work over all the run's partitions at once, mapping its own tasks
+# across them; its outputs in partition order.
+SourcesBody = Callable[["StageContext", "Stage", Sequence[str | None]], Iterator[Materialized]]
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,9 @@ class Stage:
     # rows included, since a gate's own stats only cover the files it saw
     summarize: Callable[[GateResult], Counter[str]] | None = None
     body: Body | None = None  # any other stage: its work for one partition
+    # a per-source stage that spreads its own tasks over all its partitions (collection: a
+    # large source's slices beside the small sources); the runner calls it, not `body`
+    sources_body: SourcesBody | None = None
     # what a per-file stage shows beyond the standard summary, from its version and stats
     report: Callable[[StageContext, Manifest, Mapping[str, float]], Mapping[str, Any]] | None = None
     checks: tuple[Check, ...] = ()  # beyond the standard ones the runner adds

@@ -35,6 +35,8 @@ def run_stage(
     done: Iterable[Materialized]
     if stage.gate is not None:
         done = run_gate_stage(ctx, stage, partitions, executor)
+    elif stage.sources_body is not None:
+        done = stage.sources_body(ctx, stage, partitions)
     elif stage.per_source and len(partitions) > 1:
         # many sources' own bodies (collection) side by side, a source to a forked worker of
         # this host whatever the engine: they read this host's files (git mirrors, archives,

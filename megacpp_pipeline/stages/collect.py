@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -24,13 +25,7 @@ from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metad
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
-from megacpp_pipeline.storage.store import (
-    ShardInfo,
-    ShardStore,
-    ShardUploader,
-    TableWriter,
-    WrittenSchema,
-)
+from megacpp_pipeline.storage.store import ShardInfo, ShardUploader, VersionWriter, WrittenSchema
 
 
 def _count(stats: Counter[str], batch: collect.CollectBatch) -> None:
@@ -43,22 +38,44 @@ def _count(stats: Counter[str], batch: collect.CollectBatch) -> None:
 
 
 @dataclass(frozen=True)
-class _DirJob:
-    """What a task reading a directory source's slice needs (all of it picklable)."""
+class _Source:
+    """One source as this run collects it."""
 
-    store: ShardStore
-    spec: SourceSpec
-    stage: str
-    version_dir: str
+    spec: SourceSpec  # a tracked branch pinned to the commit the run resolved
+    uri: str
     max_file_bytes: int
+    # a directory's walk cut into slices (read by tasks side by side); None: one stream
+    slices: list[tuple[collect.Entry | collect.ToRead, ...]] | None = None
+    version_dir: str = ""  # where a directory source's slices write their shards
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What the tasks share (handed to forked workers of this host, never pickled)."""
+
+    ctx: StageContext
+    stage: Stage
+    sources: dict[str, _Source]
+
+
+@dataclass(frozen=True)
+class _Digest:
+    source: str
+    items: tuple[collect.Entry | collect.ToRead, ...]
 
 
 @dataclass(frozen=True)
 class _DirSlice:
+    source: str
     index: int
     revision: str
     items: tuple[collect.Entry | collect.ToRead, ...]
     metadata: frozenset[str]  # the slice's files the registry keeps as metadata
+
+
+@dataclass(frozen=True)
+class _Whole:
+    source: str  # a source read as one stream (git, archive, JSONL) by one task
 
 
 @dataclass
@@ -67,109 +84,101 @@ class _SliceOut:
     stats: Counter[str]
 
 
-def _digest_task(job: _DirJob, items: tuple[collect.Entry | collect.ToRead, ...]) -> bytes:
-    """A slice's share of the directory's revision: its files read and hashed."""
-    return collect.tree_lines(collect.read_entry(item, job.max_file_bytes) for item in items)
-
-
-def _collect_task(job: _DirJob, task: _DirSlice) -> _SliceOut:
-    """A slice's files read again and written as one shard per table into the version."""
-    entries = [collect.read_entry(item, job.max_file_bytes) for item in task.items]
-    batch = collect.collect_slice(job.spec, task.revision, entries, task.metadata.__contains__)
-    out = _SliceOut([], Counter())
-    _count(out.stats, batch)
-    uploader = ShardUploader(job.store, job.version_dir)
-    for name, table in (
-        (layout.DATA, batch.kept),
-        ("ledger", ledger.stamp(batch.ledger, job.stage)),
-        ("metadata", batch.metadata),
-    ):
-        if table.num_rows:
-            prefix = "part" if name == layout.DATA else name
-            shard, written = uploader.write_parquet(f"{prefix}-{task.index:05d}.parquet", table)
-            out.shards.append((name, shard, written))
-    return out
-
-
-def _collect_slices(
-    ctx: StageContext,
-    job: _DirJob,
-    slices: list[tuple[collect.Entry | collect.ToRead, ...]],
-    is_metadata: Callable[[str], bool],
-    tables: dict[str, TableWriter],
-    stats: Counter[str],
-) -> str:
-    """A directory source read by this host's workers, a slice each, twice (once for the
-    revision, a tree hash that every row carries, then to write the rows), the shards
-    adopted in slice order: the same version as one process reading the tree in order.
-    The revision."""
-    executor = ctx.host_executor()  # the tree is on this host's disk
-    tree = hashlib.sha256()
-    for lines in executor.map(_digest_task, job, slices):
-        tree.update(lines)
-    revision = tree.hexdigest()
-    tasks = [
-        _DirSlice(
-            i,
-            revision,
-            items,
-            frozenset(
-                x.path for x in items if isinstance(x, collect.ToRead) and is_metadata(x.path)
-            ),
-        )
-        for i, items in enumerate(slices)
-    ]
-    for out in executor.map(_collect_task, job, tasks):
-        for name, shard, written in out.shards:
-            tables[name].adopt(shard, written)
-        stats.update(out.stats)
-    return revision
-
-
-def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
-    assert source is not None
+def _resolved(ctx: StageContext, source: str) -> _Source:
     cat = ctx.catalog
     spec = cat.source(source)
     pinned = ctx.pins.get(source)
     if spec.track and pinned:
         # the refresh resolved the tracked branch when it launched this run: pin exactly that
         spec = spec.model_copy(update={"revision": pinned, "track": None})
-    is_metadata = partial(ctx.registry.is_metadata_file, spec)
-    uri = cat.resolve_uri(spec)
-    max_file_bytes = cat.file_limit(spec)
+    return _Source(spec, cat.resolve_uri(spec), cat.file_limit(spec))
+
+
+def _first_task(job: _Job, task: _Digest | _Whole) -> bytes | Materialized:
+    """A directory slice's share of its revision (its files read and hashed); or a source
+    read as one stream, collected into a version of its own and committed."""
+    if isinstance(task, _Whole):
+        messages: list[str] = []
+        ctx = replace(job.ctx, log=messages.append)
+        out = _one_stream(ctx, job.stage, job.sources[task.source])
+        return replace(out, messages=tuple(messages))
+    limit = job.sources[task.source].max_file_bytes
+    return collect.tree_lines(collect.read_entry(item, limit) for item in task.items)
+
+
+def _collect_task(job: _Job, task: _DirSlice) -> _SliceOut:
+    """A directory's slice read again and written as one shard per table into its source's
+    version."""
+    source = job.sources[task.source]
+    entries = [collect.read_entry(item, source.max_file_bytes) for item in task.items]
+    batch = collect.collect_slice(source.spec, task.revision, entries, task.metadata.__contains__)
+    result = _SliceOut([], Counter())
+    _count(result.stats, batch)
+    uploader = ShardUploader(job.ctx.store, source.version_dir)
+    for name, table in (
+        (layout.DATA, batch.kept),
+        ("ledger", ledger.stamp(batch.ledger, job.stage.name)),
+        ("metadata", batch.metadata),
+    ):
+        if table.num_rows:
+            prefix = "part" if name == layout.DATA else name
+            shard, written = uploader.write_parquet(f"{prefix}-{task.index:05d}.parquet", table)
+            result.shards.append((name, shard, written))
+    return result
+
+
+_TABLES = {layout.DATA: RAW_FILES, "ledger": LEDGER_SCHEMA, "metadata": collect.METADATA_FILES}
+
+
+def _begin(ctx: StageContext, stage: Stage, spec: SourceSpec) -> VersionWriter:
     version = ctx.store.begin(
         stage.name, spec.id, code_version=ctx.code_version(stage), config=spec, run_id=ctx.run_id
     )
-    tables = {
-        layout.DATA: version.table(layout.DATA, RAW_FILES),
-        "ledger": version.table("ledger", LEDGER_SCHEMA),
-        "metadata": version.table("metadata", collect.METADATA_FILES),
-    }
-    stats: Counter[str] = Counter(files_seen=0, kept_files=0, dropped_files=0, kept_bytes=0)
-    slices = collect.slice_source(spec, uri, max_file_bytes=max_file_bytes, keep_also=is_metadata)
-    if slices is not None:
-        job = _DirJob(ctx.store, spec, stage.name, version.dir, max_file_bytes)
-        revision = _collect_slices(ctx, job, slices, is_metadata, tables, stats)
-    else:
-        files = collect.open_source(
-            spec,
-            uri,
-            cache_dir=ctx.cache_dir,
-            limits=cat.collect,
-            max_file_bytes=max_file_bytes,
-            keep_also=is_metadata,
-        )
-        revision = files.revision
-        for batch in collect.collect_batches(spec, files, is_metadata=is_metadata):
-            tables[layout.DATA].write(batch.kept)
-            tables["ledger"].write(ledger.stamp(batch.ledger, stage.name))
-            tables["metadata"].write(batch.metadata)
-            _count(stats, batch)
+    for name, schema in _TABLES.items():  # all three, even when a source has no such file
+        version.table(name, schema)
+    return version
+
+
+def _new_stats() -> Counter[str]:
+    return Counter(files_seen=0, kept_files=0, dropped_files=0, kept_bytes=0)
+
+
+def _one_stream(ctx: StageContext, stage: Stage, source: _Source) -> Materialized:
+    """A source read as one stream, in this process."""
+    spec = source.spec
+    is_metadata = partial(ctx.registry.is_metadata_file, spec)
+    files = collect.open_source(
+        spec,
+        source.uri,
+        cache_dir=ctx.cache_dir,
+        limits=ctx.catalog.collect,
+        max_file_bytes=source.max_file_bytes,
+        keep_also=is_metadata,
+    )
+    version = _begin(ctx, stage, spec)
+    stats = _new_stats()
+    for batch in collect.collect_batches(spec, files, is_metadata=is_metadata):
+        version.table(layout.DATA, RAW_FILES).write(batch.kept)
+        version.table("ledger", LEDGER_SCHEMA).write(ledger.stamp(batch.ledger, stage.name))
+        version.table("metadata", collect.METADATA_FILES).write(batch.metadata)
+        _count(stats, batch)
+    return _committed(ctx, stage, source, version, stats, files.revision)
+
+
+def _committed(
+    ctx: StageContext,
+    stage: Stage,
+    source: _Source,
+    version: VersionWriter,
+    stats: Counter[str],
+    revision: str,
+) -> Materialized:
+    spec = source.spec
     manifest = version.commit(
-        stats=stats, extra={"revision": revision, "kind": spec.kind, "uri": uri}
+        stats=stats, extra={"revision": revision, "kind": spec.kind, "uri": source.uri}
     )
     ctx.log(
-        f"{stage.name} [{source}]: {stats['files_seen']} files seen, {stats['kept_files']} kept"
+        f"{stage.name} [{spec.id}]: {stats['files_seen']} files seen, {stats['kept_files']} kept"
     )
     meta_out = summary_metadata(
         ctx.store,
@@ -179,7 +188,78 @@ def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
         kept_bytes=stats["kept_bytes"],
         drop_reasons=drop_reasons_table(stats),
     )
-    return Materialized(source, meta_out, stats)
+    return Materialized(spec.id, meta_out, stats)
+
+
+def _sources_body(
+    ctx: StageContext, stage: Stage, partitions: Sequence[str | None]
+) -> Iterator[Materialized]:
+    """Every source of the run collected by this host's workers (the files are on this host's
+    disk, whatever the engine): a directory source a slice to a task, twice (once for its
+    revision, a tree hash that every row carries, then for its rows; the shards adopted in
+    slice order, so the version is the one a single ordered read gives), any other source
+    whole in one task, beside the first pass. Each source's version in partition order."""
+    sources: dict[str, _Source] = {}
+    with ExitStack() as begun:  # a failure drops the directory versions begun here
+        versions: dict[str, VersionWriter] = {}
+        for partition in partitions:
+            assert partition is not None
+            source = _resolved(ctx, partition)
+            spec = source.spec
+            slices = collect.slice_source(
+                spec,
+                source.uri,
+                max_file_bytes=source.max_file_bytes,
+                keep_also=partial(ctx.registry.is_metadata_file, spec),
+            )
+            if slices is not None:
+                versions[partition] = begun.enter_context(_begin(ctx, stage, spec))
+                source = replace(source, slices=slices, version_dir=versions[partition].dir)
+            sources[partition] = source
+        job = _Job(replace(ctx, workers=1), stage, sources)
+        executor = ctx.host_executor()
+        first: list[_Digest | _Whole] = [_Whole(s) for s in sources if s not in versions]
+        first += [_Digest(s, items) for s, src in sources.items() for items in src.slices or ()]
+        trees = {s: hashlib.sha256() for s in versions}
+        done: dict[str, Materialized] = {}
+        for task, out in zip(first, executor.map(_first_task, job, first), strict=True):
+            if isinstance(out, Materialized):
+                done[task.source] = out
+            else:
+                trees[task.source].update(out)
+        slices_todo: list[_DirSlice] = []
+        for s, tree in trees.items():
+            is_metadata = partial(ctx.registry.is_metadata_file, sources[s].spec)
+            slices_todo += [
+                _DirSlice(
+                    s,
+                    i,
+                    tree.hexdigest(),
+                    items,
+                    frozenset(
+                        x.path
+                        for x in items
+                        if isinstance(x, collect.ToRead) and is_metadata(x.path)
+                    ),
+                )
+                for i, items in enumerate(sources[s].slices or ())
+            ]
+        stats = {s: _new_stats() for s in versions}
+        for task2, out2 in zip(
+            slices_todo, executor.map(_collect_task, job, slices_todo), strict=True
+        ):
+            for name, shard, written in out2.shards:
+                versions[task2.source].table(name, _TABLES[name]).adopt(shard, written)
+            stats[task2.source].update(out2.stats)
+        for s, version in versions.items():
+            done[s] = _committed(ctx, stage, sources[s], version, stats[s], trees[s].hexdigest())
+    for partition in partitions:
+        assert partition is not None
+        yield done[partition]
+
+
+def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
+    return next(iter(_sources_body(ctx, stage, [source])))
 
 
 def _every_seen_file_in_ledger(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
@@ -223,6 +303,7 @@ STAGE = Stage(
     ),
     writes_ledger=True,
     body=_body,
+    sources_body=_sources_body,
     checks=(
         Check(
             "every_seen_file_in_ledger",

@@ -5,6 +5,7 @@ gives: the same rows, ledger and metadata in the same order, and the same revisi
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ from megacpp_pipeline.collect import directory
 from megacpp_pipeline.collect.source import Scope
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
+from megacpp_pipeline.storage.store import NoVersionError
 from tests.fixtures.stage_runs import context
 
 HEADER = "// SPDX-License-Identifier: MIT\n#pragma once\n"
@@ -112,3 +114,26 @@ def test_an_empty_tree_gives_an_empty_version_with_a_revision(tmp_path: Path) ->
         spec, str(tmp_path / "tree"), Scope(spec, None), ctx.catalog.collect, 10
     )
     assert m.extra["revision"] == files.revision
+
+
+def test_a_source_that_cannot_be_collected_fails_the_stage_and_leaves_no_version_begun(
+    tmp_path: Path, catalog: Path
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    missing = "1" * 40  # a commit the repository does not hold
+    catalog.write_text(
+        catalog.read_text()
+        + "  - id: repo\n    kind: git\n    uri: repo\n    declared_license: MIT\n"
+        + f"    revision: '{missing}'\n"
+    )
+    ctx = context(tmp_path / "run", catalog, "fails", workers=2)
+    stage = ctx.registry.get("raw_files")
+    with pytest.raises(collect.CollectError, match="repo"):
+        list(run_stage(ctx, stage, ["tree", "repo"]))
+    for source in ("tree", "repo"):
+        with pytest.raises(NoVersionError):
+            ctx.store.latest("raw_files", source)
+        folder = Path(ctx.store.partition_dir("raw_files", source))
+        assert not folder.exists() or not [p for p in folder.iterdir() if p.is_dir()]
