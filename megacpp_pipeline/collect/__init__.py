@@ -63,6 +63,7 @@ __all__ = [
     "resolve_branch",
     "safe_relpath",
     "slice_source",
+    "sliced",
     "tree_lines",
     "unescape_name",
 ]
@@ -96,6 +97,12 @@ def open_source(
     raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
 
 
+def sliced(spec: SourceSpec) -> bool:
+    """Whether the source's files are read in slices side by side (`slice_source`), not as
+    one stream."""
+    return spec.kind == "dir"
+
+
 def slice_source(
     spec: SourceSpec,
     uri: str,
@@ -106,7 +113,7 @@ def slice_source(
     """A directory source's walk cut into slices that tasks read side by side (its revision
     is then the sha256 of their `tree_lines` in order); None for the kinds read as one
     stream (git, archives, JSONL)."""
-    if spec.kind != "dir":
+    if not sliced(spec):
         return None
     return dir_slices(spec, uri, Scope(spec, keep_also), max_file_bytes)
 

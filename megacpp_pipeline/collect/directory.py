@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from megacpp_pipeline.collect.source import (
     CollectError,
@@ -67,9 +67,9 @@ def _rooted(spec: SourceSpec, uri: str, scope: Scope) -> tuple[Path, Scope]:
     return root, Scope(spec.model_copy(update={"subdir": None}), scope.keep_also)
 
 
-@dataclass(frozen=True)
-class ToRead:
-    """A file the walk found wanted and within the size policy: read when collected."""
+class ToRead(NamedTuple):
+    """A file the walk found wanted and within the size policy: read when collected (a
+    tuple: a slice of thousands of them goes to a task and back cheaply)."""
 
     path: str  # as the ledger spells it
     os_path: str  # where it is (the walk's own name, non-UTF-8 bytes and all)

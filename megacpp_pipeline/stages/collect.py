@@ -44,8 +44,6 @@ class _Source:
     spec: SourceSpec  # a tracked branch pinned to the commit the run resolved
     uri: str
     max_file_bytes: int
-    # a directory's walk cut into slices (read by tasks side by side); None: one stream
-    slices: list[tuple[collect.Entry | collect.ToRead, ...]] | None = None
     version_dir: str = ""  # where a directory source's slices write their shards
 
 
@@ -56,6 +54,19 @@ class _Job:
     ctx: StageContext
     stage: Stage
     sources: dict[str, _Source]
+
+
+@dataclass(frozen=True)
+class _Walk:
+    source: str  # a directory source walked and cut into slices by one task
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A directory slice as its walk planned it."""
+
+    items: tuple[collect.Entry | collect.ToRead, ...]
+    metadata: frozenset[str]  # its files the registry keeps as metadata
 
 
 @dataclass(frozen=True)
@@ -94,14 +105,33 @@ def _resolved(ctx: StageContext, source: str) -> _Source:
     return _Source(spec, cat.resolve_uri(spec), cat.file_limit(spec))
 
 
-def _first_task(job: _Job, task: _Digest | _Whole) -> bytes | Materialized:
-    """A directory slice's share of its revision (its files read and hashed); or a source
-    read as one stream, collected into a version of its own and committed."""
+def _first_task(job: _Job, task: _Walk | _Whole) -> list[_Planned] | Materialized:
+    """A directory source walked (stat only) and cut into slices; or a source read as one
+    stream, collected into a version of its own and committed."""
+    source = job.sources[task.source]
     if isinstance(task, _Whole):
         messages: list[str] = []
         ctx = replace(job.ctx, log=messages.append)
-        out = _one_stream(ctx, job.stage, job.sources[task.source])
+        out = _one_stream(ctx, job.stage, source)
         return replace(out, messages=tuple(messages))
+    is_metadata = partial(job.ctx.registry.is_metadata_file, source.spec)
+    slices = collect.slice_source(
+        source.spec, source.uri, max_file_bytes=source.max_file_bytes, keep_also=is_metadata
+    )
+    assert slices is not None
+    return [
+        _Planned(
+            items,
+            frozenset(
+                x.path for x in items if isinstance(x, collect.ToRead) and is_metadata(x.path)
+            ),
+        )
+        for items in slices
+    ]
+
+
+def _digest_task(job: _Job, task: _Digest) -> bytes:
+    """A directory slice's share of its revision: its files read and hashed."""
     limit = job.sources[task.source].max_file_bytes
     return collect.tree_lines(collect.read_entry(item, limit) for item in task.items)
 
@@ -195,55 +225,39 @@ def _sources_body(
     ctx: StageContext, stage: Stage, partitions: Sequence[str | None]
 ) -> Iterator[Materialized]:
     """Every source of the run collected by this host's workers (the files are on this host's
-    disk, whatever the engine): a directory source a slice to a task, twice (once for its
-    revision, a tree hash that every row carries, then for its rows; the shards adopted in
-    slice order, so the version is the one a single ordered read gives), any other source
-    whole in one task, beside the first pass. Each source's version in partition order."""
+    disk, whatever the engine). A directory source: walked and cut into slices by a task,
+    then a slice to a task, twice (once for its revision, a tree hash that every row carries,
+    then for its rows; the shards adopted in slice order, so the version is the one a single
+    ordered read gives). Any other source: whole in one task, beside the walks. Each
+    source's version in partition order."""
     sources: dict[str, _Source] = {}
     with ExitStack() as begun:  # a failure drops the directory versions begun here
         versions: dict[str, VersionWriter] = {}
         for partition in partitions:
             assert partition is not None
-            source = _resolved(ctx, partition)
-            spec = source.spec
-            slices = collect.slice_source(
-                spec,
-                source.uri,
-                max_file_bytes=source.max_file_bytes,
-                keep_also=partial(ctx.registry.is_metadata_file, spec),
-            )
-            if slices is not None:
-                versions[partition] = begun.enter_context(_begin(ctx, stage, spec))
-                source = replace(source, slices=slices, version_dir=versions[partition].dir)
-            sources[partition] = source
+            sources[partition] = source = _resolved(ctx, partition)
+            if collect.sliced(source.spec):
+                versions[partition] = begun.enter_context(_begin(ctx, stage, source.spec))
+                sources[partition] = replace(source, version_dir=versions[partition].dir)
         job = _Job(replace(ctx, workers=1), stage, sources)
         executor = ctx.host_executor()
-        first: list[_Digest | _Whole] = [_Whole(s) for s in sources if s not in versions]
-        first += [_Digest(s, items) for s, src in sources.items() for items in src.slices or ()]
-        trees = {s: hashlib.sha256() for s in versions}
+        first = [_Whole(s) if s not in versions else _Walk(s) for s in sources]
         done: dict[str, Materialized] = {}
+        planned: dict[str, list[_Planned]] = {}
         for task, out in zip(first, executor.map(_first_task, job, first), strict=True):
             if isinstance(out, Materialized):
                 done[task.source] = out
             else:
-                trees[task.source].update(out)
-        slices_todo: list[_DirSlice] = []
-        for s, tree in trees.items():
-            is_metadata = partial(ctx.registry.is_metadata_file, sources[s].spec)
-            slices_todo += [
-                _DirSlice(
-                    s,
-                    i,
-                    tree.hexdigest(),
-                    items,
-                    frozenset(
-                        x.path
-                        for x in items
-                        if isinstance(x, collect.ToRead) and is_metadata(x.path)
-                    ),
-                )
-                for i, items in enumerate(sources[s].slices or ())
-            ]
+                planned[task.source] = out
+        digests = [_Digest(s, p.items) for s, slices in planned.items() for p in slices]
+        trees = {s: hashlib.sha256() for s in versions}
+        for digest, lines in zip(digests, executor.map(_digest_task, job, digests), strict=True):
+            trees[digest.source].update(lines)
+        slices_todo = [
+            _DirSlice(s, i, trees[s].hexdigest(), p.items, p.metadata)
+            for s, slices in planned.items()
+            for i, p in enumerate(slices)
+        ]
         stats = {s: _new_stats() for s in versions}
         for task2, out2 in zip(
             slices_todo, executor.map(_collect_task, job, slices_todo), strict=True
