@@ -138,7 +138,7 @@ def build(
         if not (copies_dir / f"copy-{copy:02d}" / f".{name}.complete").exists()
     ]
     if todo:
-        with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+        with ProcessPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
             list(pool.map(_write_copy, todo))
 
     scale_dir = work / f"scale-{scale}x"

@@ -4,7 +4,8 @@
 # .devcarry/corpus.tar.xz, both made here by scripts/device-pack.sh. Results go to $OUT.
 #   scripts/device-scaleout.sh SCALE:WORKERS...   e.g. 4:2,8,16 16:16
 # Each SCALE:WORKERS is one `bench_scaleout workers` (pinned when the machine has 16 CPUs);
-# its JSON is $OUT/workers-<scale>x.json, printed as a short table at the end of each.
+# its JSON is $OUT/workers-<scale>x-w<workers>.json and its runs' Dagster step timelines
+# $OUT/steps-<scale>x-w<workers>.txt, printed as a short table at the end of each.
 set -euo pipefail
 out=${OUT:-/tmp/device-out}
 mkdir -p "$out" /tmp/site
@@ -28,11 +29,11 @@ pin=()
 [ "$(nproc)" -ge 16 ] && pin=(--pin)
 for phase in "${@:-4:2,8,16}"; do
   scale=${phase%%:*} counts=${phase#*:}
-  json="$out/workers-${scale}x.json"
+  name="${scale}x-w${counts//,/-}"
+  json="$out/workers-$name.json" log="/tmp/workers-$name.log"
   $py -m bench.bench_scaleout workers --scale "$scale" --workers "$counts" "${pin[@]}" \
-    --work "/tmp/scaleout-$scale" >"$json" 2>"$out/workers-${scale}x.log" \
-    || { tail -40 "$out/workers-${scale}x.log"; exit 1; }
-  grep "^\[scaleout\]" "$out/workers-${scale}x.log" || true
+    --work "/tmp/scaleout-$name" >"$json" 2>"$log" || { tail -40 "$log"; exit 1; }
+  grep "^\[scaleout\]" "$log" || true
   $py - "$json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -46,7 +47,7 @@ for k, c in r["compare"].items():
     print("  ", c["stage_group_speedup"])
 PY
   # each run's Dagster steps, start and length, from its event log (which steps do not shrink)
-  $py - /tmp/scaleout-"$scale" >"$out/steps-${scale}x.txt" <<'PY'
+  $py - "/tmp/scaleout-$name" >"$out/steps-$name.txt" <<'PY'
 import datetime, pathlib, sqlite3, sys
 for work in sorted(pathlib.Path(sys.argv[1]).glob("w*")):
     home, t0 = work / "dagster_home", None
@@ -66,6 +67,6 @@ for work in sorted(pathlib.Path(sys.argv[1]).glob("w*")):
             elif kind in ("STEP_SUCCESS", "STEP_FAILURE") and step in starts:
                 print(f"{starts[step] - t0:8.2f} {ts - starts[step]:7.2f}  {step}")
 PY
-  echo "after ${scale}x: $(( $(date +%s) - started )) s"
+  echo "after $name: $(( $(date +%s) - started )) s"
 done
 echo "total $(( $(date +%s) - started )) s"
