@@ -9,7 +9,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -49,11 +49,14 @@ class _Source:
 
 @dataclass(frozen=True)
 class _Job:
-    """What the tasks share (handed to forked workers of this host, never pickled)."""
+    """What the tasks share (handed to forked workers of this host, never pickled): once the
+    walks are done, every directory source's slice plan too, so a task names its slice by
+    source and index and the driver never pickles a file list."""
 
     ctx: StageContext
     stage: Stage
     sources: dict[str, _Source]
+    planned: dict[str, list[_Planned]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,18 +73,10 @@ class _Planned:
 
 
 @dataclass(frozen=True)
-class _Digest:
-    source: str
-    items: tuple[collect.Entry | collect.ToRead, ...]
-
-
-@dataclass(frozen=True)
 class _DirSlice:
     source: str
-    index: int
-    revision: str
-    items: tuple[collect.Entry | collect.ToRead, ...]
-    metadata: frozenset[str]  # the slice's files the registry keeps as metadata
+    index: int  # in the source's slice plan (_Job.planned)
+    revision: str = ""  # the source's, once the digests are in
 
 
 @dataclass(frozen=True)
@@ -130,18 +125,22 @@ def _first_task(job: _Job, task: _Walk | _Whole) -> list[_Planned] | Materialize
     ]
 
 
-def _digest_task(job: _Job, task: _Digest) -> bytes:
+def _digest_task(job: _Job, task: _DirSlice) -> bytes:
     """A directory slice's share of its revision: its files read and hashed."""
     limit = job.sources[task.source].max_file_bytes
-    return collect.tree_lines(collect.read_entry(item, limit) for item in task.items)
+    items = job.planned[task.source][task.index].items
+    return collect.tree_lines(collect.read_entry(item, limit) for item in items)
 
 
 def _collect_task(job: _Job, task: _DirSlice) -> _SliceOut:
     """A directory's slice read again and written as one shard per table into its source's
     version."""
     source = job.sources[task.source]
-    entries = [collect.read_entry(item, source.max_file_bytes) for item in task.items]
-    batch = collect.collect_slice(source.spec, task.revision, entries, task.metadata.__contains__)
+    planned = job.planned[task.source][task.index]
+    entries = [collect.read_entry(item, source.max_file_bytes) for item in planned.items]
+    batch = collect.collect_slice(
+        source.spec, task.revision, entries, planned.metadata.__contains__
+    )
     result = _SliceOut([], Counter())
     _count(result.stats, batch)
     uploader = ShardUploader(job.ctx.store, source.version_dir)
@@ -249,15 +248,12 @@ def _sources_body(
                 done[task.source] = out
             else:
                 planned[task.source] = out
-        digests = [_Digest(s, p.items) for s, slices in planned.items() for p in slices]
+        job = replace(job, planned=planned)  # the next maps' workers inherit the plans
+        digests = [_DirSlice(s, i) for s, slices in planned.items() for i in range(len(slices))]
         trees = {s: hashlib.sha256() for s in versions}
         for digest, lines in zip(digests, executor.map(_digest_task, job, digests), strict=True):
             trees[digest.source].update(lines)
-        slices_todo = [
-            _DirSlice(s, i, trees[s].hexdigest(), p.items, p.metadata)
-            for s, slices in planned.items()
-            for i, p in enumerate(slices)
-        ]
+        slices_todo = [replace(d, revision=trees[d.source].hexdigest()) for d in digests]
         stats = {s: _new_stats() for s in versions}
         for task2, out2 in zip(
             slices_todo, executor.map(_collect_task, job, slices_todo), strict=True
