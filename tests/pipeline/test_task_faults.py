@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from megacpp_pipeline.collect import directory
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.engine import Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
@@ -89,8 +90,12 @@ def _run(root: Path, catalog: Path, markers: Path | None) -> Path:
 
 
 @pytest.mark.slow
-def test_a_task_killed_in_every_map_is_rerun_and_the_snapshot_is_the_same(tmp_path: Path) -> None:
+def test_a_task_killed_in_every_map_is_rerun_and_the_snapshot_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     catalog, _ = write_catalog(tmp_path)
+    # the directory source in slices of a few files: several digest and collect tasks
+    monkeypatch.setattr(directory, "SLICE_FILES", 4)
     data = yaml.safe_load(catalog.read_text())
     # windows of a few documents: several packing blocks and rows shards to kill tasks in
     data.setdefault("stages", {})["packing"] = {"window_docs": 3, "windows_per_task": 1}
@@ -104,7 +109,9 @@ def test_a_task_killed_in_every_map_is_rerun_and_the_snapshot_is_the_same(tmp_pa
     # every kind of map task died at least once and was run again
     for task in (
         "gate_slice",
-        "_run_body",
+        "_first_task",  # collection: a directory's walk, or a git source whole
+        "_digest_task",  # a directory slice hashed for the revision
+        "_collect_task",  # a directory slice read and written
         "sign_task",
         "exact_task",
         "band_task",
