@@ -138,8 +138,8 @@ class Stage:
     # rows included, since a gate's own stats only cover the files it saw
     summarize: Callable[[GateResult], Counter[str]] | None = None
     body: Body | None = None  # any other stage: its work for one partition
-    # a per-source stage that spreads its own tasks over all its partitions (collection: a
-    # large source's slices beside the small sources); the runner calls it, not `body`
+    # or, for a per-source stage, its work over all its partitions at once, spreading its
+    # own tasks across them (collection: a large source's slices beside the small sources)
     sources_body: SourcesBody | None = None
     # what a per-file stage shows beyond the standard summary, from its version and stats
     report: Callable[[StageContext, Manifest, Mapping[str, float]], Mapping[str, Any]] | None = None
@@ -182,8 +182,12 @@ class Registry:
                     raise RegistryError(
                         f"stage {s.name!r}: config_reads {other!r} is not a stage with a config"
                     )
-            if (s.gate is None) == (s.body is None):
-                raise RegistryError(f"stage {s.name!r}: needs exactly one of gate and body")
+            if [s.gate, s.body, s.sources_body].count(None) != 2:
+                raise RegistryError(
+                    f"stage {s.name!r}: needs exactly one of gate, body and sources_body"
+                )
+            if s.sources_body is not None and not s.per_source:
+                raise RegistryError(f"stage {s.name!r}: sources_body is for a per-source stage")
             if s.gate is not None:
                 if s.input is None:
                     raise RegistryError(f"stage {s.name!r}: a per-file gate runs on an input")

@@ -268,10 +268,6 @@ def _sources_body(
         yield done[partition]
 
 
-def _body(ctx: StageContext, stage: Stage, source: str | None) -> Materialized:
-    return next(iter(_sources_body(ctx, stage, [source])))
-
-
 def _every_seen_file_in_ledger(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
     manifest = ctx.latest(stage.name, source)
     seen = kept_in_ledger = 0
@@ -312,7 +308,6 @@ STAGE = Stage(
         DropReason.MALFORMED_RECORD,
     ),
     writes_ledger=True,
-    body=_body,
     sources_body=_sources_body,
     checks=(
         Check(

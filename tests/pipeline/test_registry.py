@@ -69,7 +69,18 @@ def test_every_stage_reads_only_earlier_stages_and_declares_its_drop_reasons() -
     [
         ([_stage("a"), _stage("a")], "stage 'a': the name is used twice"),
         ([_stage("a", input="b"), _stage("b")], "stage 'a': upstream 'b' is not an earlier stage"),
-        ([_stage("a", gate=lambda i: None)], "stage 'a': needs exactly one of gate and body"),
+        (
+            [_stage("a", gate=lambda i: None)],
+            "stage 'a': needs exactly one of gate, body and sources_body",
+        ),
+        (
+            [_stage("a", body=None)],
+            "stage 'a': needs exactly one of gate, body and sources_body",
+        ),
+        (
+            [_stage("a", body=None, sources_body=lambda c, s, p: iter(()))],
+            "stage 'a': sources_body is for a per-source stage",
+        ),
         (
             [_stage("a"), _stage("b", body=None, gate=lambda i: None)],
             "stage 'b': a per-file gate runs on an input",

@@ -15,8 +15,9 @@ from megacpp_pipeline import collect
 from megacpp_pipeline.collect import directory
 from megacpp_pipeline.collect.source import Scope
 from megacpp_pipeline.core.ledger import DropReason
+from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
-from megacpp_pipeline.storage.store import NoVersionError
+from megacpp_pipeline.storage.store import Manifest, NoVersionError
 from tests.fixtures.stage_runs import context
 
 HEADER = "// SPDX-License-Identifier: MIT\n#pragma once\n"
@@ -50,14 +51,19 @@ def catalog(tmp_path: Path) -> Path:
     return path
 
 
-def _raw(tmp: Path, catalog: Path, workers: int) -> tuple[dict[str, pa.Table], str]:
-    ctx = context(tmp, catalog, f"w{workers}", workers=workers)
+def _collected(ctx: StageContext) -> Manifest:
+    """raw_files run over the catalog's one source, "tree", its checks passed."""
     stage = ctx.registry.get("raw_files")
     for _ in run_stage(ctx, stage, ["tree"]):
         pass
     for check in checks_of(stage):
         assert check.evaluate(ctx, stage, "tree").passed, check.name
-    m = ctx.store.latest("raw_files", "tree")
+    return ctx.store.latest("raw_files", "tree")
+
+
+def _raw(tmp: Path, catalog: Path, workers: int) -> tuple[dict[str, pa.Table], str]:
+    ctx = context(tmp, catalog, f"w{workers}", workers=workers)
+    m = _collected(ctx)
     tables = {n: ctx.store.read_table(m, n) for n, info in m.tables.items() if info.shards}
     return tables, str(m.extra["revision"])
 
@@ -92,6 +98,11 @@ def test_slices_read_by_workers_give_the_version_and_revision_of_one_ordered_rea
     assert tables["data"]["path"].to_pylist() == sorted(tables["data"]["path"].to_pylist())
     assert set(tables["data"]["revision"].to_pylist()) == {revision}
     assert tables["metadata"]["path"].to_pylist() == ["REUSE.toml"]
+    contents = {e.path: e.content for e in serial}
+    for path, content in zip(
+        tables["data"]["path"].to_pylist(), tables["data"]["content"].to_pylist(), strict=True
+    ):
+        assert content == contents[path], path
 
 
 def test_an_empty_tree_gives_an_empty_version_with_a_revision(tmp_path: Path) -> None:
@@ -102,12 +113,7 @@ def test_an_empty_tree_gives_an_empty_version_with_a_revision(tmp_path: Path) ->
         "  - id: tree\n    kind: dir\n    uri: tree\n    declared_license: MIT\n"
     )
     ctx = context(tmp_path, catalog, "empty", workers=2)
-    stage = ctx.registry.get("raw_files")
-    for _ in run_stage(ctx, stage, ["tree"]):
-        pass
-    for check in checks_of(stage):
-        assert check.evaluate(ctx, stage, "tree").passed, check.name
-    m = ctx.store.latest("raw_files", "tree")
+    m = _collected(ctx)
     assert m.rows == 0
     spec = ctx.catalog.source("tree")
     files = collect.dir_source(
