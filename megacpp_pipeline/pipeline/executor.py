@@ -20,6 +20,7 @@ import multiprocessing
 import multiprocessing.util
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -172,26 +173,54 @@ class LocalExecutor:
             return
         yield from self._map_forked(task, job, items)
 
-    def _map_forked(self, task: Task[J, T, R], job: J, items: list[T]) -> Iterator[Timed]:
+    def stream(
+        self, task: Task[J, T, R], job: J, items: Sequence[T], ahead: int | None = None
+    ) -> Iterator[R]:
+        """`map` for tasks whose results are large (tables a consumer writes as they come):
+        at most `ahead` tasks (default: two per worker) are handed out beyond the result the
+        consumer waits for, so results never pile up in this process faster than it takes
+        them; memory follows the window, not the number of items."""
+        items = list(items)
+        if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
+            yield from self.map(task, job, items)
+            return
+        window = max(1, ahead if ahead is not None else 2 * self._workers)
+        for timed in self._map_forked(task, job, items, window):
+            yield timed.value
+
+    def _map_forked(
+        self, task: Task[J, T, R], job: J, items: list[T], window: int | None = None
+    ) -> Iterator[Timed]:
+        """Every item's task on a pool forked for this map, results in item order; with a
+        `window`, no item more than `window` past the next one out is handed to the pool.
+        When a worker dies, what finished is kept and a new pool runs the rest."""
+        n = len(items)
+        width = n if window is None else window
         results: dict[int, Timed] = {}
-        todo = list(range(len(items)))
         next_out = 0
         attempts = 0
-        while todo:
-            pool, futures, end = _start_pool(task, job, items, todo, max(1, self._workers))
+        while next_out < n:
+            waiting = deque(i for i in range(next_out, n) if i not in results)
+            first = []
+            while waiting and waiting[0] < next_out + width:
+                first.append(waiting.popleft())
+            pool, futures, end = _start_pool(task, job, items, first, max(1, self._workers))
             broken = False
             try:
-                for i in todo:
-                    try:
-                        results[i] = futures[i].result()
-                    except BrokenProcessPool:
-                        broken = True
-                        break
-                    while next_out in results:
-                        timed = results.pop(next_out)
-                        self.stats.count(timed.node, timed.busy_s)
-                        next_out += 1
-                        yield timed
+                while next_out < n:
+                    if next_out not in results:
+                        try:
+                            results[next_out] = futures[next_out].result()
+                        except BrokenProcessPool:
+                            broken = True
+                            break
+                    timed = results.pop(next_out)
+                    self.stats.count(timed.node, timed.busy_s)
+                    next_out += 1
+                    yield timed
+                    while waiting and waiting[0] < next_out + width:
+                        i = waiting.popleft()
+                        futures[i] = pool.submit(_run_in_worker, items[i])
                 if broken:  # a worker died: keep what finished, fail on a real error
                     for i, future in futures.items():
                         if i in results or not future.done() or future.cancelled():
@@ -209,31 +238,25 @@ class LocalExecutor:
                 end.cancel()
                 break
             end()
-            todo = [i for i in todo if i >= next_out and i not in results]
             attempts += 1
-            self.stats.retried += len(todo)
+            left = [i for i in range(next_out, n) if i not in results]
+            self.stats.retried += len(left)
             if attempts > self.retries:
-                raise TaskLost(
-                    f"task {todo[0] + 1} of {len(items)}: its worker died {attempts} times"
-                )
-        while next_out in results:
-            timed = results.pop(next_out)
-            self.stats.count(timed.node, timed.busy_s)
-            next_out += 1
-            yield timed
+                raise TaskLost(f"task {left[0] + 1} of {n}: its worker died {attempts} times")
 
 
 def _start_pool(
     task: Callable[..., Any], job: Any, items: list[Any], todo: list[int], workers: int
 ) -> tuple[ProcessPoolExecutor, dict[int, Future[Timed]], multiprocessing.util.Finalize]:
     """A pool forked now, the job handed to its workers through the fork, and every item of
-    `todo` submitted to it (a fork-context pool forks all its workers at the first submit)."""
+    `todo` submitted to it (a fork-context pool forks all its workers at the first submit);
+    more items may be submitted later."""
     # the children's collector then never writes to (and so copies) the inherited objects;
     # no gc.collect() first: on a Dagster run's heap it costs more than the map it precedes
     gc.freeze()
     try:
         pool = ProcessPoolExecutor(
-            max_workers=min(workers, len(todo)),
+            max_workers=min(workers, max(1, len(todo))),
             mp_context=multiprocessing.get_context("fork"),
             initializer=_worker_init,
             initargs=(task, job),

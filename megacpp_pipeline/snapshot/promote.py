@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -202,10 +203,14 @@ class Mixture:
             ("split", self.split_documents, self.split_sequences),
             ("source_id", self.source_documents, self.source_sequences),
         ):
-            frame = pl.DataFrame({"key": chunk[key], "draws": draws})
-            for row in frame.group_by("key").agg(pl.len(), pl.col("draws").sum()).iter_rows():
-                documents[row[0]] += int(row[1])
-                sequences[row[0]] += int(row[2])
+            codes = pc.dictionary_encode(chunk[key].combine_chunks())
+            at = codes.indices.to_numpy(zero_copy_only=False)
+            labels = codes.dictionary.to_pylist()
+            docs = np.bincount(at, minlength=len(labels))
+            copies = np.bincount(at, weights=draws, minlength=len(labels))
+            for label, n, m in zip(labels, docs.tolist(), copies.tolist(), strict=True):
+                documents[label] += int(n)
+                sequences[label] += int(m)
 
 
 def _per_document(held: pa.Table, ids: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -35,7 +35,6 @@ from megacpp_pipeline.pipeline.executor import Executor
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
 from megacpp_pipeline.snapshot import layout
-from megacpp_pipeline.snapshot.streams import merge
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.tokenize import load_artifact
 from megacpp_pipeline.storage import slices
@@ -324,18 +323,41 @@ def _ignore(message: str) -> None:
 
 
 def documents_stream(ctx: StageContext) -> Iterator[pa.Table]:
-    """Every document's metadata (DOCUMENTS, no tokens) in doc_id order, a chunk at a time:
-    each source's train and validation tables merged (ids are in catalog order)."""
+    """Every document's metadata (DOCUMENTS, no tokens) in doc_id order, a table per task of
+    the stage: its shards of both splits read (and verified), merged and cast by a forked
+    worker of this host, a few tasks ahead of the consumer (ids run in catalog order, then
+    in task order within a source)."""
     manifest = ctx.latest(names.DOCUMENTS)
+    job = _CheckJob(ctx.store, ctx.store.version_dir(manifest))
+    yield from ctx.host_executor().stream(_documents_task, job, _split_shards(ctx, manifest))
+
+
+def _split_shards(
+    ctx: StageContext, manifest: Manifest
+) -> list[tuple[tuple[ShardInfo, ...], tuple[ShardInfo, ...]]]:
+    """Per task of the stage, in doc_id order: its train shards and its validation shards."""
+    out = []
     for source in ctx.sources():
-        train, validation = (
-            ctx.store.iter_tables(manifest, t, columns=DOCUMENTS.names)
-            if (t := split_table(source, split)) in manifest.tables
-            else iter(())
-            for split in SPLITS
-        )
-        for chunk in merge(train, validation, "doc_id", DOCUMENTS):
-            yield chunk.cast(DOCUMENTS)
+        by_task: dict[int, tuple[list[ShardInfo], list[ShardInfo]]] = {}
+        for k, split in enumerate(SPLITS):
+            table = manifest.tables.get(split_table(source, split))
+            for shard in table.shards if table is not None else []:
+                by_task.setdefault(_task_of(shard), ([], []))[k].append(shard)
+        out += [(tuple(a), tuple(b)) for _, (a, b) in sorted(by_task.items())]
+    return out
+
+
+def _documents_task(
+    job: _CheckJob, shards: tuple[tuple[ShardInfo, ...], tuple[ShardInfo, ...]]
+) -> pa.Table:
+    """One task's documents of both splits, in doc_id order (their ids are distinct)."""
+    tables = [
+        job.store.read_shard(job.vdir, s, DOCUMENTS.names).cast(DOCUMENTS)
+        for part in shards
+        for s in part
+    ]
+    table = pa.concat_tables([DOCUMENTS.empty_table(), *tables])
+    return table.take(pc.sort_indices(table, sort_keys=[("doc_id", "ascending")]))
 
 
 def documents_table(ctx: StageContext, columns: list[str] | None = None) -> pa.Table:

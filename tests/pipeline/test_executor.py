@@ -95,6 +95,46 @@ def test_a_task_error_is_raised_with_its_type_and_message():
         list(LocalExecutor(2, cap=False).map(_refuse, None, range(10)))
 
 
+def _started(folder: str, x: int) -> pa.Table:
+    """A task that leaves a mark when it starts and returns a table (what a stream is for)."""
+    Path(folder, f"{x:04d}").touch()
+    return pa.table({"x": [x] * 100})
+
+
+def test_a_stream_hands_out_no_more_than_its_window_ahead_of_the_consumer(tmp_path: Path):
+    executor = LocalExecutor(2, cap=False)
+    seen = []
+    for k, table in enumerate(executor.stream(_started, str(tmp_path), range(40), ahead=3)):
+        started = len(list(tmp_path.iterdir()))
+        # item k is out; at most the window past it has been handed to the pool
+        assert started <= k + 1 + 3, (k, started)
+        seen.append(table["x"][0].as_py())
+    assert seen == list(range(40))
+    assert len(list(tmp_path.iterdir())) == 40
+
+
+def _die_once_table(marker: str, x: int) -> pa.Table:
+    if x == 9 and not Path(marker).exists():
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return pa.table({"x": [x]})
+
+
+def test_a_stream_runs_again_the_tasks_of_a_killed_worker_and_keeps_the_order(tmp_path: Path):
+    executor = LocalExecutor(2, cap=False)
+    out = executor.stream(_die_once_table, str(tmp_path / "killed"), range(30), ahead=4)
+    assert [t["x"][0].as_py() for t in out] == list(range(30))
+    assert (tmp_path / "killed").exists()
+    assert executor.stats.retried >= 1
+
+
+def test_a_stream_left_early_ends_its_workers(tmp_path: Path):
+    stream = LocalExecutor(2, cap=False).stream(_started, str(tmp_path), range(50), ahead=2)
+    assert next(stream)["x"][0].as_py() == 0
+    stream.close()  # the consumer stops: the pool is ended, not left running the rest
+    assert len(list(tmp_path.iterdir())) <= 1 + 2 + 2  # the window, and a worker's start
+
+
 def test_one_worker_or_one_item_runs_inline():
     assert list(LocalExecutor(1).map(lambda j, x: os.getpid(), None, range(3))) == [os.getpid()] * 3
     assert list(LocalExecutor(4).map(lambda j, x: os.getpid(), None, [0])) == [os.getpid()]
