@@ -45,10 +45,12 @@ def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict
     from megacpp_pipeline.pipeline.catalog import load_catalog
     from megacpp_pipeline.pipeline.checks import checks_of
     from megacpp_pipeline.pipeline.context import StageContext
+    from megacpp_pipeline.pipeline.no_pandas import skip_pandas_probe
     from megacpp_pipeline.pipeline.runner import run_stage
     from megacpp_pipeline.stages import default_registry
     from megacpp_pipeline.storage.store import ShardStore
 
+    skip_pandas_probe()  # as a run's process does (assets/defs.py): pyarrow never imports pandas
     registry = default_registry()
     ctx = StageContext(
         load_catalog(catalog, registry), ShardStore(str(data)), registry, cache, workers=workers
