@@ -78,7 +78,7 @@ class StageContext:
             return ray_engine.RayExecutor(self.engine, self.host_workers)
         return LocalExecutor(self.host_workers)
 
-    def host_executor(self) -> Executor:
+    def host_executor(self) -> LocalExecutor:
         """Forked workers of this host whatever the engine: for work on this host's own
         files (a snapshot being built, its Megatron export)."""
         return LocalExecutor(self.host_workers)
