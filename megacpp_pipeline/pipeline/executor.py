@@ -174,22 +174,35 @@ class LocalExecutor:
         yield from self._map_forked(task, job, items)
 
     def stream(
-        self, task: Task[J, T, R], job: J, items: Sequence[T], ahead: int | None = None
+        self,
+        task: Task[J, T, R],
+        job: J,
+        items: Sequence[T],
+        ahead: int | None = None,
+        workers: int | None = None,
     ) -> Iterator[R]:
         """`map` for tasks whose results are large (tables a consumer writes as they come):
         at most `ahead` tasks (default: two per worker) are handed out beyond the result the
         consumer waits for, so results never pile up in this process faster than it takes
-        them; memory follows the window, not the number of items."""
+        them; memory follows the window, not the number of items. `workers`: a smaller
+        pool than the executor's (one worker reading ahead of a consumer that is slower
+        anyway); with one worker allowed in all, the tasks run here."""
         items = list(items)
         if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
             yield from self.map(task, job, items)
             return
-        window = max(1, ahead if ahead is not None else 2 * self._workers)
-        for timed in self._map_forked(task, job, items, window):
+        pool = min(self._workers, workers or self._workers)
+        window = max(1, ahead if ahead is not None else 2 * pool)
+        for timed in self._map_forked(task, job, items, window, pool):
             yield timed.value
 
     def _map_forked(
-        self, task: Task[J, T, R], job: J, items: list[T], window: int | None = None
+        self,
+        task: Task[J, T, R],
+        job: J,
+        items: list[T],
+        window: int | None = None,
+        workers: int | None = None,
     ) -> Iterator[Timed]:
         """Every item's task on a pool forked for this map, results in item order; with a
         `window`, no item more than `window` past the next one out is handed to the pool.
@@ -204,7 +217,8 @@ class LocalExecutor:
             first = []
             while waiting and waiting[0] < next_out + width:
                 first.append(waiting.popleft())
-            pool, futures, end = _start_pool(task, job, items, first, max(1, self._workers))
+            size = max(1, workers or self._workers)
+            pool, futures, end = _start_pool(task, job, items, first, size)
             broken = False
             try:
                 while next_out < n:

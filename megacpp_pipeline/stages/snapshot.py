@@ -55,7 +55,7 @@ from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.documents import documents_stream
 from megacpp_pipeline.stages.packing import pieces_tables
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
-from megacpp_pipeline.storage.store import Manifest, ShardStore, config_hash
+from megacpp_pipeline.storage.store import Manifest, ShardInfo, ShardStore, config_hash
 from megacpp_pipeline.storage.versions import sha256_file
 
 
@@ -83,19 +83,22 @@ class SourceRows:
             self._head = None
 
 
-def final_ledger_stream(
-    ctx: StageContext, document_files: Iterable[pa.Table]
-) -> Iterator[pa.Table]:
+def final_ledger_stream(ctx: StageContext) -> Iterator[pa.Table]:
     """The snapshot's ledger a chunk at a time: each source's collect ledger joined with
     every later stage's drops and the source's document files (promote.final_ledger_chunks);
-    every stream is read once, in source then path order."""
+    every stream is read once, in source then path order. The two that hold a row per file,
+    the collect ledgers and the document files, are read by a forked worker ahead of the
+    join; the later stages' drops are few and read here."""
     stages = ctx.registry.ledger_stages()
     corpus_wide = {
         name: SourceRows(ctx.store.iter_tables(ctx.latest(name, None), "ledger"))
         for name in stages[1:]
         if not ctx.registry.get(name).per_source
     }
-    files = SourceRows(document_files)
+    collected = SourceRows(
+        read_ahead(ctx, [(ctx.latest(stages[0], s), "ledger") for s in ctx.sources()])
+    )
+    files = SourceRows(document_files_stream(ctx))
 
     def later(name: str, source: str) -> Iterable[pa.Table]:
         if name in corpus_wide:
@@ -104,16 +107,36 @@ def final_ledger_stream(
 
     def sources() -> Iterator[SourceLedgers]:
         for source in ctx.sources():
-            collected = ctx.store.iter_tables(ctx.latest(stages[0], source), "ledger")
             mine: Iterable[pa.Table] = files.of(source)
             if str(ctx.latest(names.DOCUMENTS).extra.get("mode", "file")) != "file":
                 # repository documents list their files in include order: sort the source's
                 mine = [
                     pa.concat_tables(list(mine) or [DOCUMENT_FILES.empty_table()]).sort_by("path")
                 ]
-            yield SourceLedgers(collected, [later(n, source) for n in stages[1:]], mine)
+            yield SourceLedgers(collected.of(source), [later(n, source) for n in stages[1:]], mine)
 
     return final_ledger_chunks(sources())
+
+
+def document_files_stream(ctx: StageContext) -> Iterator[pa.Table]:
+    """The documents version's document_files rows in doc_id order, read ahead."""
+    return read_ahead(ctx, [(ctx.latest(names.DOCUMENTS), "document_files")])
+
+
+def read_ahead(ctx: StageContext, tables: list[tuple[Manifest, str]]) -> Iterator[pa.Table]:
+    """The shards of these versions' tables, in order, each read and verified by one forked
+    worker of this host a few shards ahead of the consumer (inline with one worker)."""
+    refs = [
+        (ctx.store.version_dir(m), shard)
+        for m, table in tables
+        if table in m.tables
+        for shard in m.tables[table].shards
+    ]
+    return ctx.host_executor().stream(_read_shard, ctx.store, refs, ahead=4, workers=1)
+
+
+def _read_shard(store: ShardStore, ref: tuple[str, ShardInfo]) -> pa.Table:
+    return store.read_shard(*ref)
 
 
 def collected_sources(ctx: StageContext) -> dict[str, SourceEntry]:
@@ -263,11 +286,11 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             if (name := layout.data_table(split)) in packed.tables
         },
         documents=documents_stream(ctx),
-        document_files=store.iter_tables(documents, "document_files"),
+        document_files=document_files_stream(ctx),
         document_mode=str(documents.extra.get("mode", "file")),
         engine=ctx.engine.describe(),
         pieces=merged_pieces(store, packed),
-        ledger=final_ledger_stream(ctx, store.iter_tables(documents, "document_files")),
+        ledger=final_ledger_stream(ctx),
         ledger_stages=ctx.registry.ledger_stages(),
         sources={
             sid: entry.model_copy(
