@@ -67,7 +67,7 @@ def inspect_rows(
     )
     plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes, cut=False)]
     rows, problems = 0, list[str]()
-    for n, found in executor.map(_inspect_task, _RowJob(ctx.store, check, state), plan):
+    for n, found in executor.map_light(_inspect_task, _RowJob(ctx.store, check, state), plan):
         rows += n
         problems += found[: MAX_PROBLEMS - len(problems)]
     return rows, problems
@@ -87,7 +87,7 @@ def standard_checks(stage: Stage) -> tuple[Check, ...]:
 def _manifest_verifies(ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
     manifest = ctx.store.latest(stage.name, partition)
     executor = ctx.executor()
-    problems = ctx.store.verify(manifest, check_sha256=True, mapper=executor.map)
+    problems = ctx.store.verify(manifest, check_sha256=True, mapper=executor.map_light)
     return CheckOutcome(
         passed=not problems,
         metadata={

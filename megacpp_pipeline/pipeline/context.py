@@ -113,7 +113,7 @@ class StageContext:
             code_version=self.code_version(stage),
             config=config,
             run_id=self.run_id,
-            mapper=self.host_executor().map,
+            mapper=self.host_executor().map_light,
         )
 
     def file_cache(

@@ -16,8 +16,11 @@ that raises fails the map with its own exception (a gate error still names its f
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing
 import multiprocessing.util
+import os
+import pickle
 import socket
 import time
 from collections import deque
@@ -81,6 +84,8 @@ class Executor(Protocol):
     def map(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[R]: ...
 
     def map_timed(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[Timed]: ...
+
+    def map_light(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[R]: ...
 
     def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R: ...
 
@@ -153,6 +158,28 @@ class LocalExecutor:
         for timed in self.map_timed(task, job, items):
             yield timed.value
 
+    def map_light(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[R]:
+        """`map` for a job that is small and whole when pickled (a check's store, version
+        folder and config; nothing the driver set up for forked workers to inherit): its
+        tasks run on this process's long-lived pool (`_light_pool`), forked once and reused
+        by every light map after it, with the job sent pickled; a job that does not pickle,
+        or pickles to more than LIGHT_JOB_BYTES, gets a pool forked for its map as `map`
+        does. A forked pool costs this process about 15 ms of CPU per worker (copying its
+        page tables; bench/bench_fork.py), and a run makes dozens of small check maps."""
+        items = list(items)
+        if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
+            yield from self.map(task, job, items)
+            return
+        try:
+            blob = pickle.dumps((task, job), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # a closure, a lock: inherited through a fork instead
+            blob = None
+        if blob is None or len(blob) > LIGHT_JOB_BYTES:
+            yield from self.map(task, job, items)
+            return
+        for timed in self._map_forked(task, job, items, light=blob):
+            yield timed.value
+
     def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R:
         """One task in a worker of its own even with one worker: a bounded step that would
         otherwise load the driver (training the tokenizer on its sample)."""
@@ -203,10 +230,12 @@ class LocalExecutor:
         items: list[T],
         window: int | None = None,
         workers: int | None = None,
+        light: bytes | None = None,
     ) -> Iterator[Timed]:
-        """Every item's task on a pool forked for this map, results in item order; with a
-        `window`, no item more than `window` past the next one out is handed to the pool.
-        When a worker dies, what finished is kept and a new pool runs the rest."""
+        """Every item's task on a pool forked for this map (or, `light`: the pickled task
+        and job, on the process's long-lived pool), results in item order; with a `window`,
+        no item more than `window` past the next one out is handed to the pool. When a
+        worker dies, what finished is kept and a new pool runs the rest."""
         n = len(items)
         width = n if window is None else window
         results: dict[int, Timed] = {}
@@ -218,7 +247,15 @@ class LocalExecutor:
             while waiting and waiting[0] < next_out + width:
                 first.append(waiting.popleft())
             size = max(1, workers or self._workers)
-            pool, futures, end = _start_pool(task, job, items, first, size)
+            mine: multiprocessing.util.Finalize | None = None  # a pool of this map's own
+            end: Callable[[], Any]
+            lkey = None if light is None else (next(_LIGHT_MAPS), light)
+            if lkey is None:
+                pool, futures, mine = _start_pool(task, job, items, first, size)
+                end = mine
+            else:
+                pool, end = _light_pool(size)
+                futures = {i: _submit(pool, lkey, items[i]) for i in first}
             broken = False
             try:
                 while next_out < n:
@@ -234,7 +271,7 @@ class LocalExecutor:
                     yield timed
                     while waiting and waiting[0] < next_out + width:
                         i = waiting.popleft()
-                        futures[i] = pool.submit(_run_in_worker, items[i])
+                        futures[i] = _submit(pool, lkey, items[i])
                 if broken:  # a worker died: keep what finished, fail on a real error
                     for i, future in futures.items():
                         if i in results or not future.done() or future.cancelled():
@@ -248,8 +285,9 @@ class LocalExecutor:
                 end()  # terminates the pool, once
                 raise
             if not broken:
-                pool.shutdown(wait=True)
-                end.cancel()
+                if mine is not None:  # the light pool stays for the next light map
+                    pool.shutdown(wait=True)
+                    mine.cancel()
                 break
             end()
             attempts += 1
@@ -283,6 +321,71 @@ def _start_pool(
     finally:
         gc.unfreeze()
     return pool, futures, end
+
+
+# A light map's pickled job is at most this big; a bigger one is inherited through a fork.
+LIGHT_JOB_BYTES = 1 << 20
+_LIGHT_MAPS = itertools.count()
+# this process's long-lived pool for light maps: (its pid, workers, the pool, its finalizer);
+# a process forked from this one sees another pid and forks its own
+_LIGHT: tuple[int, int, ProcessPoolExecutor, multiprocessing.util.Finalize] | None = None
+# in a light pool's worker: the last light map's (key, task, job), unpickled once per map
+_LIGHT_JOB: tuple[int, Callable[..., Any], Any] | None = None
+
+
+def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None]]:
+    """This process's pool for light maps, forked at the first one (all its workers at
+    once, the heap frozen as `_start_pool` does), and what ends it: a light map that fails
+    or whose worker died ends the pool, and the next light map forks a new one."""
+    global _LIGHT
+    if _LIGHT is not None and (_LIGHT[0] != os.getpid() or _LIGHT[1] != workers):
+        if _LIGHT[0] == os.getpid():
+            _LIGHT[3]()
+        _LIGHT = None
+    if _LIGHT is None:
+        gc.freeze()
+        try:
+            pool = ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=_light_init,
+            )
+            finalize = multiprocessing.util.Finalize(
+                pool, _terminate, args=(pool,), exitpriority=10
+            )
+            pool.submit(int).result()  # a fork-context pool forks every worker at the first
+        finally:
+            gc.unfreeze()
+        _LIGHT = (os.getpid(), workers, pool, finalize)
+    light = _LIGHT
+
+    def end() -> None:
+        global _LIGHT
+        light[3]()
+        if _LIGHT is light:
+            _LIGHT = None
+
+    return light[2], end
+
+
+def _light_init() -> None:
+    worker_init()
+    bound_malloc()
+
+
+def _submit(pool: ProcessPoolExecutor, light: tuple[int, bytes] | None, item: Any) -> Future[Timed]:
+    if light is None:  # the pool forked for this map holds the job
+        return pool.submit(_run_in_worker, item)
+    return pool.submit(_run_light, light[0], light[1], item)
+
+
+def _run_light(key: int, blob: bytes, item: Any) -> Timed:
+    global _LIGHT_JOB
+    if _LIGHT_JOB is None or _LIGHT_JOB[0] != key:
+        task, job = pickle.loads(blob)
+        _LIGHT_JOB = (key, task, job)
+    _, task, job = _LIGHT_JOB
+    return run_timed(task, job, item, _HOST)
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:

@@ -328,7 +328,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
         for name in verify.ALL_CHECKS:
             outcome = verify.run_check(
-                name, build_dir, config, mapper=host.map, megatron_dir=exports
+                name, build_dir, config, mapper=host.map_light, megatron_dir=exports
             )
             outcomes.append(outcome)
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
@@ -342,7 +342,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
 
     root = store.local_root(ctx.cache_dir)
     snap = build_snapshot(
-        root, parts, keep=config.keep_snapshots, gate=gate, card=card, mapper=host.map
+        root, parts, keep=config.keep_snapshots, gate=gate, card=card, mapper=host.map_light
     )
     manifest = read_manifest(snap)
     recorded: dict[str, object] = {}  # what the promotion proved, for the Dagster checks
@@ -454,7 +454,7 @@ def _promotion_check(name: str) -> Check:
                     "re-hashes every file it lists on each evaluation)",
                 },
             )
-        mapper = ctx.host_executor().map
+        mapper = ctx.host_executor().map_light
         exports = megatron_dir(ctx, read_manifest(snap).snapshot_id)
         outcome = verify.run_check(
             name, snap, ctx.config(stage), mapper=mapper, megatron_dir=exports

@@ -135,6 +135,43 @@ def test_a_stream_left_early_ends_its_workers(tmp_path: Path):
     assert len(list(tmp_path.iterdir())) <= 1 + 2 + 2  # the window, and a worker's start
 
 
+def _square_and_pid(job: int, x: int) -> tuple[int, int]:
+    return job * x * x, os.getpid()
+
+
+def test_light_maps_reuse_one_pool_forked_once():
+    executor = LocalExecutor(2, cap=False)
+    first = list(executor.map_light(_square_and_pid, 3, range(20)))
+    second = list(executor.map_light(_square_and_pid, 5, range(20)))
+    assert [v for v, _ in first] == [3 * x * x for x in range(20)]
+    assert [v for v, _ in second] == [5 * x * x for x in range(20)]  # each map its own job
+    pids = {p for _, p in first}
+    assert os.getpid() not in pids
+    assert {p for _, p in second} <= pids  # the same workers: no fork for the second map
+
+
+def test_a_light_map_whose_job_does_not_pickle_forks_a_pool_of_its_own():
+    job = {"scale": lambda x: x * 3}
+    out = list(LocalExecutor(2, cap=False).map_light(lambda j, x: j["scale"](x), job, range(9)))
+    assert out == [3 * x for x in range(9)]
+
+
+def test_a_light_map_survives_a_killed_worker_and_the_next_light_map_runs(tmp_path: Path):
+    executor = LocalExecutor(2, cap=False)
+    out = list(executor.map_light(_die_once, str(tmp_path / "killed"), range(12)))
+    assert out == [x * x for x in range(12)]
+    assert (tmp_path / "killed").exists()
+    assert executor.stats.retried >= 1
+    assert [v for v, _ in executor.map_light(_square_and_pid, 1, range(4))] == [0, 1, 4, 9]
+
+
+def test_a_light_map_raises_a_task_error_and_the_next_light_map_runs():
+    executor = LocalExecutor(2, cap=False)
+    with pytest.raises(ValueError, match=r"include/a7.hpp: refused by the test gate"):
+        list(executor.map_light(_refuse, None, range(10)))
+    assert [v for v, _ in executor.map_light(_square_and_pid, 2, range(3))] == [0, 2, 8]
+
+
 def test_one_worker_or_one_item_runs_inline():
     assert list(LocalExecutor(1).map(lambda j, x: os.getpid(), None, range(3))) == [os.getpid()] * 3
     assert list(LocalExecutor(4).map(lambda j, x: os.getpid(), None, [0])) == [os.getpid()]

@@ -57,6 +57,13 @@ class KillingExecutor(LocalExecutor):
         killing = partial(_dies_once, task, self.markers / name, os.getpid())
         return super().map_timed(killing, job, items)
 
+    def map_light(self, task: Any, job: Any, items: Any) -> Any:
+        # the checks' maps: a worker of the process's long-lived pool dies, and a new pool
+        # runs the rest (the wrapped task pickles: a partial of module-level names)
+        name = f"{getattr(task, '__qualname__', 'task')}-{next(_MAPS):04d}"
+        killing = partial(_dies_once, task, self.markers / name, os.getpid())
+        return super().map_light(killing, job, items)
+
 
 @dataclass
 class KillingContext(StageContext):
