@@ -45,6 +45,7 @@ def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict
     from megacpp_pipeline.pipeline.catalog import load_catalog
     from megacpp_pipeline.pipeline.checks import checks_of
     from megacpp_pipeline.pipeline.context import StageContext
+    from megacpp_pipeline.pipeline.executor import end_light_pool
     from megacpp_pipeline.pipeline.no_pandas import skip_pandas_probe
     from megacpp_pipeline.pipeline.runner import run_stage
     from megacpp_pipeline.stages import default_registry
@@ -61,12 +62,14 @@ def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict
     t0 = time.perf_counter()
     for _ in run_stage(ctx, stage, ctx.partitions(stage)):
         pass
+    end_light_pool()  # its workers reaped: their CPU is in RUSAGE_CHILDREN
     cpu1, kids1 = _cpu()
     t1 = time.perf_counter()
     stage_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for check in checks_of(stage):
         for partition in ctx.partitions(stage):
             check.evaluate(ctx, stage, partition)
+    end_light_pool()
     cpu2, kids2 = _cpu()
     return {
         "wall_s": round(t1 - t0, 2),

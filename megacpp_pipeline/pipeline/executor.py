@@ -368,6 +368,17 @@ def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None]]:
     return light[2], end
 
 
+def end_light_pool() -> None:
+    """End this process's light pool now, its workers exiting and reaped (a process's
+    RUSAGE_CHILDREN then holds their CPU); the next light map forks a new one."""
+    global _LIGHT
+    if _LIGHT is not None and _LIGHT[0] == os.getpid():
+        pool, finalize = _LIGHT[2], _LIGHT[3]
+        _LIGHT = None
+        finalize.cancel()
+        pool.shutdown(wait=True)
+
+
 def _light_init() -> None:
     worker_init()
     bound_malloc()
