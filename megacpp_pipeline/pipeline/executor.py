@@ -170,11 +170,8 @@ class LocalExecutor:
         if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
             yield from self.map(task, job, items)
             return
-        try:
-            blob = pickle.dumps((task, job), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # a closure, a lock: inherited through a fork instead
-            blob = None
-        if blob is None or len(blob) > LIGHT_JOB_BYTES:
+        blob = _light_job(task, job)
+        if blob is None:
             yield from self.map(task, job, items)
             return
         for timed in self._map_forked(task, job, items, light=blob):
@@ -211,16 +208,19 @@ class LocalExecutor:
         """`map` for tasks whose results are large (tables a consumer writes as they come):
         at most `ahead` tasks (default: two per worker) are handed out beyond the result the
         consumer waits for, so results never pile up in this process faster than it takes
-        them; memory follows the window, not the number of items. `workers`: a smaller
-        pool than the executor's (one worker reading ahead of a consumer that is slower
-        anyway); with one worker allowed in all, the tasks run here."""
+        them; memory follows the window, not the number of items. A light job (see
+        `map_light`) runs on the process's light pool; another gets a pool forked for it, of
+        `workers` when that is fewer than the executor's (one worker reading ahead of a
+        consumer that is slower anyway). With one worker allowed in all, the tasks run
+        here."""
         items = list(items)
         if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
             yield from self.map(task, job, items)
             return
         pool = min(self._workers, workers or self._workers)
         window = max(1, ahead if ahead is not None else 2 * pool)
-        for timed in self._map_forked(task, job, items, window, pool):
+        blob = _light_job(task, job)  # the process's light pool, the window still the bound
+        for timed in self._map_forked(task, job, items, window, pool, light=blob):
             yield timed.value
 
     def _map_forked(
@@ -254,11 +254,15 @@ class LocalExecutor:
                 pool, futures, mine = _start_pool(task, job, items, first, size)
                 end = mine
             else:
-                pool, end = _light_pool(size)
-                futures = {i: _submit(pool, lkey, items[i]) for i in first}
-            broken = False
+                pool, end = _light_pool(self._workers)
+                futures = {}
+                for i in first:
+                    if not _submit(pool, lkey, items[i], futures, i):
+                        break
+            # a pool breaks when a worker dies, which a submit may be the first to see
+            broken = next_out not in futures and next_out not in results
             try:
-                while next_out < n:
+                while not broken and next_out < n:
                     if next_out not in results:
                         try:
                             results[next_out] = futures[next_out].result()
@@ -271,7 +275,9 @@ class LocalExecutor:
                     yield timed
                     while waiting and waiting[0] < next_out + width:
                         i = waiting.popleft()
-                        futures[i] = _submit(pool, lkey, items[i])
+                        if not _submit(pool, lkey, items[i], futures, i):
+                            broken = True
+                            break
                 if broken:  # a worker died: keep what finished, fail on a real error
                     for i, future in futures.items():
                         if i in results or not future.done() or future.cancelled():
@@ -317,7 +323,10 @@ def _start_pool(
         # exiting: a forked process's exit joins its children (after the finalizers with an
         # exit priority, which end the pool first).
         end = multiprocessing.util.Finalize(pool, _terminate, args=(pool,), exitpriority=10)
-        futures = {i: pool.submit(_run_in_worker, items[i]) for i in todo}
+        futures: dict[int, Future[Timed]] = {}
+        for i in todo:  # a worker that dies this early breaks the pool: the map sees it
+            if not _submit(pool, None, items[i], futures, i):
+                break
     finally:
         gc.unfreeze()
     return pool, futures, end
@@ -333,12 +342,23 @@ _LIGHT: tuple[int, int, ProcessPoolExecutor, multiprocessing.util.Finalize] | No
 _LIGHT_JOB: tuple[int, Callable[..., Any], Any] | None = None
 
 
+def _light_job(task: Callable[..., Any], job: Any) -> bytes | None:
+    """The task and job pickled, when they pickle to at most LIGHT_JOB_BYTES."""
+    try:
+        blob = pickle.dumps((task, job), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # a closure, a lock: inherited through a fork instead
+        return None
+    return blob if len(blob) <= LIGHT_JOB_BYTES else None
+
+
 def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None]]:
     """This process's pool for light maps, forked at the first one (all its workers at
     once, the heap frozen as `_start_pool` does), and what ends it: a light map that fails
     or whose worker died ends the pool, and the next light map forks a new one."""
     global _LIGHT
-    if _LIGHT is not None and (_LIGHT[0] != os.getpid() or _LIGHT[1] != workers):
+    if _LIGHT is not None and (
+        _LIGHT[0] != os.getpid() or _LIGHT[1] != workers or getattr(_LIGHT[2], "_broken", False)
+    ):
         if _LIGHT[0] == os.getpid():
             _LIGHT[3]()
         _LIGHT = None
@@ -384,10 +404,22 @@ def _light_init() -> None:
     bound_malloc()
 
 
-def _submit(pool: ProcessPoolExecutor, light: tuple[int, bytes] | None, item: Any) -> Future[Timed]:
-    if light is None:  # the pool forked for this map holds the job
-        return pool.submit(_run_in_worker, item)
-    return pool.submit(_run_light, light[0], light[1], item)
+def _submit(
+    pool: ProcessPoolExecutor,
+    light: tuple[int, bytes] | None,
+    item: Any,
+    futures: dict[int, Future[Timed]],
+    i: int,
+) -> bool:
+    """Item `i` handed to the pool (into `futures`); False when the pool is broken."""
+    try:
+        if light is None:  # the pool forked for this map holds the job
+            futures[i] = pool.submit(_run_in_worker, item)
+        else:
+            futures[i] = pool.submit(_run_light, light[0], light[1], item)
+    except BrokenProcessPool:
+        return False
+    return True
 
 
 def _run_light(key: int, blob: bytes, item: Any) -> Timed:

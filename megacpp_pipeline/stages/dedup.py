@@ -197,8 +197,8 @@ def _no_shared_hash(ctx: StageContext, stage: Stage, partition: str | None) -> C
     )
     job = _HashJob(ctx.store, area, parts)
     try:
-        kept = sum(executor.map(_bucket_hashes, job, plan))
-        counted = list(executor.map(_count_distinct, job, list(range(parts))))
+        kept = sum(executor.map_light(_bucket_hashes, job, plan))
+        counted = list(executor.map_light(_count_distinct, job, list(range(parts))))
     finally:
         area.remove()
     distinct = sum(d for _, d, _ in counted)

@@ -484,7 +484,7 @@ def _every_file_in_one_document(
     files: Counter[str] = Counter()
     sums = [0, 0]
     runs = []
-    for proved in executor.map(_check_task, job, tasks):
+    for proved in executor.map_light(_check_task, job, tasks):
         problems += proved.problems
         files.update(proved.files)
         sums = [(x + y) & _MASK64 for x, y in zip(sums, proved.sums, strict=True)]
@@ -504,7 +504,7 @@ def _every_file_in_one_document(
         slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
     )
     plan = [p.pieces for p in slices.plan(ctx.store, inputs, task_bytes, cut=False)]
-    for _, part in executor.map(_kept_task, job, plan):
+    for _, part in executor.map_light(_kept_task, job, plan):
         kept_sums = [(x + y) & _MASK64 for x, y in zip(kept_sums, part, strict=True)]
     miscounted = [s for s, m in kept.items() if files.get(s, 0) != m.rows]
     for source in miscounted:

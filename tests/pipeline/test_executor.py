@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from megacpp_pipeline.gates import normalize
+from megacpp_pipeline.pipeline import executor as executor_module
 from megacpp_pipeline.pipeline.executor import LocalExecutor, TaskLost
 from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
 from tests.gates.test_normalize import HEADER, raw_table
@@ -139,15 +140,23 @@ def _square_and_pid(job: int, x: int) -> tuple[int, int]:
     return job * x * x, os.getpid()
 
 
+def _light_workers() -> set[int]:
+    light = executor_module._LIGHT
+    assert light is not None and light[0] == os.getpid()
+    return set(light[2]._processes)  # the pool's worker processes, by pid
+
+
 def test_light_maps_reuse_one_pool_forked_once():
     executor = LocalExecutor(2, cap=False)
     first = list(executor.map_light(_square_and_pid, 3, range(20)))
+    workers = _light_workers()
     second = list(executor.map_light(_square_and_pid, 5, range(20)))
     assert [v for v, _ in first] == [3 * x * x for x in range(20)]
     assert [v for v, _ in second] == [5 * x * x for x in range(20)]  # each map its own job
-    pids = {p for _, p in first}
-    assert os.getpid() not in pids
-    assert {p for _, p in second} <= pids  # the same workers: no fork for the second map
+    assert len(workers) == 2 and os.getpid() not in workers
+    # the same two workers ran both maps: nothing was forked for the second
+    assert _light_workers() == workers
+    assert {p for _, p in first} | {p for _, p in second} <= workers
 
 
 def test_a_light_map_whose_job_does_not_pickle_forks_a_pool_of_its_own():
