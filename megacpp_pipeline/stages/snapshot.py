@@ -86,24 +86,21 @@ class SourceRows:
 def final_ledger_stream(ctx: StageContext) -> Iterator[pa.Table]:
     """The snapshot's ledger a chunk at a time: each source's collect ledger joined with
     every later stage's drops and the source's document files (promote.final_ledger_chunks);
-    every stream is read once, in source then path order. The two that hold a row per file,
-    the collect ledgers and the document files, are read by a forked worker ahead of the
-    join; the later stages' drops are few and read here."""
+    every stream is read once, in source then path order, its shards read ahead by forked
+    workers (a stage's ledger as one stream over every source's version, or its one)."""
     stages = ctx.registry.ledger_stages()
-    corpus_wide = {
-        name: SourceRows(ctx.store.iter_tables(ctx.latest(name, None), "ledger"))
-        for name in stages[1:]
-        if not ctx.registry.get(name).per_source
-    }
-    collected = SourceRows(
-        read_ahead(ctx, [(ctx.latest(stages[0], s), "ledger") for s in ctx.sources()])
-    )
-    files = SourceRows(document_files_stream(ctx))
 
-    def later(name: str, source: str) -> Iterable[pa.Table]:
-        if name in corpus_wide:
-            return corpus_wide[name].of(source)
-        return ctx.store.iter_tables(ctx.latest(name, source), "ledger")
+    def ledger_of(name: str) -> SourceRows:
+        versions = (
+            [ctx.latest(name, s) for s in ctx.sources()]
+            if ctx.registry.get(name).per_source
+            else [ctx.latest(name, None)]
+        )
+        return SourceRows(read_ahead(ctx, [(m, "ledger") for m in versions]))
+
+    collected = ledger_of(stages[0])
+    later = [ledger_of(name) for name in stages[1:]]
+    files = SourceRows(document_files_stream(ctx))
 
     def sources() -> Iterator[SourceLedgers]:
         for source in ctx.sources():
@@ -113,7 +110,7 @@ def final_ledger_stream(ctx: StageContext) -> Iterator[pa.Table]:
                 mine = [
                     pa.concat_tables(list(mine) or [DOCUMENT_FILES.empty_table()]).sort_by("path")
                 ]
-            yield SourceLedgers(collected.of(source), [later(n, source) for n in stages[1:]], mine)
+            yield SourceLedgers(collected.of(source), [rows.of(source) for rows in later], mine)
 
     return final_ledger_chunks(sources())
 
@@ -124,8 +121,9 @@ def document_files_stream(ctx: StageContext) -> Iterator[pa.Table]:
 
 
 def read_ahead(ctx: StageContext, tables: list[tuple[Manifest, str]]) -> Iterator[pa.Table]:
-    """The shards of these versions' tables, in order, each read and verified by one forked
-    worker of this host a few shards ahead of the consumer (inline with one worker)."""
+    """The shards of these versions' tables, in order, each read and verified by a forked
+    worker of this host (the process's light pool), at most four shards ahead of the
+    consumer (inline with one worker)."""
     refs = [
         (ctx.store.version_dir(m), shard)
         for m, table in tables
@@ -251,13 +249,14 @@ def snapshot_dir_of(ctx: StageContext) -> Path:
     return Path(ctx.latest(names.SNAPSHOT, None).extra["snapshot_dir"])
 
 
-def merged_pieces(store: ShardStore, packed: Manifest) -> Iterator[pa.Table]:
+def merged_pieces(ctx: StageContext, packed: Manifest) -> Iterator[pa.Table]:
     """Every pieces table of the packed version as one stream in (doc_id, copy, piece_index)
     order: each table is in doc_id order, and a document's copies come pass by pass (the
-    merge keeps the earlier stream's rows first where a doc_id is in both)."""
+    merge keeps the earlier stream's rows first where a doc_id is in both). Each table's
+    shards are read ahead by forked workers."""
     stream: Iterable[pa.Table] = iter(())
     for table in pieces_tables(packed):
-        stream = merge(stream, store.iter_tables(packed, table), "doc_id", PIECES_SCHEMA)
+        stream = merge(stream, read_ahead(ctx, [(packed, table)]), "doc_id", PIECES_SCHEMA)
     return iter(stream)
 
 
@@ -289,7 +288,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         document_files=document_files_stream(ctx),
         document_mode=str(documents.extra.get("mode", "file")),
         engine=ctx.engine.describe(),
-        pieces=merged_pieces(store, packed),
+        pieces=merged_pieces(ctx, packed),
         ledger=final_ledger_stream(ctx),
         ledger_stages=ctx.registry.ledger_stages(),
         sources={
