@@ -308,13 +308,12 @@ def final_ledger(
     dropped at the stage that dropped it, with the reason and dup_of. The collect ledger
     (`collected_stage`'s) lists every file seen; later stages list only their drops, and the
     first drop counts. In memory: final_ledger_chunks does the same a chunk at a time."""
-    frames = [pl.DataFrame(t) for t in ledger_parts if t.num_rows]
-    if not frames:
+    rows = [_ledger_rows(t) for t in ledger_parts if t.num_rows]
+    if not rows:
         return LEDGER_SCHEMA.empty_table()
-    everything = pl.concat(frames, how="vertical_relaxed")
-    collected = everything.filter(pl.col("stage") == collected_stage)
-    later = everything.filter(pl.col("stage") != collected_stage)
-    return _joined(collected, later, document_files)
+    everything = pa.concat_tables(rows)
+    first = pc.equal(everything["stage"], collected_stage).fill_null(False)
+    return _joined(everything.filter(first), everything.filter(pc.invert(first)), document_files)
 
 
 @dataclass
@@ -337,58 +336,60 @@ def final_ledger_chunks(sources: Iterable[SourceLedgers]) -> Iterator[pa.Table]:
         files = Cursor(source.files, "path", DOCUMENT_FILES)
         for chunk in in_order(source.collected, "path", "the collect ledger"):
             last = chunk["path"][-1].as_py()
-            drops = [c.upto(last) for c in later]
-            rows = [pl.DataFrame(d) for d in drops if d.num_rows]
-            later_rows = (
-                pl.concat(rows, how="vertical_relaxed")
-                if rows
-                else pl.DataFrame(LEDGER_SCHEMA.empty_table())
-            )
-            yield _joined(pl.DataFrame(chunk), later_rows, files.upto(last))
+            drops = [_ledger_rows(d) for c in later if (d := c.upto(last)).num_rows]
+            later_rows = pa.concat_tables([LEDGER_SCHEMA.empty_table(), *drops])
+            yield _joined(_ledger_rows(chunk), later_rows, files.upto(last))
 
 
-def _joined(collected: pl.DataFrame, later: pl.DataFrame, document_files: pa.Table) -> pa.Table:
-    later = later.unique(subset=["source_id", "path"], keep="first", maintain_order=True)
-    docs = pl.DataFrame(
-        document_files.select(["source_id", "path", "license_expression"])
-    ).with_columns(pl.lit(True).alias("in_documents"))
-    merged = (
-        collected.join(later, on=["source_id", "path"], how="left", suffix="_later",
-                       maintain_order="left")
-        .join(docs, on=["source_id", "path"], how="left", suffix="_doc", maintain_order="left")
-        .with_columns(
-            pl.when(pl.col("stage_later").is_not_null())
-            .then(pl.col("stage_later"))
-            .when(pl.col("status") == "kept")
-            .then(pl.lit("snapshot"))
-            .otherwise(pl.col("stage"))
-            .alias("stage"),
-            pl.when(pl.col("stage_later").is_not_null())
-            .then(pl.lit("dropped"))
-            .when((pl.col("status") == "kept") & pl.col("in_documents").is_null())
-            .then(pl.lit("dropped"))
-            .otherwise(pl.col("status"))
-            .alias("status"),
-            pl.coalesce("reason_later", "reason").alias("reason"),
-            pl.coalesce("detail_later", "detail").alias("detail"),
-            pl.coalesce("dup_of_later", "dup_of").alias("dup_of"),
-            pl.coalesce("license_expression_doc", "license_expression_later").alias(
-                "license_expression"
-            ),
-        )
-    )  # fmt: skip
-    # a collected file that reached no document and no drop row: say so instead of hiding it
-    merged = merged.with_columns(
-        pl.when(
-            (pl.col("status") == "dropped")
-            & pl.col("reason").is_null()
-            & pl.col("stage_later").is_null()
-        )
-        .then(pl.lit("unaccounted"))
-        .otherwise(pl.col("reason"))
-        .alias("reason")
+def _ledger_rows(table: pa.Table) -> pa.Table:
+    return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
+
+
+def _file_keys(table: pa.Table) -> pa.Array:
+    """One key per row: its source and path (a path's bytes never hold NUL)."""
+    source = table["source_id"]
+    if pa.types.is_dictionary(source.type):
+        source = source.cast(pa.string())
+    return pc.binary_join_element_wise(source, table["path"], "\0").combine_chunks()
+
+
+def _joined(collected: pa.Table, later: pa.Table, document_files: pa.Table) -> pa.Table:
+    """The collect ledger's rows (LEDGER_SCHEMA) with each file's first later drop (stage
+    order: `later` in that order) and whether a document holds it: Arrow hash lookups
+    (`index_in` finds a key's first row), the collected rows' order kept."""
+    keys = _file_keys(collected)
+    drop = pc.index_in(keys, value_set=_file_keys(later))  # null: no later drop
+    doc = pc.index_in(keys, value_set=_file_keys(document_files))  # null: in no document
+
+    def dropped_as(name: str) -> pa.ChunkedArray:
+        return later[name].take(drop)
+
+    has_drop = pc.is_valid(drop)
+    kept = pc.equal(collected["status"], "kept").fill_null(False)
+    status = pc.if_else(
+        pc.or_(has_drop, pc.and_(kept, pc.is_null(doc))), "dropped", collected["status"]
     )
-    out = merged.select(LEDGER_SCHEMA.names).to_arrow()
+    reason = pc.coalesce(dropped_as("reason"), collected["reason"])
+    # a collected file that reached no document and no drop row: say so instead of hiding it
+    unaccounted = pc.and_(
+        pc.and_(pc.equal(status, "dropped"), pc.is_null(reason)), pc.invert(has_drop)
+    )
+    columns = {
+        "stage": pc.if_else(
+            has_drop, dropped_as("stage"), pc.if_else(kept, "snapshot", collected["stage"])
+        ),
+        "status": status,
+        "reason": pc.if_else(unaccounted.fill_null(False), "unaccounted", reason),
+        "detail": pc.coalesce(dropped_as("detail"), collected["detail"]),
+        "dup_of": pc.coalesce(dropped_as("dup_of"), collected["dup_of"]),
+        "license_expression": pc.coalesce(
+            document_files["license_expression"].take(doc), dropped_as("license_expression")
+        ),
+    }
+    out = pa.table(
+        [columns.get(name, collected[name]) for name in LEDGER_SCHEMA.names],
+        names=LEDGER_SCHEMA.names,
+    )
     return out.cast(LEDGER_SCHEMA)
 
 

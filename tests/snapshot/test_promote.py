@@ -260,3 +260,41 @@ def test_while_a_snapshot_is_promoted_the_latest_of_any_name_is_still_the_previo
         during = latest_snapshot(root)
         held.finish()
     assert during == first, during
+
+
+# --- the final ledger ---------------------------------------------------------------------
+
+
+def _row(path: str, stage: str, status: str, **rest: str | None) -> dict[str, str | None]:
+    return {"source_id": "edge", "path": path, "stage": stage, "status": status, **rest}
+
+
+def test_the_final_ledger_takes_each_files_first_drop_its_document_or_says_unaccounted():
+    collected = [
+        _row("a.hpp", "raw_files", "kept", sha256="1" * 64),
+        _row("b.hpp", "raw_files", "kept"),
+        _row("c.hpp", "raw_files", "kept"),
+        _row("d.bin", "raw_files", "dropped", reason="binary", detail="NUL bytes"),
+        _row("e.hpp", "raw_files", "kept"),
+    ]
+    later = [  # stage order: quality's drop of b.hpp comes first and counts
+        _row("b.hpp", "quality_files", "dropped", reason="low_quality", detail="rule"),
+        _row("c.hpp", "licensed_files", "dropped", reason="license", license_expression="GPL"),
+        _row("b.hpp", "deduped_files", "dropped", reason="near_duplicate", dup_of="edge:a.hpp"),
+    ]
+    files = pa.table({"source_id": ["edge"], "path": ["a.hpp"], "license_expression": ["MIT"]})
+    ledger = pa.Table.from_pylist(collected + later, schema=LEDGER_SCHEMA)
+    final = final_ledger([ledger], files, "raw_files").to_pylist()
+    assert [r["path"] for r in final] == ["a.hpp", "b.hpp", "c.hpp", "d.bin", "e.hpp"]
+    by = {r["path"]: r for r in final}
+    assert (by["a.hpp"]["stage"], by["a.hpp"]["status"]) == ("snapshot", "kept")
+    assert by["a.hpp"]["license_expression"] == "MIT" and by["a.hpp"]["sha256"] == "1" * 64
+    assert (by["b.hpp"]["stage"], by["b.hpp"]["reason"], by["b.hpp"]["dup_of"]) == (
+        "quality_files",
+        "low_quality",
+        None,
+    )
+    assert (by["c.hpp"]["status"], by["c.hpp"]["license_expression"]) == ("dropped", "GPL")
+    assert (by["d.bin"]["stage"], by["d.bin"]["reason"]) == ("raw_files", "binary")
+    # kept by every stage yet in no document: dropped, and said to be unaccounted for
+    assert (by["e.hpp"]["status"], by["e.hpp"]["reason"]) == ("dropped", "unaccounted")
