@@ -265,7 +265,8 @@ class LocalExecutor:
                 while not broken and next_out < n:
                     if next_out not in results:
                         try:
-                            results[next_out] = futures[next_out].result()
+                            # popped: a consumed result must not stay referenced here
+                            results[next_out] = futures.pop(next_out).result()
                         except BrokenProcessPool:
                             broken = True
                             break

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -112,6 +113,27 @@ def test_a_stream_hands_out_no_more_than_its_window_ahead_of_the_consumer(tmp_pa
         seen.append(table["x"][0].as_py())
     assert seen == list(range(40))
     assert len(list(tmp_path.iterdir())) == 40
+
+
+class _Blob:
+    """A result that can be watched with a weak reference (a table cannot)."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+def _blob(job: None, x: int) -> _Blob:
+    return _Blob(x)
+
+
+def test_a_stream_holds_no_result_it_has_handed_out():
+    seen: list[weakref.ref[_Blob]] = []
+    for blob in LocalExecutor(2, cap=False).stream(_blob, None, range(30), ahead=3):
+        seen.append(weakref.ref(blob))
+        del blob
+        # every earlier result is gone: memory follows the window, not the items
+        assert all(ref() is None for ref in seen[:-1]), len(seen)
+    assert len(seen) == 30
 
 
 def _die_once_table(marker: str, x: int) -> pa.Table:
