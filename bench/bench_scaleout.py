@@ -298,14 +298,18 @@ def main() -> None:
     args = parser.parse_args()
     BASELINE.extend(args.baseline)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
-    if args.what == "workers":
-        result = workers(args.scale, [int(n) for n in args.workers.split(",")], work, args.pin)
-    elif args.what == "serial":
-        result = serial(args.scale, [e for e in args.engines.split(",") if e], work)
-    elif args.what == "memory":
-        result = memory([int(n) for n in args.scales.split(",")], work)
-    else:
-        result = refresh(args.scale, args.changed, work)
+    try:
+        if args.what == "workers":
+            result = workers(args.scale, [int(n) for n in args.workers.split(",")], work, args.pin)
+        elif args.what == "serial":
+            result = serial(args.scale, [e for e in args.engines.split(",") if e], work)
+        elif args.what == "memory":
+            result = memory([int(n) for n in args.scales.split(",")], work)
+        else:
+            result = refresh(args.scale, args.changed, work)
+    finally:
+        if args.work is None:  # a 16x run leaves about 3 GB of stores behind
+            shutil.rmtree(work, ignore_errors=True)
     result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-scaleout-{args.what}.json"
