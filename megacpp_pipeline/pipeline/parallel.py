@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -52,6 +54,21 @@ def worker_init() -> None:
     # terminating the pool really ends its workers.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _end_with_parent()
+
+
+def _end_with_parent(every_s: float = 0.5) -> None:
+    """A worker whose parent is gone (killed, or ended without ending its pools: a process
+    pool's worker would wait on its task queue forever) ends too: a daemon thread watches
+    the parent's pid, which changes when the worker is handed to another parent."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="megacpp-parent-watch", daemon=True).start()
 
 
 def polars_threads_run() -> bool:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import weakref
 from pathlib import Path
 
@@ -247,6 +248,36 @@ except RuntimeError as e:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "raised: a.hpp: refused"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:\tZ") for line in f)  # a zombie has ended
+    except OSError:
+        return False
+
+
+def test_a_light_pools_workers_end_when_their_process_ends_without_ending_them():
+    # os._exit skips the finalizer that ends the pool (as a killed process would): the
+    # workers must not wait on their task queue forever
+    script = """
+import os
+from megacpp_pipeline.pipeline import executor
+out = executor.LocalExecutor(2, cap=False).map_light(pow, 2, range(6))
+assert list(out) == [1, 2, 4, 8, 16, 32]
+print(" ".join(str(pid) for pid in executor._LIGHT[2]._processes))
+os._exit(0)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    workers = [int(pid) for pid in out.stdout.split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in workers)
 
 
 def test_polars_threads_are_seen_once_a_query_ran_and_not_before():
