@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -221,6 +222,13 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts.astype(np.int64), lengths) + within
 
 
+def _read_columns(path: Path, wanted: list[str]) -> pa.Table:
+    """Only the columns the export reads, of those the file has: a document's path, hashes
+    and licence are most of documents.parquet and never needed here."""
+    present = set(pq.read_schema(path).names)
+    return pq.read_table(path, columns=[c for c in wanted if c in present])
+
+
 def export_snapshot(
     snapshot_dir: str | os.PathLike[str],
     out_prefix: str | os.PathLike[str],
@@ -249,7 +257,7 @@ def export_snapshot(
     shards = split_shards(manifest, split, root)
     verify_inputs(root, manifest, [layout.DOCUMENTS, layout.PIECES, *shards], mapper)
 
-    docs = pq.read_table(root / layout.DOCUMENTS)
+    docs = _read_columns(root / layout.DOCUMENTS, ["doc_id", "split", "num_tokens", "draws"])
     docs = docs.filter(pc.equal(docs.column("split"), split)).sort_by("doc_id")
     doc_ids = docs.column("doc_id").to_numpy().astype(np.int64)
     doc_tokens = docs.column("num_tokens").to_numpy().astype(np.int64)
@@ -260,7 +268,12 @@ def export_snapshot(
         if "draws" in docs.column_names
         else np.ones(len(doc_ids), dtype=np.int64)
     )
-    pieces = with_copy_column(pq.read_table(root / layout.PIECES))
+    pieces = with_copy_column(
+        _read_columns(
+            root / layout.PIECES,
+            ["doc_id", "copy", "piece_index", "pack_id", "row_offset", "length", "split"],
+        )
+    )
     pieces = pieces.filter(pc.equal(pieces.column("split"), split))
     pieces = pieces.sort_by(
         [("doc_id", "ascending"), ("copy", "ascending"), ("piece_index", "ascending")]
