@@ -167,15 +167,15 @@ class LocalExecutor:
         does. A forked pool costs this process about 15 ms of CPU per worker (copying its
         page tables; bench/bench_fork.py), and a run makes dozens of small check maps."""
         items = list(items)
-        if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
+        if self._inline(items):
             yield from self.map(task, job, items)
             return
-        blob = _light_job(task, job)
-        if blob is None:
-            yield from self.map(task, job, items)
-            return
-        for timed in self._map_forked(task, job, items, light=blob):
+        for timed in self._map_forked(task, job, items, light=_light_job(task, job)):
             yield timed.value
+
+    def _inline(self, items: list[Any]) -> bool:
+        """Whether a map runs in this process: one worker, one item, or no fork here."""
+        return self._workers < 2 or len(items) < 2 or "fork" not in _start_methods()
 
     def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R:
         """One task in a worker of its own even with one worker: a bounded step that would
@@ -189,7 +189,7 @@ class LocalExecutor:
 
     def map_timed(self, task: Task[J, T, R], job: J, items: Sequence[T]) -> Iterator[Timed]:
         items = list(items)
-        if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
+        if self._inline(items):
             for item in items:
                 timed = run_timed(task, job, item, _HOST)
                 self.stats.count(timed.node, timed.busy_s)
@@ -214,7 +214,7 @@ class LocalExecutor:
         consumer that is slower anyway). With one worker allowed in all, the tasks run
         here."""
         items = list(items)
-        if self._workers < 2 or len(items) < 2 or "fork" not in _start_methods():
+        if self._inline(items):
             yield from self.map(task, job, items)
             return
         pool = min(self._workers, workers or self._workers)
