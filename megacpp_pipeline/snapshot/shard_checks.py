@@ -7,6 +7,7 @@ forked worker runs them safely."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.core.identity import Sums, identity_sums
+from megacpp_pipeline.corpus.repository import document_files_problems
 from megacpp_pipeline.snapshot import layout
-from megacpp_pipeline.snapshot.packed_rows import IGNORE_INDEX, PAD_DOC_ID, fixed_list_to_numpy
+from megacpp_pipeline.snapshot.document_files import read_document_files, read_labelled
+from megacpp_pipeline.snapshot.packed_rows import (
+    IGNORE_INDEX,
+    PAD_DOC_ID,
+    fixed_list_to_numpy,
+    with_copy_column,
+)
 from megacpp_pipeline.snapshot.streams import read_back
 
 Mapper = Callable[[Callable[..., Any], Any, Sequence[Any]], Iterator[Any]]
@@ -342,3 +351,192 @@ def draw_problems_in(job: DrawJob, item: tuple[int, int, int]) -> list[str]:
         if len(out) >= MAX_PROBLEMS:
             break
     return out
+
+
+@dataclass(frozen=True)
+class DocumentsJob:
+    """What every window of the documents check shares: the snapshot and which columns its
+    documents.parquet has (older schema versions lack some)."""
+
+    snap: Path
+    columns: tuple[str, ...]  # of documents.parquet, of those the check reads
+    documents: int  # rows of documents.parquet
+
+
+@dataclass
+class DocumentsWindow:
+    """What one window of documents.parquet proved: its documents were doc_ids first..first
+    +count-1, its files per source and their identity sums, its figures, and what is wrong
+    (the first few of each kind: DOCUMENT_FILES_FAULT, then each of DOCUMENT_FAULTS)."""
+
+    first: int
+    count: int
+    files: Counter[str]
+    sums: Sums
+    sequences: int
+    pieces: int
+    problems: dict[str, list[str]]
+
+
+# The kinds of fault a window reports, in report order: its files against its documents,
+# then its documents against their pieces.
+DOCUMENT_FILES_FAULT = layout.DOCUMENT_FILES
+DOCUMENT_FAULTS = (
+    "has no pieces",
+    f"has pieces but is not in {layout.DOCUMENTS}",
+    f"copies in {layout.PIECES} are not 0..draws-1",
+    "pieces are not 0..n-1",
+    f"num_pieces disagrees with {layout.PIECES}",
+    "pieces are in another split than the document",
+)
+
+
+def document_windows(documents: Path) -> list[tuple[int, int, int, int]]:
+    """(row group, first row, end row, the first row's index in the file) of documents.parquet,
+    DRAW_ROWS rows at most each: the windows of the documents check."""
+    rows = DRAW_ROWS
+    meta = pq.ParquetFile(documents).metadata
+    out, at = [], 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        for lo in range(0, n, rows):
+            out.append((g, lo, min(lo + rows, n), at + lo))
+        at += n
+    return out
+
+
+def documents_window(job: DocumentsJob, item: tuple[int, int, int, int]) -> DocumentsWindow:
+    """One window of documents.parquet against the pieces and document_files rows of its
+    doc_ids, read by their doc_id (parquet statistics skip the row groups of other windows):
+    the window of rows k..k+n-1 must hold doc_ids k..k+n-1, and the first and last windows
+    also take the pieces and files of doc_ids below 0 or past the last document."""
+    group, lo, hi, first = item
+    docs = (
+        pq.ParquetFile(job.snap / layout.DOCUMENTS)
+        .read_row_group(group, columns=list(job.columns))
+        .slice(lo, hi - lo)
+    )
+    end = first + docs.num_rows
+    ids = (first or None, end if end < job.documents else None)
+    pieces = with_copy_column(read_labelled(job.snap / layout.PIECES, None, ["split"], ids))
+    ids_np = docs["doc_id"].to_numpy().astype(np.int64)
+    draws = (
+        docs["draws"].to_numpy().astype(np.int64)
+        if "draws" in docs.column_names
+        else np.ones(docs.num_rows, np.int64)  # before source weights: every document once
+    )
+    problems: dict[str, list[str]] = {DOCUMENT_FILES_FAULT: []}
+    for what, found in zip(
+        DOCUMENT_FAULTS, _piece_faults(docs, ids_np, draws, pieces), strict=True
+    ):
+        problems[what] = [f"{layout.DOCUMENTS}: doc {d} {what}" for d in found[:MAX_PROBLEMS]]
+    file_problems = problems[DOCUMENT_FILES_FAULT]
+    files = read_document_files(
+        job.snap,
+        ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"],
+        dictionary=True,
+        doc_ids=ids,
+    )
+    file_ids = files["doc_id"].to_numpy().astype(np.int64)
+    outside = np.flatnonzero((file_ids < first) | (file_ids >= end))
+    if outside.size:
+        row = int(outside[0])
+        file_problems.append(
+            f"{layout.DOCUMENT_FILES}: {files['source_id'][row]}:{files['path'][row]} is in doc "
+            f"{int(file_ids[row])}, which is not in {layout.DOCUMENTS}"
+        )
+        files = files.take(np.flatnonzero((file_ids >= first) & (file_ids < end)))
+    num_files = (  # schema version 1: a document was one file
+        docs["num_files"]
+        if "num_files" in docs.column_names
+        else pa.array(np.ones(docs.num_rows, np.int32))
+    )
+    own = pa.table(
+        {"doc_id": docs["doc_id"], "num_files": num_files, "num_tokens": docs["text_tokens"]}
+    )
+    file_problems += [
+        f"{layout.DOCUMENT_FILES}: {p}" for p in document_files_problems(own, files, None, first)
+    ]
+    sources = files["source_id"].cast(pa.string()).to_pylist()
+    return DocumentsWindow(
+        first,
+        docs.num_rows,
+        Counter(sources),
+        identity_sums(sources, files["path"].to_pylist()),
+        int(draws.sum()),
+        pieces.num_rows,
+        problems,
+    )
+
+
+def _piece_faults(
+    docs: pa.Table, ids: np.ndarray, draws: np.ndarray, pieces: pa.Table
+) -> list[list[int]]:
+    """The doc_ids of each of DOCUMENT_FAULTS, ascending: `docs` (doc_id, split, num_pieces)
+    against `pieces` (doc_id, copy, piece_index, split), vectorized."""
+    if not pieces.num_rows:
+        return [sorted(ids[draws > 0].tolist()), [], [], [], [], []]
+    order = np.lexsort(
+        [pieces[c].to_numpy().astype(np.int64) for c in ("piece_index", "copy", "doc_id")]
+    )
+    doc = pieces["doc_id"].to_numpy().astype(np.int64)[order]
+    copy = pieces["copy"].to_numpy().astype(np.int64)[order]
+    index = pieces["piece_index"].to_numpy().astype(np.int64)[order]
+    split = _labels(pieces["split"])[order]
+    by_id = np.argsort(ids, kind="stable")
+    if len(ids):
+        at = by_id[np.minimum(np.searchsorted(ids[by_id], doc), len(ids) - 1)]
+        known = ids[at] == doc
+    else:
+        at, known = np.zeros(len(doc), np.int64), np.zeros(len(doc), bool)
+    # one group per (doc, copy): its pieces must be 0..n-1, n of them, in the doc's split
+    new = np.r_[True, (doc[1:] != doc[:-1]) | (copy[1:] != copy[:-1])]
+    start = np.flatnonzero(new)
+    end = np.r_[start[1:], len(doc)]
+    n = end - start
+    distinct = np.add.reduceat(np.r_[True, new[1:] | (index[1:] != index[:-1])].astype(int), start)
+    g_known, g_row = known[start], at[start]
+    gaps = g_known & ((index[start] != 0) | (index[end - 1] != n - 1) | (distinct != n))
+    wrong_count = g_known & (n != docs["num_pieces"].to_numpy()[g_row])
+    other_split = (known & (split != _labels(docs["split"])[at])).astype(int)
+    wrong_split = g_known & (np.add.reduceat(other_split, start) > 0)
+    # one group per doc: its copies must be 0..draws-1
+    g_doc, g_copy = doc[start], copy[start]
+    d_start = np.flatnonzero(np.r_[True, g_doc[1:] != g_doc[:-1]])
+    d_end = np.r_[d_start[1:], len(g_doc)]
+    copies = d_end - d_start
+    d_known, d_row = g_known[d_start], g_row[d_start]
+    wrong_copies = d_known & (
+        (copies != draws[d_row]) | (g_copy[d_start] != 0) | (g_copy[d_end - 1] != copies - 1)
+    )
+    has_pieces = np.zeros(len(ids), bool)
+    has_pieces[d_row[d_known]] = True
+    faults = [
+        ids[~has_pieces & (draws > 0)],
+        doc[~known],
+        g_doc[d_start][wrong_copies],
+        g_doc[gaps],
+        g_doc[wrong_count],
+        g_doc[wrong_split],
+    ]
+    return [sorted(set(f.tolist())) for f in faults]
+
+
+def _labels(column: pa.ChunkedArray) -> np.ndarray:
+    """A string column (dictionary-encoded or not) as a numpy array of Python strings."""
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    return np.asarray(column.to_pylist(), dtype=object)
+
+
+def ledger_groups(ledger: Path) -> list[int]:
+    """The row groups of ledger.parquet: one task of ledger_kept each."""
+    return list(range(pq.ParquetFile(ledger).metadata.num_row_groups))
+
+
+def ledger_kept(ledger: Path, group: int) -> tuple[Counter[str], Sums]:
+    """The files one row group of ledger.parquet keeps: per source, and their identity sums."""
+    rows = pq.ParquetFile(ledger).read_row_group(group, columns=["source_id", "path", "status"])
+    kept = rows.filter(pa.compute.equal(rows["status"], "kept"))
+    sources = kept["source_id"].to_pylist()
+    return Counter(sources), identity_sums(sources, kept["path"].to_pylist())

@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.corpus.repository import document_files_problems
+from megacpp_pipeline.core.identity import Sums, added
 from megacpp_pipeline.loader.errors import LoaderError
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.card import card_problems
@@ -49,15 +50,23 @@ from megacpp_pipeline.snapshot.promote import (
     read_manifest,
 )
 from megacpp_pipeline.snapshot.shard_checks import (
+    DOCUMENT_FAULTS,
+    DOCUMENT_FILES_FAULT,
+    MAX_PROBLEMS,
+    DocumentsJob,
     DrawJob,
     Mapper,
     PlacedPieces,
     RoundTripJob,
     RoundTripShard,
+    document_windows,
+    documents_window,
     draw_items,
     draw_problems_in,
     file_facts,
     inline,
+    ledger_groups,
+    ledger_kept,
     round_trip_shard,
     row_problems,
     token_problems,
@@ -182,103 +191,80 @@ def check_documents(
     """doc_ids in the rows agree with pieces.parquet and documents.parquet; every copy of
     every document has all its pieces, in order, and a document has exactly the copies its
     source's weight draws; no target crosses a document boundary; every kept file is in one
-    document, its members' token spans tiling it (document_files.parquet)."""
+    document, its members' token spans tiling it (document_files.parquet).
+
+    A task of `mapper` per window of documents.parquet checks its documents against their
+    pieces and files; here only a few numbers per window are kept: the files per source,
+    which must be the ledger's kept files per source, and the sums of their identity hashes,
+    which must be the ledger's kept files' (so no file is listed twice)."""
     out = CheckOutcome("document_consistency", True)
-    seq = manifest.seq_len
-    # the columns the checks compare, labels dictionary-encoded: no path or hash per file
     present = pq.read_schema(snap / layout.DOCUMENTS).names
-    wanted = ["doc_id", "source_id", "split", "num_pieces", "num_files", "text_tokens", "draws"]
-    docs = pl.DataFrame(
-        read_labelled(
-            snap / layout.DOCUMENTS, [c for c in wanted if c in present], ["source_id", "split"]
-        )
-    )
-    if "draws" not in docs.columns:  # before source weights: every document packed once
-        docs = docs.with_columns(pl.lit(1, pl.Int32).alias("draws"))
-    pieces = pl.DataFrame(with_copy_column(read_labelled(snap / layout.PIECES, None, ["split"])))
-    per_copy = pieces.group_by(["doc_id", "copy"]).agg(
-        pl.len().alias("n"),
-        pl.col("piece_index").min().alias("lo"),
-        pl.col("piece_index").max().alias("hi"),
-        pl.col("piece_index").n_unique().alias("distinct"),
-        pl.col("split").first().alias("piece_split"),
-    )
-    per_doc = per_copy.group_by("doc_id").agg(
-        pl.len().alias("copies"),
-        pl.col("copy").min().alias("first_copy"),
-        pl.col("copy").max().alias("last_copy"),
-    )
-    joined_docs = docs.join(per_doc, on="doc_id", how="full", coalesce=True)
-    missing = joined_docs.filter(pl.col("copies").is_null() & (pl.col("draws") > 0))
-    orphan = joined_docs.filter(pl.col("source_id").is_null())
-    wrong_copies = joined_docs.filter(
-        pl.col("copies").is_not_null()
-        & (
-            (pl.col("copies") != pl.col("draws"))
-            | (pl.col("first_copy") != 0)
-            | (pl.col("last_copy") != pl.col("copies") - 1)
-        )
-    )
-    joined = docs.join(per_copy, on="doc_id", how="inner")
-    gaps = joined.filter(
-        (pl.col("lo") != 0)
-        | (pl.col("hi") != pl.col("n") - 1)
-        | (pl.col("distinct") != pl.col("n"))
-    )
-    wrong_count = joined.filter(pl.col("n") != pl.col("num_pieces"))
-    wrong_split = joined.filter(pl.col("piece_split") != pl.col("split"))
+    wanted = ["doc_id", "split", "num_pieces", "num_files", "text_tokens", "draws"]
+    documents = snap / layout.DOCUMENTS
+    rows_of_documents = pq.ParquetFile(documents).metadata.num_rows
+    job = DocumentsJob(snap, tuple(c for c in wanted if c in present), rows_of_documents)
     if "draws" in present and manifest.schema_version >= 3:
         for problem in draw_problems(snap, manifest, mapper):
             out.fail(problem)
-    files = read_document_files(
-        snap,
-        ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"],
-        dictionary=True,
-    )
+    files: Counter[str] = Counter()
+    sums: list[Sums] = []
+    faults: dict[str, list[str]] = {k: [] for k in (DOCUMENT_FILES_FAULT, *DOCUMENT_FAULTS)}
+    figures: Counter[str] = Counter()
+    for window in mapper(documents_window, job, document_windows(documents)):
+        files.update(window.files)
+        sums.append(window.sums)
+        figures.update(documents=window.count, sequences=window.sequences, pieces=window.pieces)
+        for kind, problems in window.problems.items():  # the first few of each kind
+            faults[kind] += problems[: MAX_PROBLEMS - len(faults[kind])]
     kept = {src: counts["kept"] for src, counts in manifest.ledger.items()}
-    if "num_files" not in docs.columns:  # schema version 1: a document was one file
-        docs = docs.with_columns(pl.lit(1, pl.Int32).alias("num_files"))
-    for problem in document_files_problems(
-        docs.select(["doc_id", "num_files", "text_tokens"])
-        .rename({"text_tokens": "num_tokens"})
-        .to_arrow(),
-        files,
-        kept,
-    ):
-        out.fail(f"{layout.DOCUMENT_FILES}: {problem}")
-    for frame, what in (
-        (missing, "has no pieces"),
-        (orphan, f"has pieces but is not in {layout.DOCUMENTS}"),
-        (wrong_copies, f"copies in {layout.PIECES} are not 0..draws-1"),
-        (gaps, "pieces are not 0..n-1"),
-        (wrong_count, f"num_pieces disagrees with {layout.PIECES}"),
-        (wrong_split, "pieces are in another split than the document"),
-    ):
-        for doc_id in frame["doc_id"].head(5).to_list():
-            out.fail(f"{layout.DOCUMENTS}: doc {doc_id} {what}")
+    for source, n in kept.items():
+        if files.get(source, 0) != n:
+            out.fail(
+                f"{layout.DOCUMENT_FILES}: {source}: {n} kept files but {files.get(source, 0)}"
+                " in documents"
+            )
+    ledger = snap / layout.LEDGER
+    if ledger.exists() and "path" in pq.read_schema(ledger).names:
+        ledger_files: Counter[str] = Counter()
+        ledger_sums: list[Sums] = []
+        for per_source, part in mapper(ledger_kept, ledger, ledger_groups(ledger)):
+            ledger_files.update(per_source)
+            ledger_sums.append(part)
+        if ledger_files == files and added(ledger_sums) != added(sums):
+            out.fail(
+                f"{layout.DOCUMENT_FILES}: as many files per source as {layout.LEDGER} keeps,"
+                " but not the same files (one listed twice, or one that was not kept)"
+            )
+    for problems in faults.values():
+        for problem in problems:
+            out.fail(problem)
     # every row against the pieces that say what it holds, a shard at a time and vectorized
     # (a frame per pack_id would cost a few KB for each row of the snapshot)
-    placed = pieces.sort(["pack_id", "row_offset"]).select(
-        "pack_id", "doc_id", "row_offset", "length"
+    placed = pq.read_table(
+        snap / layout.PIECES, columns=["pack_id", "doc_id", "row_offset", "length"]
     )
-    job = PlacedPieces(
-        seq_len=seq,
-        pack=placed["pack_id"].to_numpy(),
-        doc=placed["doc_id"].to_numpy().astype(np.int32),
-        offset=placed["row_offset"].to_numpy().astype(np.int64),
-        length=placed["length"].to_numpy().astype(np.int64),
+    pack = placed["pack_id"].to_numpy()
+    offset = placed["row_offset"].to_numpy().astype(np.int64)
+    by_place = np.lexsort([offset, pack])
+    job_rows = PlacedPieces(
+        seq_len=manifest.seq_len,
+        pack=pack[by_place],
+        doc=placed["doc_id"].to_numpy().astype(np.int32)[by_place],
+        offset=offset[by_place],
+        length=placed["length"].to_numpy().astype(np.int64)[by_place],
     )
+    del placed, pack, offset, by_place
     rows = 0
     paths = [path for _split, path in _shards(snap, manifest)]
-    for n, problems in mapper(row_problems, job, paths):
+    for n, problems in mapper(row_problems, job_rows, paths):
         rows += n
         for problem in problems:
             out.fail(problem)
     out.metrics.update(
-        documents=docs.height,
-        sequences=int(docs["draws"].sum()),
-        files=files.num_rows,
-        pieces=pieces.height,
+        documents=figures["documents"],
+        sequences=figures["sequences"],
+        files=sum(files.values()),
+        pieces=figures["pieces"],
         rows=rows,
     )
     return out

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
+from megacpp_pipeline.core.identity import NONE, Sums, added, identity_sums
 from megacpp_pipeline.core.row_runs import rows_where
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES, DOCUMENT_TOKENS, DOCUMENTS
 from megacpp_pipeline.corpus import repository
@@ -387,8 +387,6 @@ def document_files_table(ctx: StageContext, columns: list[str] | None = None) ->
 # What the check compares, per document and per file (no hashes, no licences).
 _DOC_COLUMNS = ["doc_id", "num_files", "num_tokens"]
 _FILE_COLUMNS = ["doc_id", "position", "source_id", "path", "start_token", "num_tokens"]
-_MASK64 = (1 << 64) - 1
-_SEEDS = (0, 0x9E3779B97F4A7C15)  # two independent 64-bit hashes of a file's identity
 
 
 @dataclass(frozen=True)
@@ -406,18 +404,8 @@ class _Proved:
     first: int
     count: int
     files: Counter[str]
-    sums: tuple[int, int]
+    sums: Sums
     problems: list[str]
-
-
-def _identity_sums(sources: Sequence[str], paths: Sequence[str]) -> tuple[int, int]:
-    """Order-free sums (mod 2^64) of two hashes of each (source, path): equal sums over two
-    lists of files mean the same files the same number of times (but by chance, ~2^-128)."""
-    keys = [
-        f"{s}\0{p}".encode("utf-8", "surrogatepass") for s, p in zip(sources, paths, strict=True)
-    ]
-    a, b = (sum(xxhash.xxh3_64_intdigest(k, seed=seed) for k in keys) & _MASK64 for seed in _SEEDS)
-    return a, b
 
 
 def _check_task(
@@ -451,14 +439,14 @@ def _check_task(
         first,
         docs.num_rows,
         Counter(sources),
-        _identity_sums(sources, files["path"].to_pylist()),
+        identity_sums(sources, files["path"].to_pylist()),
         problems,
     )
 
 
 def _kept_task(job: _CheckJob, pieces: tuple[slices.Piece, ...]) -> tuple[int, tuple[int, int]]:
     rows = slices.read(job.store, pieces, ["source_id", "path"])
-    return rows.num_rows, _identity_sums(rows["source_id"].to_pylist(), rows["path"].to_pylist())
+    return rows.num_rows, identity_sums(rows["source_id"].to_pylist(), rows["path"].to_pylist())
 
 
 def _every_file_in_one_document(
@@ -482,12 +470,12 @@ def _every_file_in_one_document(
     tasks = [(tuple(d), tuple(f)) for _, (d, f) in sorted(by_task.items())]
     problems: list[str] = []
     files: Counter[str] = Counter()
-    sums = [0, 0]
+    sums = NONE
     runs = []
     for proved in executor.map_light(_check_task, job, tasks):
         problems += proved.problems
         files.update(proved.files)
-        sums = [(x + y) & _MASK64 for x, y in zip(sums, proved.sums, strict=True)]
+        sums = added([sums, proved.sums])
         if proved.count:
             runs.append((proved.first, proved.count))
     documents = 0
@@ -497,7 +485,7 @@ def _every_file_in_one_document(
                 f"documents: doc_ids are not 0..N-1 (the next after {documents - 1} is {first})"
             )
         documents = max(documents, first + count)
-    kept_sums = [0, 0]
+    kept_sums = NONE
     kept = {s: ctx.latest(stage.input, s) for s in ctx.sources()}
     inputs = [(m, layout.DATA) for m in kept.values()]
     task_bytes = slices.few_column_task_bytes(
@@ -505,7 +493,7 @@ def _every_file_in_one_document(
     )
     plan = [p.pieces for p in slices.plan(ctx.store, inputs, task_bytes, cut=False)]
     for _, part in executor.map_light(_kept_task, job, plan):
-        kept_sums = [(x + y) & _MASK64 for x, y in zip(kept_sums, part, strict=True)]
+        kept_sums = added([kept_sums, part])
     miscounted = [s for s, m in kept.items() if files.get(s, 0) != m.rows]
     for source in miscounted:
         problems.append(

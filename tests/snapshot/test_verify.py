@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from megacpp_pipeline import cli
-from megacpp_pipeline.snapshot import texts, verify
+from megacpp_pipeline.pipeline.executor import LocalExecutor
+from megacpp_pipeline.snapshot import shard_checks, texts, verify
 from megacpp_pipeline.snapshot.promote import read_manifest
 from tests.fixtures.snapshot_fixture import build_snapshot
 
@@ -314,3 +315,111 @@ def test_the_round_trip_hashes_a_long_document_a_bounded_run_of_ids_at_a_time(
     few = np.array([20, 21, 22], dtype=np.int32)
     decoded = shard_checks._tokenizer(pristine)[0].decode(few.tolist(), skip_special_tokens=False)
     assert shard_checks.decoded_sha256(pristine, few) == sha(decoded)
+
+
+# --- document_consistency: each window of documents.parquet in a task of its own ----------
+def _rewrite(path: Path, change) -> None:
+    """`path` rewritten after `change` edits its rows (a list of dicts), schema kept."""
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    change(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path, row_group_size=4)
+
+
+def _with_document_files(snap: Path) -> None:
+    """document_files.parquet written beside a fixture that derives it from documents."""
+    from megacpp_pipeline.snapshot.document_files import read_document_files
+
+    pq.write_table(read_document_files(snap), snap / "document_files.parquet", row_group_size=4)
+
+
+def test_the_windows_of_the_documents_check_add_up_to_the_whole(pristine: Path, monkeypatch):
+    whole = _documents_check(pristine)
+    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
+    assert len(shard_checks.document_windows(pristine / "documents.parquet")) == 8
+    for mapper in (shard_checks.inline, LocalExecutor(2).map_light):
+        out = verify.check_documents(pristine, read_manifest(pristine), mapper)
+        assert out.passed, out.problems
+        assert out.metrics == whole.metrics
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda rows: [r for r in rows if r["doc_id"] != 5], "doc 5 has no pieces"),
+        (
+            lambda rows: [{**r, "doc_id": 99} if r["doc_id"] == 5 else r for r in rows],
+            "doc 99 has pieces but is not in documents.parquet",
+        ),
+        (
+            lambda rows: [{**r, "doc_id": -3} if r["doc_id"] == 0 else r for r in rows],
+            "doc -3 has pieces but is not in documents.parquet",
+        ),
+        (
+            lambda rows: [
+                {**r, "split": "validation" if r["split"] == "train" else "train"}
+                if r["doc_id"] == 7
+                else r
+                for r in rows
+            ],
+            "doc 7 pieces are in another split than the document",
+        ),
+        (
+            lambda rows: [
+                {**r, "piece_index": r["piece_index"] + 1} if r["doc_id"] == 9 else r for r in rows
+            ],
+            "doc 9 pieces are not 0..n-1",
+        ),
+        (
+            lambda rows: [{**r, "copy": 1} if r["doc_id"] == 2 else r for r in rows],
+            "doc 2 copies in pieces.parquet are not 0..draws-1",
+        ),
+    ],
+)
+def test_the_documents_check_names_a_document_whose_pieces_are_wrong(
+    pristine: Path, tmp_path: Path, monkeypatch, change, expected
+) -> None:
+    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
+    snap = damaged(pristine, tmp_path)
+    _rewrite(snap / "pieces.parquet", lambda rows: rows.__setitem__(slice(None), change(rows)))
+    out = verify.check_documents(snap, read_manifest(snap), LocalExecutor(2).map_light)
+    assert not out.passed
+    assert f"documents.parquet: {expected}" in out.problems, out.problems
+
+
+def test_a_file_listed_in_two_windows_is_found_by_the_ledger_sums(
+    pristine: Path, tmp_path: Path, monkeypatch
+) -> None:
+    # doc 11's file renamed to doc 1's: every window is sound on its own, each source still
+    # lists as many files as the ledger keeps, but one file is listed twice, one not at all
+    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
+    snap = damaged(pristine, tmp_path)
+    _with_document_files(snap)
+    assert verify.check_documents(snap, read_manifest(snap)).passed
+
+    def change(rows):
+        first = next(r for r in rows if r["doc_id"] == 1)
+        last = next(r for r in rows if r["doc_id"] == 11)
+        last.update(source_id=first["source_id"], path=first["path"])
+
+    _rewrite(snap / "document_files.parquet", change)
+    out = verify.check_documents(snap, read_manifest(snap), LocalExecutor(2).map_light)
+    assert not out.passed
+    assert any("but not the same files (one listed twice" in p for p in out.problems), out.problems
+
+
+def test_a_file_of_a_document_that_is_not_there_is_named(
+    pristine: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
+    snap = damaged(pristine, tmp_path)
+    _with_document_files(snap)
+
+    def change(rows):
+        rows[-1]["doc_id"] = 4242
+
+    _rewrite(snap / "document_files.parquet", change)
+    out = verify.check_documents(snap, read_manifest(snap))
+    assert any("is in doc 4242, which is not in documents.parquet" in p for p in out.problems), (
+        out.problems
+    )
