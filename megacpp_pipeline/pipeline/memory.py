@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+import pyarrow as pa
+
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 4 << 20
 ENV = "MALLOC_MMAP_THRESHOLD_"
@@ -39,3 +41,16 @@ def bound_malloc() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def release_memory() -> None:
+    """Hand what this process freed back to the system: Arrow's pool keeps freed pages for
+    reuse, and glibc keeps the free top of its heaps. Called between the phases of a long
+    step (the snapshot's promotion checks), so each starts near what is live, not at the
+    high-water mark of the one before: at demo 64x the snapshot's checks peaked at 387 MB
+    one after another, 329 MB with this between them."""
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -268,23 +268,24 @@ def export_snapshot(
         if "draws" in docs.column_names
         else np.ones(len(doc_ids), dtype=np.int64)
     )
+    del docs
     pieces = with_copy_column(
         _read_columns(
             root / layout.PIECES,
             ["doc_id", "copy", "piece_index", "pack_id", "row_offset", "length", "split"],
         )
     )
-    pieces = pieces.filter(pc.equal(pieces.column("split"), split))
-    pieces = pieces.sort_by(
-        [("doc_id", "ascending"), ("copy", "ascending"), ("piece_index", "ascending")]
+    pieces = pieces.filter(pc.equal(pieces.column("split"), split)).drop_columns(["split"])
+    # in (doc_id, copy, piece_index) order; each column taken on its own, so no sorted copy
+    # of the whole table is ever held beside the columns
+    columns = {name: pieces.column(name).to_numpy() for name in pieces.column_names}
+    del pieces
+    order = np.lexsort((columns["piece_index"], columns["copy"], columns["doc_id"]))
+    piece_doc, piece_copy, piece_index, piece_pack, piece_offset, piece_length = (
+        columns.pop(name)[order].astype(np.int64)
+        for name in ("doc_id", "copy", "piece_index", "pack_id", "row_offset", "length")
     )
-    piece_doc = pieces.column("doc_id").to_numpy().astype(np.int64)
-    piece_copy = pieces.column("copy").to_numpy().astype(np.int64)
-    piece_index = pieces.column("piece_index").to_numpy().astype(np.int64)
-    piece_pack = pieces.column("pack_id").to_numpy().astype(np.int64)
-    piece_offset = pieces.column("row_offset").to_numpy().astype(np.int64)
-    piece_length = pieces.column("length").to_numpy().astype(np.int64)
-
+    del order
     pieces_path = root / layout.PIECES
     if len(np.unique(doc_ids)) != len(doc_ids):
         raise MegatronExportError(root / layout.DOCUMENTS, "doc_id", "duplicate doc_id")

@@ -283,13 +283,7 @@ def check_round_trip(
     if ids.height > sample:  # the sample chosen from the ids alone; its rows read after
         ids = ids.sample(n=sample, seed=seed)
     chosen = pa.array(ids["doc_id"].to_numpy(), pa.int32())
-    docs = pl.DataFrame(
-        pq.read_table(
-            snap / layout.DOCUMENTS,
-            columns=["doc_id", "path", "content_sha256"],
-            filters=pc.field("doc_id").isin(chosen),
-        )
-    )
+    docs = pl.DataFrame(_documents_of(snap, chosen, ["doc_id", "path", "content_sha256"]))
     sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
     path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
     checked = 0
@@ -331,6 +325,20 @@ def check_round_trip(
     return out
 
 
+def _documents_of(snap: Path, doc_ids: pa.Array, columns: list[str]) -> pa.Table:
+    """The rows of documents.parquet whose doc_id is in `doc_ids`, a row group at a time: a
+    group's other columns are decoded only when it holds one of them, and only those rows
+    are kept (a filter on the whole file decodes every path and hash first)."""
+    parquet = pq.ParquetFile(snap / layout.DOCUMENTS)
+    parts = []
+    for group in range(parquet.num_row_groups):
+        ids = parquet.read_row_group(group, columns=["doc_id"])["doc_id"]
+        rows = pc.indices_nonzero(pc.is_in(ids, doc_ids))
+        if len(rows):
+            parts.append(parquet.read_row_group(group, columns=columns).take(rows))
+    return pa.concat_tables(parts) if parts else parquet.schema_arrow.empty_table().select(columns)
+
+
 def _round_trip_tasks(
     snap: Path,
     manifest: SnapshotManifest,
@@ -342,7 +350,9 @@ def _round_trip_tasks(
     rows no shard holds (rebuilt by the driver's own reader)."""
     wanted = pa.array(sorted(sha_by_doc), pa.int32())
     # a weighted document packed more than once has identical copies: its first one will do
-    pieces = with_copy_column(pq.read_table(snap / layout.PIECES))
+    pieces = with_copy_column(
+        pq.read_table(snap / layout.PIECES, filters=pc.field("doc_id").isin(wanted))
+    )
     pieces = pieces.filter(
         pc.and_(pc.is_in(pieces["doc_id"], wanted), pc.equal(pieces["copy"], 0))
     ).sort_by([("doc_id", "ascending"), ("piece_index", "ascending")])

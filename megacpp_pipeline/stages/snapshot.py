@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.memory import release_memory
 from megacpp_pipeline.pipeline.registry import (
     Check,
     CheckOutcome,
@@ -313,6 +314,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         if previous is not None and previous.name != manifest.snapshot_id:
             changes.append(render_markdown(diff_snapshots(previous, build_dir)))
         inputs.changes = changes[0] if changes else None
+        release_memory()  # the diff read both snapshots' ledgers
         return render_card(build_dir, manifest, inputs)
 
     host = ctx.host_executor()  # the build is a folder of this host
@@ -330,6 +332,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
                 name, build_dir, config, mapper=host.map_light, megatron_dir=exports
             )
             outcomes.append(outcome)
+            release_memory()  # each check starts from what is live, not the last one's peak
             ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{name}: {outcome.problems[0]}")
