@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.card import tokenizer_origin
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.promote import read_manifest
+from megacpp_pipeline.snapshot.streams import Cursor, in_order, read_back
 
 
 @dataclass
@@ -83,7 +88,88 @@ def _ledger(snap: Path) -> pl.DataFrame:
 
 def _file_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
     """Per source, the paths added, removed and changed (another sha256) from `old` to `new`,
-    each sorted: one join of the two ledgers, no Python loop over files."""
+    each sorted. A merge of the two ledgers a chunk at a time, source by source (every
+    snapshot writes a source's ledger rows in path order): memory follows a row group and
+    the changes found, not the corpus. Ledgers not in that order (a snapshot from before it
+    was kept) are joined whole."""
+    try:
+        return _merged_changes(old, new)
+    except ValueError:  # in_order: a ledger whose rows are not in path order
+        return _joined_changes(old, new)
+
+
+class _Runs:
+    """A ledger's rows of each source, read a row group at a time: where each source's runs
+    of rows are (from the source_id column alone), then those rows on demand."""
+
+    def __init__(self, snap: Path) -> None:
+        self.path = snap / layout.LEDGER
+        self.file = pq.ParquetFile(self.path)
+        present = self.file.schema_arrow.names
+        self.columns = [c for c in [*_KEY, "sha256"] if c in present]
+        self.runs: dict[str, list[tuple[int, int, int]]] = {}  # source -> (group, start, end)
+        labels = pq.ParquetFile(self.path, read_dictionary=["source_id"])
+        for group in range(self.file.num_row_groups):
+            column = labels.read_row_group(group, ["source_id"])["source_id"].combine_chunks()
+            names = column.dictionary.to_pylist()
+            ids = column.indices.to_numpy()
+            cut = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+            for start, end in zip(np.r_[0, cut], np.r_[cut, len(ids)], strict=True):
+                if end > start:
+                    self.runs.setdefault(names[ids[start]], []).append((group, start, end))
+        self._cached: tuple[int, pa.Table] | None = None
+
+    def rows(self, source: str) -> Iterator[pa.Table]:
+        """The source's rows (source_id, path, sha256), refused unless in path order."""
+        return in_order(self._rows(source), "path", f"{self.path} [{source}]")
+
+    def _rows(self, source: str) -> Iterator[pa.Table]:
+        for group, start, end in self.runs.get(source, []):
+            if self._cached is None or self._cached[0] != group:
+                self._cached = (group, self.file.read_row_group(group, self.columns))
+            table = self._cached[1].slice(start, end - start)
+            if "sha256" not in table.column_names:
+                table = table.append_column("sha256", pa.nulls(table.num_rows, pa.string()))
+            yield table.select([*_KEY, "sha256"]).cast(_LEDGER_SCHEMA)
+
+
+_LEDGER_SCHEMA = pa.schema(
+    [("source_id", pa.string()), ("path", pa.string()), ("sha256", pa.string())]
+)
+
+
+def _merged_changes(old_dir: Path, new_dir: Path) -> dict[str, dict[str, list[str]]]:
+    old, new = _Runs(old_dir), _Runs(new_dir)
+    out: dict[str, dict[str, list[str]]] = {}
+    for source in dict.fromkeys([*new.runs, *old.runs]):
+        found: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
+        before = Cursor(old.rows(source), "path", _LEDGER_SCHEMA)
+        for chunk in new.rows(source):
+            _compare(before.upto(chunk["path"][-1].as_py()), chunk, found)
+        for rest in before.rest():
+            found["removed"] += rest["path"].to_pylist()
+        out[source] = {what: sorted(paths) for what, paths in found.items() if paths}
+    return out
+
+
+def _compare(old: pa.Table, new: pa.Table, found: dict[str, list[str]]) -> None:
+    """The paths of `new` not in `old` (added), of `old` not in `new` (removed), and in both
+    with another sha256 (changed; a missing one counts as another), by two hash lookups."""
+    at = pc.index_in(new["path"], value_set=old["path"])
+    found["added"] += new["path"].filter(pc.is_null(at)).to_pylist()
+    back = pc.index_in(old["path"], value_set=new["path"])
+    found["removed"] += old["path"].filter(pc.is_null(back)).to_pylist()
+    both = pc.is_valid(at)
+    was = pc.take(old["sha256"], at.filter(both))
+    now = new["sha256"].filter(both)
+    same = pc.or_(  # a sha256 missing on both sides (a ledger without them) is no change
+        pc.fill_null(pc.equal(was, now), False), pc.and_(pc.is_null(was), pc.is_null(now))
+    )
+    found["changed"] += new["path"].filter(both).filter(pc.invert(same)).to_pylist()
+
+
+def _joined_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
+    """_file_changes by one join of the two whole ledgers."""
     joined = (
         _ledger(old)
         .with_columns(pl.lit(True).alias("before"))
@@ -114,20 +200,24 @@ def _file_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
 
 
 def _documents(snap: Path) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """Documents per source, per licence expression and per scrub kind, counted a row group
+    at a time."""
     present = pq.read_schema(snap / layout.DOCUMENTS).names
     wanted = ["source_id", "license_expression", "scrub_kinds"]
-    docs = pl.DataFrame(
-        pq.read_table(snap / layout.DOCUMENTS, columns=[c for c in wanted if c in present])
-    )
-
-    def counts(column: pl.Series) -> Counter[str]:
-        return Counter(dict(column.value_counts().iter_rows()))
-
-    per_source = counts(docs.get_column("source_id"))
-    licences = counts(docs.get_column("license_expression").replace("", None).fill_null("(none)"))
+    per_source: Counter[str] = Counter()
+    licences: Counter[str] = Counter()
     scrub: Counter[str] = Counter()
-    if "scrub_kinds" in docs.columns:
-        scrub = counts(docs.get_column("scrub_kinds").explode().drop_nulls())
+
+    def count(into: Counter[str], column: pa.ChunkedArray | pa.Array) -> None:
+        for row in pc.value_counts(column).to_pylist():
+            into[row["values"]] += row["counts"]
+
+    for docs in read_back(snap / layout.DOCUMENTS, [c for c in wanted if c in present]):
+        count(per_source, docs["source_id"])
+        licence = docs["license_expression"]
+        count(licences, pc.fill_null(pc.if_else(pc.equal(licence, ""), None, licence), "(none)"))
+        if "scrub_kinds" in docs.column_names:
+            count(scrub, pc.drop_null(pc.list_flatten(docs["scrub_kinds"])))
     return per_source, licences, scrub
 
 
