@@ -30,7 +30,6 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.card import card_problems
 from megacpp_pipeline.snapshot.document_files import (
     read_document_files,
-    read_labelled,
 )
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
 from megacpp_pipeline.snapshot.layout import CARD, COMPLETE, MANIFEST, REPORT_DIR, SnapshotManifest
@@ -71,6 +70,7 @@ from megacpp_pipeline.snapshot.shard_checks import (
     row_problems,
     token_problems,
 )
+from megacpp_pipeline.snapshot.streams import read_back
 from megacpp_pipeline.snapshot.text_release import (
     TEXT_DIR,
     ReleaseConfig,
@@ -427,41 +427,52 @@ def _member_starts(snap: Path, manifest: SnapshotManifest) -> dict[int, list[int
 
 def check_ledger(snap: Path, manifest: SnapshotManifest) -> CheckOutcome:
     """Per source: collected == kept + dropped, kept == the files in documents (document_files
-    .parquet), nothing unaccounted."""
+    .parquet), nothing unaccounted. Counted a row group at a time."""
     out = CheckOutcome("ledger_completeness", True)
-    columns = ["source_id", "status", "reason"]
-    ledger = pl.DataFrame(read_labelled(snap / layout.LEDGER, columns, columns))
-    files = pl.DataFrame(read_document_files(snap, ["source_id"], dictionary=True))
-    doc_counts = dict(files.group_by("source_id").len().iter_rows())
-    per_source = ledger.group_by("source_id").agg(
-        pl.len().alias("collected"),
-        (pl.col("status") == "kept").sum().alias("kept"),
-        (pl.col("status") == "dropped").sum().alias("dropped"),
-        (pl.col("reason") == "unaccounted").sum().alias("unaccounted"),
-        (pl.col("status") == "dropped").and_(pl.col("reason").is_null()).sum().alias("no_reason"),
+    figures: dict[str, Counter[str]] = {}  # per source: collected, kept, dropped, no reason
+    for ledger in read_back(snap / layout.LEDGER, ["source_id", "status", "reason"]):
+        dropped = pc.equal(ledger["status"], "dropped")
+        # dropped without a reason, or any row a stage marked unaccounted
+        reason = ledger["reason"]
+        no_reason = pc.or_kleene(
+            pc.equal(reason, "unaccounted"), pc.and_(dropped, pc.is_null(reason))
+        )
+        for name, where in (
+            ("collected", None),
+            ("kept", pc.equal(ledger["status"], "kept")),
+            ("dropped", dropped),
+            ("no_reason", pc.fill_null(no_reason, False)),
+        ):
+            rows = ledger["source_id"] if where is None else ledger["source_id"].filter(where)
+            for row in pc.value_counts(rows).to_pylist():
+                figures.setdefault(row["values"], Counter())[name] += row["counts"]
+    listed_files: Counter[str] = Counter()
+    files_path = snap / layout.DOCUMENT_FILES
+    files = (
+        read_back(files_path, ["source_id"])
+        if files_path.exists()
+        else [read_document_files(snap, ["source_id"])]
     )
-    for row in per_source.iter_rows(named=True):
-        src = row["source_id"]
+    for part in files:
+        for row in pc.value_counts(part["source_id"]).to_pylist():
+            listed_files[row["values"]] += row["counts"]
+    for src, row in figures.items():
         if row["collected"] != row["kept"] + row["dropped"]:
             out.fail(f"{layout.LEDGER}: {src}: collected {row['collected']} != kept + dropped")
-        if row["kept"] != doc_counts.get(src, 0):
+        if row["kept"] != listed_files[src]:
             out.fail(
-                f"{layout.LEDGER}: {src}: {row['kept']} kept but {doc_counts.get(src, 0)} files"
+                f"{layout.LEDGER}: {src}: {row['kept']} kept but {listed_files[src]} files"
                 f" in {layout.DOCUMENT_FILES}"
             )
-        if row["unaccounted"] or row["no_reason"]:
-            out.fail(
-                f"{layout.LEDGER}: {src}: {row['unaccounted'] + row['no_reason']} files "
-                "dropped without a reason"
-            )
+        if row["no_reason"]:
+            out.fail(f"{layout.LEDGER}: {src}: {row['no_reason']} files dropped without a reason")
         listed = manifest.ledger.get(src)
         if listed and listed != {k: row[k] for k in ("collected", "kept", "dropped")}:
             out.fail(f"{layout.MANIFEST}: ledger summary for {src} disagrees with {layout.LEDGER}")
-    out.metrics.update(
-        collected=int(ledger.height),
-        kept=int((ledger["status"] == "kept").sum()),
-        dropped=int((ledger["status"] == "dropped").sum()),
-    )
+    total = Counter[str]()
+    for row in figures.values():
+        total.update(row)
+    out.metrics.update(collected=total["collected"], kept=total["kept"], dropped=total["dropped"])
     return out
 
 

@@ -423,3 +423,34 @@ def test_a_file_of_a_document_that_is_not_there_is_named(
     assert any("is in doc 4242, which is not in documents.parquet" in p for p in out.problems), (
         out.problems
     )
+
+
+# --- ledger_completeness, counted a row group at a time --------------------------------------
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (  # a drop without its reason
+            lambda rows: rows[-1].update(reason=None),
+            "files dropped without a reason",
+        ),
+        (  # a kept file the documents do not hold
+            lambda rows: rows.append({**rows[0], "path": "src/extra.cc"}),
+            "kept but 16 files in document_files.parquet",
+        ),
+        (  # a row that is neither kept nor dropped
+            lambda rows: rows[0].update(status="pending"),
+            "!= kept + dropped",
+        ),
+    ],
+)
+def test_the_ledger_check_names_what_does_not_add_up(tmp_path: Path, change, expected) -> None:
+    fixture = build_snapshot(
+        tmp_path / "snap", docs_per_split={"train": 12, "validation": 4}, row_group_rows=3,
+        dropped=4,
+    )  # fmt: skip
+    manifest = read_manifest(fixture.path)
+    assert verify.check_ledger(fixture.path, manifest).passed
+    _rewrite(fixture.path / "ledger.parquet", change)
+    out = verify.check_ledger(fixture.path, manifest)
+    assert not out.passed
+    assert any(expected in p for p in out.problems), out.problems
