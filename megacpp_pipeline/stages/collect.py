@@ -6,10 +6,12 @@ one size policy (`max_file_bytes`) is applied here: no later stage sees a larger
 from __future__ import annotations
 
 import hashlib
+import pickle
+import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -49,14 +51,15 @@ class _Source:
 
 @dataclass(frozen=True)
 class _Job:
-    """What the tasks share (handed to forked workers of this host, never pickled): once the
-    walks are done, every directory source's slice plan too, so a task names its slice by
-    source and index and the driver never pickles a file list."""
+    """What the tasks share (handed to forked workers of this host, never pickled). A walk
+    writes each slice's plan (its file list) into `plans`, a folder of this host's, and a
+    later task reads its own slice's back: the driver holds a count of slices per source,
+    never a file list (at demo 64x the lists were about 40 MB of the group's driver)."""
 
     ctx: StageContext
     stage: Stage
     sources: dict[str, _Source]
-    planned: dict[str, list[_Planned]] = field(default_factory=dict)
+    plans: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class _Planned:
 @dataclass(frozen=True)
 class _DirSlice:
     source: str
-    index: int  # in the source's slice plan (_Job.planned)
+    index: int  # in the source's slice plan (written by its walk: _plan)
     revision: str = ""  # the source's, once the digests are in
 
 
@@ -100,8 +103,20 @@ def _resolved(ctx: StageContext, source: str) -> _Source:
     return _Source(spec, cat.resolve_uri(spec), cat.file_limit(spec))
 
 
-def _first_task(job: _Job, task: _Walk | _Whole) -> list[_Planned] | Materialized:
-    """A directory source walked (stat only) and cut into slices; or a source read as one
+def _plan_path(job: _Job, source: str, index: int) -> Path:
+    name = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return Path(job.plans) / f"{name}-{index:06d}.pickle"
+
+
+def _plan(job: _Job, task: _DirSlice) -> _Planned:
+    """One slice's plan, as its source's walk wrote it."""
+    planned: _Planned = pickle.loads(_plan_path(job, task.source, task.index).read_bytes())
+    return planned
+
+
+def _first_task(job: _Job, task: _Walk | _Whole) -> int | Materialized:
+    """A directory source walked (stat only) and cut into slices, each slice's plan written
+    for the tasks that read it (the number of slices comes back); or a source read as one
     stream, collected into a version of its own and committed."""
     source = job.sources[task.source]
     if isinstance(task, _Whole):
@@ -114,21 +129,21 @@ def _first_task(job: _Job, task: _Walk | _Whole) -> list[_Planned] | Materialize
         source.spec, source.uri, max_file_bytes=source.max_file_bytes, keep_also=is_metadata
     )
     assert slices is not None
-    return [
-        _Planned(
-            items,
-            frozenset(
-                x.path for x in items if isinstance(x, collect.ToRead) and is_metadata(x.path)
-            ),
+    count = 0
+    for count, items in enumerate(slices, start=1):
+        metadata = frozenset(
+            x.path for x in items if isinstance(x, collect.ToRead) and is_metadata(x.path)
         )
-        for items in slices
-    ]
+        _plan_path(job, task.source, count - 1).write_bytes(
+            pickle.dumps(_Planned(tuple(items), metadata), protocol=pickle.HIGHEST_PROTOCOL)
+        )
+    return count
 
 
 def _digest_task(job: _Job, task: _DirSlice) -> bytes:
     """A directory slice's share of its revision: its files read and hashed."""
     limit = job.sources[task.source].max_file_bytes
-    items = job.planned[task.source][task.index].items
+    items = _plan(job, task).items
     return collect.tree_lines(collect.read_entry(item, limit) for item in items)
 
 
@@ -136,7 +151,7 @@ def _collect_task(job: _Job, task: _DirSlice) -> _SliceOut:
     """A directory's slice read again and written as one shard per table into its source's
     version."""
     source = job.sources[task.source]
-    planned = job.planned[task.source][task.index]
+    planned = _plan(job, task)
     entries = [collect.read_entry(item, source.max_file_bytes) for item in planned.items]
     batch = collect.collect_slice(
         source.spec, task.revision, entries, planned.metadata.__contains__
@@ -231,6 +246,7 @@ def _sources_body(
     source's version in partition order."""
     sources: dict[str, _Source] = {}
     with ExitStack() as begun:  # a failure drops the directory versions begun here
+        plans = begun.enter_context(tempfile.TemporaryDirectory(prefix="megacpp-walks-"))
         versions: dict[str, VersionWriter] = {}
         for partition in partitions:
             assert partition is not None
@@ -238,18 +254,17 @@ def _sources_body(
             if collect.sliced(source.spec):
                 versions[partition] = begun.enter_context(_begin(ctx, stage, source.spec))
                 sources[partition] = replace(source, version_dir=versions[partition].dir)
-        job = _Job(replace(ctx, workers=1), stage, sources)
+        job = _Job(replace(ctx, workers=1), stage, sources, plans)
         executor = ctx.host_executor()
         first = [_Whole(s) if s not in versions else _Walk(s) for s in sources]
         done: dict[str, Materialized] = {}
-        planned: dict[str, list[_Planned]] = {}
+        planned: dict[str, int] = {}  # a directory source's slices
         for task, out in zip(first, executor.map(_first_task, job, first), strict=True):
             if isinstance(out, Materialized):
                 done[task.source] = out
             else:
                 planned[task.source] = out
-        job = replace(job, planned=planned)  # the next maps' workers inherit the plans
-        digests = [_DirSlice(s, i) for s, slices in planned.items() for i in range(len(slices))]
+        digests = [_DirSlice(s, i) for s, count in planned.items() for i in range(count)]
         trees = {s: hashlib.sha256() for s in versions}
         for digest, lines in zip(digests, executor.map(_digest_task, job, digests), strict=True):
             trees[digest.source].update(lines)
