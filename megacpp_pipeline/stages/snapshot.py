@@ -311,6 +311,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     changes: list[str] = []
 
     def card(build_dir: Path, manifest: SnapshotManifest) -> str:
+        release_memory()  # what writing the single files freed
         if previous is not None and previous.name != manifest.snapshot_id:
             changes.append(render_markdown(diff_snapshots(previous, build_dir)))
         inputs.changes = changes[0] if changes else None
