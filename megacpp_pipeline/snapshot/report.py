@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.gates.enrich import KIND_NAMES
 from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.snapshot.document_files import read_labelled
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
@@ -132,9 +133,9 @@ def ledger_funnel(ledger: pa.Table, stages: Sequence[str] = ()) -> Funnel:
     drops in the pipeline's stage order (`stages`, the registry's), unknown stages last."""
     status = ledger.column("status")
     dropped_rows = ledger.filter(pc.equal(status, "dropped"))
-    reasons = pc.fill_null(dropped_rows.column("reason"), "(none)")
+    reasons = pc.fill_null(_plain(dropped_rows.column("reason")), "(none)")
     grouped = (
-        pa.table({"stage": dropped_rows.column("stage"), "reason": reasons})
+        pa.table({"stage": _plain(dropped_rows.column("stage")), "reason": reasons})
         .group_by(["stage", "reason"])
         .aggregate([("stage", "count")])
         .to_pylist()
@@ -173,7 +174,10 @@ def source_rows(
 ) -> list[SourceRow]:
     """Every source (the given ones first, in order, then any other the ledger names) with
     its counts; a source with no documents says why."""
-    known = list(dict.fromkeys([*sources, *ledger.column("source_id").to_pylist()]))
+    named = pc.unique(ledger.column("source_id"))
+    if pa.types.is_dictionary(named.type):
+        named = named.dictionary_decode()
+    known = list(dict.fromkeys([*sources, *named.to_pylist()]))
     collected = _count_by(ledger, "source_id")
     docs = _count_by(documents, "source_id")
     tokens = {
@@ -184,9 +188,11 @@ def source_rows(
     reasons = (
         pa.table(
             {
-                "source_id": dropped.column("source_id"),
+                "source_id": _plain(dropped.column("source_id")),
                 "why": pc.binary_join_element_wise(
-                    dropped.column("stage"), pc.fill_null(dropped.column("reason"), "(none)"), ": "
+                    _plain(dropped.column("stage")),
+                    pc.fill_null(_plain(dropped.column("reason")), "(none)"),
+                    ": ",
                 ),
             }
         )
@@ -215,7 +221,11 @@ def source_rows(
     return out
 
 
-def _read_table(snapshot_dir: Path, name: str, columns: list[str]) -> pa.Table:
+def _read_table(
+    snapshot_dir: Path, name: str, columns: list[str], labels: Sequence[str] = ()
+) -> pa.Table:
+    """`columns` of a snapshot table, its low-cardinality ones (`labels`) dictionary-encoded:
+    a few bytes a row where a string per file would be held."""
     path = snapshot_dir / name
     if not path.is_file():
         raise ReportInputError(f"{path}: missing; a promoted snapshot always has it")
@@ -223,7 +233,7 @@ def _read_table(snapshot_dir: Path, name: str, columns: list[str]) -> pa.Table:
     absent = [c for c in columns if c not in schema.names]
     if absent:
         raise ReportInputError(f"{path}: columns {absent} missing")
-    return pq.read_table(path, columns=columns)
+    return read_labelled(path, columns, [c for c in labels if c in columns])
 
 
 def _row_shards(snapshot_dir: Path, manifest: SnapshotManifest) -> Iterator[tuple[str, Path]]:
@@ -274,8 +284,13 @@ def _top(counts: Mapping[str, float], n: int) -> list[tuple[str, float]]:
     return [*items[: n - 1], (f"(other {len(rest)})", sum(v for _, v in rest))]
 
 
+def _plain(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A string column as plain strings, were it dictionary-encoded."""
+    return column.cast(pa.string()) if pa.types.is_dictionary(column.type) else column
+
+
 def _count_by(table: pa.Table, column: str) -> dict[str, float]:
-    values = pc.fill_null(table.column(column), "(none)")
+    values = pc.fill_null(_plain(table.column(column)), "(none)")
     counted = pc.value_counts(values).to_pylist()
     return {str(row["values"]): float(row["counts"]) for row in counted}
 
@@ -575,11 +590,16 @@ def render_report(
         manifest = SnapshotManifest.model_validate_json(manifest_path.read_bytes())
     except ValueError as e:
         raise ReportInputError(f"{manifest_path}: not a snapshot manifest ({e})") from e
-    ledger = _read_table(snap, layout.LEDGER, ["source_id", "stage", "status", "reason", "dup_of"])
+    labels = ["source_id", "stage", "status", "reason", "split", "license_source"]
+    labels.append("license_expression")
+    ledger = _read_table(
+        snap, layout.LEDGER, ["source_id", "stage", "status", "reason", "dup_of"], labels
+    )
     documents = _read_table(
         snap,
         layout.DOCUMENTS,
         ["source_id", "split", "num_tokens", "license_source", "license_expression"],
+        labels,
     )
 
     funnel = ledger_funnel(ledger, inputs.stages)

@@ -389,3 +389,17 @@ def test_a_snapshot_without_its_ledger_is_refused_naming_the_file(tmp_path: Path
     (root / "ledger.parquet").unlink()
     with pytest.raises(ReportInputError, match="ledger.parquet"):
         render_report(ReportInputs(root), tmp_path / "report")
+
+
+def test_a_ledger_of_many_row_groups_counts_the_same_as_one(tmp_path: Path) -> None:
+    # the ledger and documents are read with their labels dictionary-encoded; every row
+    # group brings its own dictionary, and the drops still group across them
+    one = build_snapshot(tmp_path / "one", dropped=6, row_group_rows=1024)
+    many = build_snapshot(tmp_path / "many", dropped=6, row_group_rows=3)
+    assert pq.ParquetFile(many.path / "ledger.parquet").metadata.num_row_groups > 3
+    results = [render_report(ReportInputs(f.path), tmp_path / f.path.name) for f in (one, many)]
+    metrics = [{k: v for k, v in r.metrics.items() if k != "snapshot_id"} for r in results]
+    assert metrics[0] == metrics[1]
+    drops = {k: v for k, v in metrics[1].items() if k.startswith("dropped:")}
+    assert sum(drops.values()) == 6 and len(drops) == 2, drops  # exact and near duplicates
+    assert "exact_duplicate" in results[1].html.read_text()
