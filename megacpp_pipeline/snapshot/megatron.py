@@ -222,11 +222,21 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts.astype(np.int64), lengths) + within
 
 
-def _read_columns(path: Path, wanted: list[str]) -> pa.Table:
-    """Only the columns the export reads, of those the file has: a document's path, hashes
-    and licence are most of documents.parquet and never needed here."""
-    present = set(pq.read_schema(path).names)
-    return pq.read_table(path, columns=[c for c in wanted if c in present])
+def _read_columns(path: Path, wanted: list[str], split: str) -> pa.Table:
+    """Only the columns the export reads, of those the file has (a document's path, hashes
+    and licence are most of documents.parquet and never needed here), and only the rows of
+    `split`, a row group at a time: the other split's rows are never held."""
+    parquet = pq.ParquetFile(path, read_dictionary=["split"])
+    present = set(parquet.schema_arrow.names)
+    columns = [c for c in wanted if c in present]
+    parts = [
+        t.filter(pc.equal(t["split"], split)).drop_columns(["split"])
+        for g in range(parquet.num_row_groups)
+        for t in [parquet.read_row_group(g, columns)]
+    ]
+    schema = parquet.schema_arrow
+    empty = pa.schema([schema.field(c) for c in columns if c != "split"]).empty_table()
+    return pa.concat_tables([empty, *parts]) if parts else empty
 
 
 def export_snapshot(
@@ -257,8 +267,8 @@ def export_snapshot(
     shards = split_shards(manifest, split, root)
     verify_inputs(root, manifest, [layout.DOCUMENTS, layout.PIECES, *shards], mapper)
 
-    docs = _read_columns(root / layout.DOCUMENTS, ["doc_id", "split", "num_tokens", "draws"])
-    docs = docs.filter(pc.equal(docs.column("split"), split)).sort_by("doc_id")
+    docs = _read_columns(root / layout.DOCUMENTS, ["doc_id", "split", "num_tokens", "draws"], split)
+    docs = docs.sort_by("doc_id")
     doc_ids = docs.column("doc_id").to_numpy().astype(np.int64)
     doc_tokens = docs.column("num_tokens").to_numpy().astype(np.int64)
     # a weighted document is packed `draws` times (0: its weight left it out); each copy is
@@ -273,9 +283,9 @@ def export_snapshot(
         _read_columns(
             root / layout.PIECES,
             ["doc_id", "copy", "piece_index", "pack_id", "row_offset", "length", "split"],
+            split,
         )
     )
-    pieces = pieces.filter(pc.equal(pieces.column("split"), split)).drop_columns(["split"])
     # in (doc_id, copy, piece_index) order; each column taken on its own, so no sorted copy
     # of the whole table is ever held beside the columns
     columns = {name: pieces.column(name).to_numpy() for name in pieces.column_names}
