@@ -462,6 +462,7 @@ def _promotion_check(name: str) -> Check:
         outcome = verify.run_check(
             name, snap, ctx.config(stage), mapper=mapper, megatron_dir=exports
         )
+        release_memory()  # the next check starts from what is live
         return CheckOutcome(
             passed=outcome.passed,
             metadata={
