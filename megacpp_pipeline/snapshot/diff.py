@@ -23,7 +23,7 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.card import tokenizer_origin
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.promote import read_manifest
-from megacpp_pipeline.snapshot.streams import Cursor, in_order, read_back
+from megacpp_pipeline.snapshot.streams import Cursor, OutOfOrderError, in_order, read_back
 
 
 @dataclass
@@ -94,7 +94,7 @@ def _file_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
     was kept) are joined whole."""
     try:
         return _merged_changes(old, new)
-    except ValueError:  # in_order: a ledger whose rows are not in path order
+    except OutOfOrderError:  # a ledger whose rows are not in path order
         return _joined_changes(old, new)
 
 

@@ -393,7 +393,8 @@ DOCUMENT_FAULTS = (
 
 def document_windows(documents: Path) -> list[tuple[int, int, int, int]]:
     """(row group, first row, end row, the first row's index in the file) of documents.parquet,
-    DRAW_ROWS rows at most each: the windows of the documents check."""
+    DRAW_ROWS rows at most each: the windows of the documents check. A file without rows has
+    one empty window (row group -1), which still takes every piece and file: none belongs."""
     rows = DRAW_ROWS
     meta = pq.ParquetFile(documents).metadata
     out, at = [], 0
@@ -402,7 +403,7 @@ def document_windows(documents: Path) -> list[tuple[int, int, int, int]]:
         for lo in range(0, n, rows):
             out.append((g, lo, min(lo + rows, n), at + lo))
         at += n
-    return out
+    return out or [(-1, 0, 0, 0)]
 
 
 def documents_window(job: DocumentsJob, item: tuple[int, int, int, int]) -> DocumentsWindow:
@@ -411,10 +412,11 @@ def documents_window(job: DocumentsJob, item: tuple[int, int, int, int]) -> Docu
     the window of rows k..k+n-1 must hold doc_ids k..k+n-1, and the first and last windows
     also take the pieces and files of doc_ids below 0 or past the last document."""
     group, lo, hi, first = item
+    parquet = pq.ParquetFile(job.snap / layout.DOCUMENTS)
     docs = (
-        pq.ParquetFile(job.snap / layout.DOCUMENTS)
-        .read_row_group(group, columns=list(job.columns))
-        .slice(lo, hi - lo)
+        parquet.read_row_group(group, columns=list(job.columns)).slice(lo, hi - lo)
+        if group >= 0
+        else parquet.schema_arrow.empty_table().select(list(job.columns))
     )
     end = first + docs.num_rows
     ids = (first or None, end if end < job.documents else None)
@@ -483,12 +485,11 @@ def _piece_faults(
     copy = pieces["copy"].to_numpy().astype(np.int64)[order]
     index = pieces["piece_index"].to_numpy().astype(np.int64)[order]
     split = _labels(pieces["split"])[order]
+    if not len(ids):  # every piece is an orphan
+        return [[], sorted(set(doc.tolist())), [], [], [], []]
     by_id = np.argsort(ids, kind="stable")
-    if len(ids):
-        at = by_id[np.minimum(np.searchsorted(ids[by_id], doc), len(ids) - 1)]
-        known = ids[at] == doc
-    else:
-        at, known = np.zeros(len(doc), np.int64), np.zeros(len(doc), bool)
+    at = by_id[np.minimum(np.searchsorted(ids[by_id], doc), len(ids) - 1)]
+    known = ids[at] == doc
     # one group per (doc, copy): its pieces must be 0..n-1, n of them, in the doc's split
     new = np.r_[True, (doc[1:] != doc[:-1]) | (copy[1:] != copy[:-1])]
     start = np.flatnonzero(new)

@@ -173,9 +173,13 @@ def write_stream(
     return writer.close()
 
 
+class OutOfOrderError(ValueError):
+    """A stream that must come sorted did not (in_order)."""
+
+
 def in_order(tables: Iterable[pa.Table], key: str, what: str) -> Iterator[pa.Table]:
-    """`tables` as they are, refused (ValueError naming `what`) where `key` decreases: the
-    streams a snapshot is assembled from must come sorted."""
+    """`tables` as they are, refused (OutOfOrderError naming `what`) where `key` decreases:
+    the streams a snapshot is assembled from must come sorted."""
     last: Any = None
     for table in tables:
         if not table.num_rows:
@@ -184,7 +188,7 @@ def in_order(tables: Iterable[pa.Table], key: str, what: str) -> Iterator[pa.Tab
         if (len(keys) > 1 and (keys[1:] < keys[:-1]).any()) or (
             last is not None and keys[0] < last
         ):
-            raise ValueError(f"{what}: rows are not in {key} order")
+            raise OutOfOrderError(f"{what}: rows are not in {key} order")
         last = keys[-1]
         yield table
 

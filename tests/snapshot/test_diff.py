@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from megacpp_pipeline.snapshot import diff
+from megacpp_pipeline.snapshot.streams import OutOfOrderError
 
 SCHEMA = pa.schema([("source_id", pa.string()), ("path", pa.string()), ("sha256", pa.string())])
 
@@ -74,7 +75,7 @@ def test_missing_hashes_on_both_sides_are_no_change(tmp_path: Path) -> None:
 def test_a_ledger_out_of_path_order_is_joined_whole(tmp_path: Path) -> None:
     old = ledger(tmp_path / "old", [("a", "z.h", "1"), ("a", "b.h", "1")])
     new = ledger(tmp_path / "new", [("a", "b.h", "2"), ("a", "c.h", "1")])
-    with pytest.raises(ValueError, match="not in path order"):
+    with pytest.raises(OutOfOrderError, match="not in path order"):
         diff._merged_changes(old, new)
     assert diff._file_changes(old, new) == {
         "a": {"added": ["c.h"], "removed": ["z.h"], "changed": ["b.h"]}

@@ -326,11 +326,15 @@ def _rewrite(path: Path, change) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path, row_group_size=4)
 
 
-def _with_document_files(snap: Path) -> None:
-    """document_files.parquet written beside a fixture that derives it from documents."""
+def _windowed(pristine: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A copy of the fixture checked in windows of 3 documents, with document_files.parquet
+    written beside it (the fixture derives it from documents)."""
     from megacpp_pipeline.snapshot.document_files import read_document_files
 
+    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
+    snap = damaged(pristine, tmp_path)
     pq.write_table(read_document_files(snap), snap / "document_files.parquet", row_group_size=4)
+    return snap
 
 
 def test_the_windows_of_the_documents_check_add_up_to_the_whole(pristine: Path, monkeypatch):
@@ -392,9 +396,7 @@ def test_a_file_listed_in_two_windows_is_found_by_the_ledger_sums(
 ) -> None:
     # doc 11's file renamed to doc 1's: every window is sound on its own, each source still
     # lists as many files as the ledger keeps, but one file is listed twice, one not at all
-    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
-    snap = damaged(pristine, tmp_path)
-    _with_document_files(snap)
+    snap = _windowed(pristine, tmp_path, monkeypatch)
     assert verify.check_documents(snap, read_manifest(snap)).passed
 
     def change(rows):
@@ -411,9 +413,7 @@ def test_a_file_listed_in_two_windows_is_found_by_the_ledger_sums(
 def test_a_file_of_a_document_that_is_not_there_is_named(
     pristine: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(shard_checks, "DRAW_ROWS", 3)
-    snap = damaged(pristine, tmp_path)
-    _with_document_files(snap)
+    snap = _windowed(pristine, tmp_path, monkeypatch)
 
     def change(rows):
         rows[-1]["doc_id"] = 4242
@@ -423,6 +423,17 @@ def test_a_file_of_a_document_that_is_not_there_is_named(
     assert any("is in doc 4242, which is not in documents.parquet" in p for p in out.problems), (
         out.problems
     )
+
+
+def test_pieces_and_files_are_orphans_when_documents_parquet_has_no_rows(
+    pristine: Path, tmp_path: Path, monkeypatch
+) -> None:
+    snap = _windowed(pristine, tmp_path, monkeypatch)
+    _rewrite(snap / "documents.parquet", lambda rows: rows.clear())
+    assert shard_checks.document_windows(snap / "documents.parquet") == [(-1, 0, 0, 0)]
+    out = verify.check_documents(snap, read_manifest(snap), LocalExecutor(2).map_light)
+    assert any("has pieces but is not in documents.parquet" in p for p in out.problems)
+    assert any("which is not in documents.parquet" in p for p in out.problems), out.problems
 
 
 # --- ledger_completeness, counted a row group at a time --------------------------------------
