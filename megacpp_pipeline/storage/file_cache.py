@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 # The entry format; part of every namespace, so entries of an older format are never read
 # (they sit in namespaces nothing uses any more, which `megacpp cache prune` removes).
-FORMAT = "3"
+FORMAT = "4"
 # Columns a cached row takes from the live input row instead of the entry: where the file was
 # collected from, which no gate reads. A refresh that moves a source to a new commit reuses
 # every unchanged file's results, stamped with the new revision.
@@ -106,6 +106,18 @@ def _row_digests(table: pa.Table, columns: Sequence[str]) -> list[str]:
                         h.update(len(view).to_bytes(8, "little"))
                         h.update(view)
                     row += 1
+        elif _is_flat_list(column):
+            row = 0
+            for chunk in column.chunks:
+                for parts in _list_views(chunk):
+                    h = hashers[row]
+                    if parts is None:
+                        h.update(b"\xff")
+                    else:
+                        for part in parts:
+                            h.update(len(part).to_bytes(8, "little"))
+                            h.update(part)
+                    row += 1
         else:
             small.append(column.to_pylist())
     for h, values in zip(hashers, zip(*small, strict=True) if small else [()] * n, strict=True):
@@ -120,6 +132,49 @@ def _is_bytes(t: pa.DataType) -> bool:
         or pa.types.is_binary(t)
         or (pa.types.is_large_binary(t))
     )
+
+
+def _is_flat_list(column: pa.ChunkedArray) -> bool:
+    """A list of fixed-width numbers or of strings, with no null inside any list (chunk
+    starts, token ids, chunk names): hashed from its buffers, not through Python values."""
+    t = column.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return False
+    value = t.value_type
+    if not (_is_bytes(value) or (pa.types.is_primitive(value) and not pa.types.is_boolean(value))):
+        return False
+    return all(chunk.values.null_count == 0 for chunk in column.chunks)
+
+
+def _list_views(array: pa.Array) -> Iterable[tuple[memoryview, ...] | None]:
+    """Each list's bytes (None for a null list): its values' bytes for numbers; for strings,
+    their lengths (int64) and then their bytes. Each part is hashed length-prefixed, so two
+    lists are told apart by their values, their count and, for strings, every boundary."""
+    offsets = array.offsets.to_numpy()  # this slice's, into `values`
+    values = array.values
+    valid = array.is_valid().to_numpy(zero_copy_only=False) if array.null_count else None
+    if _is_bytes(values.type):
+        large = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+        inner = np.frombuffer(values.buffers()[1], np.int64 if large else np.int32)
+        inner = inner[values.offset : values.offset + len(values) + 1].astype(np.int64)
+        lengths = memoryview(np.diff(inner).astype("<i8").tobytes())
+        data = values.buffers()[2]
+        text = memoryview(data) if data is not None else memoryview(b"")
+        for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
+            if valid is not None and not valid[i]:
+                yield None
+            else:
+                yield lengths[8 * a : 8 * b], text[int(inner[a]) : int(inner[b])]
+        return
+    width = values.type.bit_width // 8
+    data = values.buffers()[1]
+    raw = memoryview(data) if data is not None else memoryview(b"")
+    start = values.offset
+    for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
+        if valid is not None and not valid[i]:
+            yield None
+        else:
+            yield (raw[(start + a) * width : (start + b) * width],)
 
 
 def _views(array: pa.Array) -> Iterable[memoryview | None]:
@@ -538,7 +593,11 @@ def cached_gate_call(
     if len(misses) == len(keys) and len(keys):
         fresh = gate_call(table)  # nothing cached: the table as it is, no copy of it
     elif len(misses):
-        fresh = gate_call(table.take(misses))
+        # the misses in input order: a filter keeps the table's chunks, where a take would
+        # first concatenate every chunk of the slice's text into one copy
+        chosen = np.zeros(len(keys), dtype=bool)
+        chosen[misses] = True
+        fresh = gate_call(table.filter(pa.array(chosen)))
     fresh_tables: dict[str, pa.Table] = {}
     if fresh is not None:
         fresh_tables = {"kept": fresh.kept, "dropped": fresh.dropped, **fresh.extra}

@@ -341,3 +341,47 @@ def test_entries_that_left_different_columns_to_the_input_serve_one_call(tmp_pat
         FileResultCache(tmp_path / "cold", "classify", "c", ""), normalized, keys, gate, schemas
     )
     assert warm.kept.equals(cold.kept) and warm.dropped.equals(cold.dropped)
+
+
+def test_list_columns_are_keyed_by_their_values_wherever_they_sit() -> None:
+    """Token ids and chunk lists are hashed from their buffers: a row's key depends on its
+    lists' values (every boundary included), not on the chunk or slice the row sits in."""
+    rows = {
+        "source_id": ["s"] * 5,
+        "path": [f"f{i}.hpp" for i in range(5)],
+        "content_sha256": ["h"] * 5,
+        "ids": [[1, 2], [3], [4, 5, 6], None, []],
+        "names": [["ab", "c"], ["a", "bc"], ["x"], [], None],
+    }
+    schema = pa.schema(
+        [
+            ("source_id", pa.string()),
+            ("path", pa.string()),
+            ("content_sha256", pa.string()),
+            ("ids", pa.list_(pa.int32())),
+            ("names", pa.list_(pa.string())),
+        ]
+    )
+    table = pa.table(rows, schema=schema)
+    keys = row_keys(table, "content_sha256")
+    # the same rows, sliced out and re-chunked: the same keys
+    rechunked = pa.concat_tables([table.slice(0, 2), table.slice(2)])
+    assert rechunked["ids"].num_chunks == 2
+    assert row_keys(rechunked, "content_sha256") == keys
+    assert row_keys(table.slice(2), "content_sha256") == keys[2:]
+
+    def key_with(column: str, value: object, row: int = 0) -> str:
+        changed = dict(rows)
+        changed[column] = [value if i == row else v for i, v in enumerate(rows[column])]
+        changed["path"] = ["f0.hpp"] * 5  # only the list differs from row 0's
+        return row_keys(pa.table(changed, schema=schema), "content_sha256")[row]
+
+    base = key_with("ids", [1, 2])
+    assert key_with("ids", [1, 2]) == base
+    assert key_with("ids", [1, 3]) != base  # a value
+    assert key_with("ids", [1, 2, 0]) != base  # a count
+    assert key_with("names", ["a", "bc"]) != base  # a boundary between strings
+    assert key_with("names", ["abc"]) != base
+    assert key_with("ids", None) != key_with("ids", [])  # a null list is not an empty one
+    # a list with a null inside is still keyed (through its Python values)
+    assert key_with("ids", [1, None]) != key_with("ids", [1, 0])
