@@ -41,6 +41,7 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.storage.store import (
+    PER_FILE_SHARDS,
     Manifest,
     ShardInfo,
     ShardUploader,
@@ -165,7 +166,9 @@ def _write(
         written: WrittenSchema | None = None
         if out.num_rows:
             prefix = "part" if name == layout.DATA else name.replace(":", "-")
-            shard, written = uploader.write_parquet(f"{prefix}-{index:05d}.parquet", out)
+            shard, written = uploader.write_parquet(
+                f"{prefix}-{index:05d}.parquet", out, **PER_FILE_SHARDS
+            )
         tables[name] = (schema, shard, written)
     return tables, kept
 

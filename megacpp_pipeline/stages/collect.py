@@ -27,7 +27,13 @@ from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metad
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
-from megacpp_pipeline.storage.store import ShardInfo, ShardUploader, VersionWriter, WrittenSchema
+from megacpp_pipeline.storage.store import (
+    PER_FILE_SHARDS,
+    ShardInfo,
+    ShardUploader,
+    VersionWriter,
+    WrittenSchema,
+)
 
 
 def _count(stats: Counter[str], batch: collect.CollectBatch) -> None:
@@ -166,7 +172,9 @@ def _collect_task(job: _Job, task: _DirSlice) -> _SliceOut:
     ):
         if table.num_rows:
             prefix = "part" if name == layout.DATA else name
-            shard, written = uploader.write_parquet(f"{prefix}-{task.index:05d}.parquet", table)
+            shard, written = uploader.write_parquet(
+                f"{prefix}-{task.index:05d}.parquet", table, **PER_FILE_SHARDS
+            )
             result.shards.append((name, shard, written))
     return result
 

@@ -128,6 +128,11 @@ HASH_IN_TASKS_BYTES = 64 << 20
 # says otherwise: a task given a few rows of a large shard (slices cut shards larger than a
 # task) decodes only the groups those rows are in, not the whole shard once per task.
 ROW_GROUP_BYTES = 1 << 20
+# How the per-file stages write their shards (collect, the gates, dedup): with no
+# dictionary pages. Their large columns (text, token ids, chunk lists) never fit a
+# dictionary, so parquet built one and gave it up for every page; measured on the demo's
+# shards, writing was 8-23% cheaper and no shard larger (bench: docs/scaling.md).
+PER_FILE_SHARDS: dict[str, Any] = {"use_dictionary": False}
 # (task, job, items) -> each item's result, in order: an executor's map.
 Mapper = Callable[[Callable[[Any, Any], Any], Any, list[Any]], Iterator[Any]]
 # Manifests of committed versions read for verifying `read_bytes` of their files; a version

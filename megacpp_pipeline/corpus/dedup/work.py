@@ -48,6 +48,7 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.storage.store import (
+    PER_FILE_SHARDS,
     ShardInfo,
     ShardStore,
     ShardUploader,
@@ -386,7 +387,9 @@ def apply_task(job: DedupJob, task: ApplyTask) -> ApplyResult:
         out = conform(out, schema, f"{job.out_dir}: table {name!r}")
         if out.num_rows:
             prefix = name.replace(":", "-")
-            shard, written = uploader.write_parquet(f"{prefix}-{piece.index:05d}.parquet", out)
+            shard, written = uploader.write_parquet(
+                f"{prefix}-{piece.index:05d}.parquet", out, **PER_FILE_SHARDS
+            )
             shards[name] = (schema, shard, written)
     keys = pc.binary_join_element_wise(rows["source_id"], rows["path"], ":")
     local = task.named - piece.first_doc
