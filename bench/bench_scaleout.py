@@ -83,8 +83,14 @@ def _groups(result: endtoend.EndToEnd, mb_in: float) -> dict[str, dict[str, Any]
     }
 
 
+# The run groups of the per-file half (issue 29: "all per-file groups together"): every group
+# between the catalog and the one that builds documents, rows and the snapshot.
+_NOT_PER_FILE = ("source_catalog", "documents")
+
+
 def _summary(result: endtoend.EndToEnd, corpus: scaleup.ScaledCorpus) -> dict[str, Any]:
     mb_in = corpus.bytes / 1e6
+    per_file = sum(g.cpu_s for g in result.stages if not any(s in g.name for s in _NOT_PER_FILE))
     return {
         "files": corpus.files,
         "mb_in": round(mb_in, 1),
@@ -94,6 +100,8 @@ def _summary(result: endtoend.EndToEnd, corpus: scaleup.ScaledCorpus) -> dict[st
         "driver_share": round(result.driver_cpu_s / result.cpu_s, 4) if result.cpu_s else None,
         "mb_per_cpu_s": round(mb_in / result.cpu_s, 3) if result.cpu_s else None,
         "snapshot": Path(result.snapshot or "").name,
+        "per_file_cpu_s": round(per_file, 1),
+        "per_file_mb_per_cpu_s": round(mb_in / per_file, 3) if per_file else None,
         "groups": _groups(result, mb_in),
     }
 
