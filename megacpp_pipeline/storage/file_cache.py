@@ -88,8 +88,9 @@ def _key_of(material: str) -> str:
 
 
 def _row_digests(table: pa.Table, columns: Sequence[str]) -> list[str]:
-    """xxh3-128 of each row's values in `columns`: text and binary columns straight from
-    their Arrow buffers (length-prefixed), the small columns through their Python values."""
+    """xxh3-128 of each row's values in `columns`: text and binary columns, and lists of
+    numbers or strings, straight from their Arrow buffers (length-prefixed); the small
+    columns through their Python values."""
     n = table.num_rows
     hashers = [xxhash.xxh3_128() for _ in range(n)]
     small: list[list[object]] = []
