@@ -385,3 +385,28 @@ def test_list_columns_are_keyed_by_their_values_wherever_they_sit() -> None:
     assert key_with("ids", None) != key_with("ids", [])  # a null list is not an empty one
     # a list with a null inside is still keyed (through its Python values)
     assert key_with("ids", [1, None]) != key_with("ids", [1, 0])
+
+
+def test_large_lists_are_keyed_like_lists_of_the_same_values() -> None:
+    """64-bit offsets (large_list, large_string) give a row the same key as the same values
+    with 32-bit ones, and a value still moves it."""
+    ids = [[1, 2, 3], [], [7]]
+    names = [["a", "bc"], ["d"], []]
+
+    def table(large: bool, first: int = 1) -> pa.Table:
+        lst = pa.large_list if large else pa.list_
+        text = pa.large_string() if large else pa.string()
+        return pa.table(
+            {
+                "source_id": ["s"] * 3,
+                "path": ["a.h", "b.h", "c.h"],
+                "content_sha256": ["h"] * 3,
+                "ids": pa.array([[first, *ids[0][1:]], *ids[1:]], lst(pa.int64())),
+                "names": pa.array(names, lst(text)),
+            }
+        )
+
+    keys = row_keys(table(large=False), "content_sha256")
+    assert row_keys(table(large=True), "content_sha256") == keys
+    moved = row_keys(table(large=True, first=9), "content_sha256")
+    assert moved[0] != keys[0] and moved[1:] == keys[1:]
