@@ -96,21 +96,11 @@ def _row_digests(table: pa.Table, columns: Sequence[str]) -> list[str]:
     small: list[list[object]] = []
     for name in columns:
         column = table.column(name)
-        if _is_bytes(column.type):
+        parts_of = _buffer_parts(column)
+        if parts_of is not None:
             row = 0
             for chunk in column.chunks:
-                for view in _views(chunk):
-                    h = hashers[row]
-                    if view is None:
-                        h.update(b"\xff")
-                    else:
-                        h.update(len(view).to_bytes(8, "little"))
-                        h.update(view)
-                    row += 1
-        elif _is_flat_list(column):
-            row = 0
-            for chunk in column.chunks:
-                for parts in _list_views(chunk):
+                for parts in parts_of(chunk):
                     h = hashers[row]
                     if parts is None:
                         h.update(b"\xff")
@@ -133,6 +123,19 @@ def _is_bytes(t: pa.DataType) -> bool:
         or pa.types.is_binary(t)
         or (pa.types.is_large_binary(t))
     )
+
+
+def _buffer_parts(
+    column: pa.ChunkedArray,
+) -> Callable[[pa.Array], Iterable[tuple[memoryview, ...] | None]] | None:
+    """How a column's rows are read as byte parts straight from its buffers (None: through
+    Python values): a text or binary value is one part, a list of numbers or strings its
+    `_list_views` parts."""
+    if _is_bytes(column.type):
+        return lambda chunk: (None if v is None else (v,) for v in _views(chunk))
+    if _is_flat_list(column):
+        return _list_views
+    return None
 
 
 def _is_flat_list(column: pa.ChunkedArray) -> bool:
