@@ -24,6 +24,7 @@ index, never a half entry (`megacpp cache prune` removes that debris).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import uuid
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 
 # The entry format; part of every namespace, so entries of an older format are never read
 # (they sit in namespaces nothing uses any more, which `megacpp cache prune` removes).
-FORMAT = "4"
+FORMAT = "5"
 # Columns a cached row takes from the live input row instead of the entry: where the file was
 # collected from, which no gate reads. A refresh that moves a source to a new commit reuses
 # every unchanged file's results, stamped with the new revision.
@@ -88,32 +89,121 @@ def _key_of(material: str) -> str:
 
 
 def _row_digests(table: pa.Table, columns: Sequence[str]) -> list[str]:
-    """xxh3-128 of each row's values in `columns`: text and binary columns, and lists of
-    numbers or strings, straight from their Arrow buffers (length-prefixed); the small
-    columns through their Python values."""
-    n = table.num_rows
-    hashers = [xxhash.xxh3_128() for _ in range(n)]
+    """xxh3-128 of each row's values in `columns`. Text, binary, fixed-width numbers,
+    booleans and lists of numbers or strings are laid out from their Arrow buffers, every
+    part behind its length (-1 for a null), and joined into one value per row by Arrow, so
+    a row costs one hash call however many columns it has; other columns (structs, nested
+    lists) are added through their Python values."""
+    digests: list[str] = []
+    for batch in table.select(list(columns)).to_batches():
+        digests.extend(_batch_digests(batch))
+    return digests
+
+
+def _batch_digests(batch: pa.RecordBatch) -> list[str]:
+    parts: list[pa.Array] = []
     small: list[list[object]] = []
-    for name in columns:
-        column = table.column(name)
-        parts_of = _buffer_parts(column)
-        if parts_of is not None:
-            row = 0
-            for chunk in column.chunks:
-                for parts in parts_of(chunk):
-                    h = hashers[row]
-                    if parts is None:
-                        h.update(b"\xff")
-                    else:
-                        for part in parts:
-                            h.update(len(part).to_bytes(8, "little"))
-                            h.update(part)
-                    row += 1
+    for array in batch.columns:
+        laid = _laid_out(array)
+        if laid is None:
+            small.append(array.to_pylist())
         else:
-            small.append(column.to_pylist())
-    for h, values in zip(hashers, zip(*small, strict=True) if small else [()] * n, strict=True):
+            parts.extend(laid)
+    n = batch.num_rows
+    if parts:
+        joined = pc.binary_join_element_wise(
+            *parts, pa.scalar(b"", pa.large_binary()), null_handling="replace"
+        )
+        offsets = np.frombuffer(joined.buffers()[1], np.int64)[joined.offset :][: n + 1].tolist()
+        data = joined.buffers()[2]
+        view = memoryview(data) if data is not None else memoryview(b"")
+        rows = [view[a:b] for a, b in itertools.pairwise(offsets)]
+    else:
+        rows = [memoryview(b"")] * n
+    if not small:
+        return [xxhash.xxh3_128_hexdigest(row) for row in rows]
+    out = []
+    for row, values in zip(rows, zip(*small, strict=True), strict=True):
+        h = xxhash.xxh3_128(row)
         h.update(repr(values).encode("utf-8", "surrogatepass"))
-    return [h.hexdigest() for h in hashers]
+        out.append(h.hexdigest())
+    return out
+
+
+def _laid_out(array: pa.Array) -> list[pa.Array] | None:
+    """A column's rows as large_binary parts, each part behind an 8-byte length (-1 where
+    the row is null, the part then empty), or None for a column read through Python values:
+    a text or binary value or a fixed-width number is one part; a list of numbers is its
+    values' bytes; a list of strings is its strings' lengths (int64), then their bytes. So
+    two rows are told apart by every value, count and string boundary."""
+    t = array.type
+    if pa.types.is_dictionary(t):
+        return _laid_out(array.dictionary_decode())
+    if pa.types.is_boolean(t):
+        return _laid_out(array.cast(pa.uint8()))
+    valid = _validity(array)
+    if _is_bytes(t):
+        offsets = _offsets(array.buffers()[1], _is_large(t), array.offset, len(array))
+        return _with_lengths(array.buffers()[2], offsets, valid)
+    if pa.types.is_primitive(t):  # fixed-width numbers, timestamps, dates
+        width = t.bit_width // 8
+        offsets = (np.arange(len(array) + 1, dtype=np.int64) + array.offset) * width
+        return _with_lengths(array.buffers()[1], offsets, valid)
+    if not _is_flat_list(array):
+        return None
+    lists = array.offsets.to_numpy().astype(np.int64)  # this slice's, into `values`
+    values = array.values
+    if _is_bytes(values.type):
+        inner = _offsets(values.buffers()[1], _is_large(values.type), values.offset, len(values))
+        lengths = pa.py_buffer(np.diff(inner).astype("<i8"))
+        return [
+            *_with_lengths(lengths, lists * 8, valid),
+            *_with_lengths(values.buffers()[2], inner[lists], valid),
+        ]
+    width = values.type.bit_width // 8
+    return _with_lengths(values.buffers()[1], (lists + values.offset) * width, valid)
+
+
+def _is_large(t: pa.DataType) -> bool:
+    return pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+
+
+def _offsets(buffer: pa.Buffer, large: bool, offset: int, n: int) -> np.ndarray:
+    """Rows offset..offset+n of an offsets buffer, as int64 byte positions."""
+    raw = np.frombuffer(buffer, np.int64 if large else np.int32)
+    return raw[offset : offset + n + 1].astype(np.int64)
+
+
+def _validity(array: pa.Array) -> np.ndarray | None:
+    return array.is_valid().to_numpy(zero_copy_only=False) if array.null_count else None
+
+
+def _with_lengths(
+    data: pa.Buffer | None, offsets: np.ndarray, valid: np.ndarray | None
+) -> list[pa.Array]:
+    """Two parts per row: the byte length of data[offsets[i]:offsets[i+1]] (-1 for a null
+    row) as 8 bytes, then those bytes (nothing for a null row)."""
+    n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    bitmap = None
+    if valid is not None:
+        lengths[~valid] = -1
+        bitmap = pa.array(valid, pa.bool_()).buffers()[1]
+    prefix = pa.Array.from_buffers(
+        pa.large_binary(),
+        n,
+        [
+            None,
+            pa.py_buffer(np.arange(n + 1, dtype=np.int64) * 8),
+            pa.py_buffer(lengths.astype("<i8")),
+        ],
+    )
+    body = pa.Array.from_buffers(
+        pa.large_binary(),
+        n,
+        [bitmap, pa.py_buffer(offsets), data if data is not None else pa.py_buffer(b"")],
+    )
+    return [prefix, body]
 
 
 def _is_bytes(t: pa.DataType) -> bool:
@@ -125,72 +215,16 @@ def _is_bytes(t: pa.DataType) -> bool:
     )
 
 
-def _buffer_parts(
-    column: pa.ChunkedArray,
-) -> Callable[[pa.Array], Iterable[tuple[memoryview, ...] | None]] | None:
-    """How a column's rows are read as byte parts straight from its buffers (None: through
-    Python values): a text or binary value is one part, a list of numbers or strings its
-    `_list_views` parts."""
-    if _is_bytes(column.type):
-        return lambda chunk: (None if v is None else (v,) for v in _views(chunk))
-    if _is_flat_list(column):
-        return _list_views
-    return None
-
-
-def _is_flat_list(column: pa.ChunkedArray) -> bool:
+def _is_flat_list(array: pa.Array) -> bool:
     """A list of fixed-width numbers or of strings, with no null inside any list (chunk
-    starts, token ids, chunk names): hashed from its buffers, not through Python values."""
-    t = column.type
+    starts, token ids, chunk names): laid out from its buffers, not through Python values."""
+    t = array.type
     if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
         return False
     value = t.value_type
     if not (_is_bytes(value) or (pa.types.is_primitive(value) and not pa.types.is_boolean(value))):
         return False
-    return all(chunk.values.null_count == 0 for chunk in column.chunks)
-
-
-def _list_views(array: pa.Array) -> Iterable[tuple[memoryview, ...] | None]:
-    """Each list's bytes (None for a null list): its values' bytes for numbers; for strings,
-    their lengths (int64) and then their bytes. Each part is hashed length-prefixed, so two
-    lists are told apart by their values, their count and, for strings, every boundary."""
-    offsets = array.offsets.to_numpy()  # this slice's, into `values`
-    values = array.values
-    valid = array.is_valid().to_numpy(zero_copy_only=False) if array.null_count else None
-    if _is_bytes(values.type):
-        large = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
-        inner = np.frombuffer(values.buffers()[1], np.int64 if large else np.int32)
-        inner = inner[values.offset : values.offset + len(values) + 1].astype(np.int64)
-        lengths = memoryview(np.diff(inner).astype("<i8").tobytes())
-        data = values.buffers()[2]
-        text = memoryview(data) if data is not None else memoryview(b"")
-        for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
-            if valid is not None and not valid[i]:
-                yield None
-            else:
-                yield lengths[8 * a : 8 * b], text[int(inner[a]) : int(inner[b])]
-        return
-    width = values.type.bit_width // 8
-    data = values.buffers()[1]
-    raw = memoryview(data) if data is not None else memoryview(b"")
-    start = values.offset
-    for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
-        if valid is not None and not valid[i]:
-            yield None
-        else:
-            yield (raw[(start + a) * width : (start + b) * width],)
-
-
-def _views(array: pa.Array) -> Iterable[memoryview | None]:
-    """Each value's bytes as a view of the array's data buffer (None for a null)."""
-    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    offsets = np.frombuffer(array.buffers()[1], np.int64 if large else np.int32)
-    offsets = offsets[array.offset : array.offset + len(array) + 1]
-    data = array.buffers()[2]
-    view = memoryview(data) if data is not None else memoryview(b"")
-    valid = array.is_valid().to_numpy(zero_copy_only=False) if array.null_count else None
-    for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
-        yield None if valid is not None and not valid[i] else view[a:b]
+    return array.values.null_count == 0
 
 
 class EntryRejected(Exception):

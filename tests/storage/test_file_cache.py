@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from megacpp_pipeline.core.gate import GateResult
@@ -410,3 +411,48 @@ def test_large_lists_are_keyed_like_lists_of_the_same_values() -> None:
     assert row_keys(table(large=True), "content_sha256") == keys
     moved = row_keys(table(large=True, first=9), "content_sha256")
     assert moved[0] != keys[0] and moved[1:] == keys[1:]
+
+
+def test_scalar_columns_are_keyed_by_value_null_and_type_of_layout() -> None:
+    """Numbers, booleans and strings are laid out from their buffers: a null is not a zero,
+    an empty string or False; a dictionary column keys like its decoded values; a value
+    moved between two string columns moves the key; a sliced table keys like its rows."""
+    schema = pa.schema(
+        [
+            ("source_id", pa.string()),
+            ("path", pa.string()),
+            ("content_sha256", pa.string()),
+            ("size", pa.int64()),
+            ("ratio", pa.float32()),
+            ("vendored", pa.bool_()),
+            ("a", pa.string()),
+            ("b", pa.string()),
+        ]
+    )
+    base = {
+        "source_id": "s", "path": "f.hpp", "content_sha256": "h", "size": 0,
+        "ratio": 0.5, "vendored": False, "a": "ab", "b": "",
+    }  # fmt: skip
+
+    def key(**changed: object) -> str:
+        row = {**base, **changed}
+        return row_keys(pa.Table.from_pylist([row], schema=schema), "content_sha256")[0]
+
+    k = key()
+    assert key() == k
+    variants = [
+        key(size=None), key(size=1), key(ratio=None), key(ratio=0.25), key(vendored=None),
+        key(vendored=True), key(a=None), key(a=""), key(b=None), key(a="a", b="b"),
+    ]  # fmt: skip
+    assert len({k, *variants}) == len(variants) + 1
+
+    rows = pa.Table.from_pylist(
+        [{**base, "path": f"f{i}.hpp", "size": i, "a": None if i % 3 else "x"} for i in range(7)],
+        schema=schema,
+    )
+    keys = row_keys(rows, "content_sha256")
+    assert row_keys(rows.slice(3), "content_sha256") == keys[3:]
+    encoded = rows.set_column(
+        rows.schema.get_field_index("a"), "a", pc.dictionary_encode(rows["a"])
+    )
+    assert row_keys(encoded, "content_sha256") == keys
