@@ -11,14 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import polars as pl
@@ -49,7 +50,6 @@ from megacpp_pipeline.snapshot.streams import (
     StreamWriter,
     group_counts,
     in_order,
-    read_back,
     write_stream,
 )
 from megacpp_pipeline.storage.versions import (
@@ -131,9 +131,22 @@ def _copy_shard(work: Path, item: tuple[ShardSource | Path, str]) -> _Copied:
     return _Copied(FileEntry(path=rel, sha256=sha, bytes=size, rows=meta.num_rows), tokens)
 
 
+# A table stream of a snapshot's parts: tables (a list is read again by each writer that
+# needs it) or a function that opens the stream afresh, so the single files can be written
+# by forked workers at once, each reading what it needs itself
+Stream: TypeAlias = pa.Table | Sequence[pa.Table] | Callable[[], Iterable[pa.Table]]
+
+
+def open_stream(stream: Stream) -> Iterable[pa.Table]:
+    """A part's tables, opened afresh when it is a function."""
+    if callable(stream):
+        return stream()
+    return [stream] if isinstance(stream, pa.Table) else stream
+
+
 @dataclass
 class SnapshotParts:
-    """Everything a snapshot is made of, as streams the builder consumes once."""
+    """Everything a snapshot is made of, as streams each single-file writer opens."""
 
     name: str
     seq_len: int
@@ -141,14 +154,14 @@ class SnapshotParts:
     tokenizer_json: bytes
     tokenizer_info: dict[str, Any]
     rows: dict[str, list[ShardSource | Path]]  # split -> packed-row shards, in order
-    # schemas.DOCUMENTS rows in doc_id order (metadata only), as chunks or one table
-    documents: pa.Table | Iterable[pa.Table]
+    # schemas.DOCUMENTS rows in doc_id order (metadata only)
+    documents: Stream
     # PIECES_SCHEMA rows in (doc_id, copy, piece_index) order (no `copy`: every piece is of
     # its document's one copy)
-    pieces: Iterable[pa.Table]
+    pieces: Stream
     # the final ledger (final_ledger / final_ledger_chunks): every collected file, source by
     # source in collection order
-    ledger: Iterable[pa.Table]
+    ledger: Stream
     ledger_stages: list[str]  # the stages that write ledgers, collect first (the registry's)
     inputs: dict[str, str]
     code_version: str
@@ -156,7 +169,7 @@ class SnapshotParts:
     sources: dict[str, SourceEntry] = field(default_factory=dict)  # with their revisions
     # schemas.DOCUMENT_FILES rows in (doc_id, position) order; None: file mode, one file per
     # document (derived from the documents)
-    document_files: Iterable[pa.Table] | None = None
+    document_files: Stream | None = None
     document_mode: str = "file"
     engine: dict[str, Any] = field(default_factory=lambda: {"engine": "local"})  # ran the gates
     tokenizer_policy: dict[str, Any] = field(default_factory=dict)  # the tokenizer stage's
@@ -236,57 +249,98 @@ def _at(keys: np.ndarray, values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def _write_documents_and_pieces(work: Path, parts: SnapshotParts, mixture: Mixture) -> int:
-    """documents.parquet and pieces.parquet written side by side, a chunk of documents at a
-    time with the pieces up to its last doc_id (both streams come in doc_id order, a
-    document's copies one after the other); each document gets its pieces' count and tokens
-    and its draws. The documents written."""
-    documents = StreamWriter(work / layout.DOCUMENTS, SNAPSHOT_DOCUMENTS)
-    pieces = StreamWriter(work / layout.PIECES, PIECES_SCHEMA)
-    cursor = Cursor(
-        in_order(
-            (with_copy_column(t).select(PIECES_SCHEMA.names).cast(PIECES_SCHEMA)
-             for t in parts.pieces),
-            "doc_id",
-            "pieces",
-        ),
-        "doc_id",
-        PIECES_SCHEMA,
-    )  # fmt: skip
+# what documents.parquet needs of each piece: its document, copy and packed length
+_PIECE_COUNTS = pa.schema([PIECES_SCHEMA.field(n) for n in ("doc_id", "copy", "length")])
+
+
+def _pieces(parts: SnapshotParts, schema: pa.Schema) -> Iterator[pa.Table]:
+    for table in open_stream(parts.pieces):
+        yield with_copy_column(table).select(schema.names).cast(schema)
+
+
+def _write_documents(path: Path, parts: SnapshotParts, mixture: Mixture) -> int:
+    """documents.parquet, a chunk of documents at a time, each document with the count and
+    tokens of its pieces (those up to the chunk's last doc_id: both streams come in doc_id
+    order, a document's copies one after the other) and its draws. The documents written."""
+    cursor = Cursor(in_order(_pieces(parts, _PIECE_COUNTS), "doc_id", "pieces"), "doc_id",
+                    _PIECE_COUNTS)  # fmt: skip
+    writer = StreamWriter(path, SNAPSHOT_DOCUMENTS)
     try:
-        for chunk in in_order(_tables(parts.documents), "doc_id", "documents"):
+        for chunk in in_order(open_stream(parts.documents), "doc_id", "documents"):
             chunk = chunk.select(_DOCUMENTS.names).cast(_DOCUMENTS)
             held = cursor.upto(chunk["doc_id"][-1].as_py())
-            pieces.add(held)
             num_pieces, num_tokens, draws = _per_document(held, chunk["doc_id"].to_numpy())
-            documents.add(
+            writer.add(
                 chunk.rename_columns(SNAPSHOT_DOCUMENTS.names[: chunk.num_columns])
                 .append_column("num_pieces", pa.array(num_pieces, pa.int32()))
                 .append_column("num_tokens", pa.array(num_tokens, pa.int32()))
                 .append_column("draws", pa.array(draws, pa.int32()))
             )
             mixture.count(chunk, draws)
-        for rest in cursor.rest():  # pieces of no document: verify names them
-            pieces.add(rest)
-        pieces.close()
-        return documents.close()
     except BaseException:
-        documents.abort()
-        pieces.abort()
+        writer.abort()
         raise
+    return writer.close()
 
 
-def _tables(documents: pa.Table | Iterable[pa.Table]) -> Iterable[pa.Table]:
-    return [documents] if isinstance(documents, pa.Table) else documents
+def _document_files(parts: SnapshotParts) -> Iterable[pa.Table]:
+    """The document_files rows: the documents stage's, or in file mode one per document."""
+    if parts.document_files is not None:
+        return open_stream(parts.document_files)
+    return (
+        file_document_files(chunk.select(DOCUMENTS.names).cast(_DOCUMENTS))
+        for chunk in open_stream(parts.documents)
+    )
 
 
-def _documents_again(work: Path) -> Iterator[pa.Table]:
-    """documents.parquet read back with its text's own token counts as `num_tokens` (what
-    file mode's document_files are made of)."""
-    for chunk in read_back(work / layout.DOCUMENTS):
-        yield chunk.drop_columns(["num_tokens", "num_pieces", "draws"]).rename_columns(
-            DOCUMENTS.names
-        )
+@dataclass(frozen=True)
+class _Written:
+    """A single file written by `_write_single`: its entry, the CPU seconds of the process
+    that wrote it, and what it counted on the way."""
+
+    entry: FileEntry
+    cpu_s: float
+    mixture: Mixture | None = None
+    summary: dict[str, Counter[str]] | None = None
+
+
+# the snapshot's single files, the longest to write first (each is one task), and the order
+# the manifest lists them in
+SINGLE_FILES = (layout.LEDGER, layout.DOCUMENTS, layout.PIECES, layout.DOCUMENT_FILES)
+_LISTED = (layout.DOCUMENTS, layout.PIECES, layout.DOCUMENT_FILES, layout.LEDGER)
+
+
+def _own_cpu_s() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime
+
+
+def _write_single(job: tuple[Path, SnapshotParts], rel: str) -> _Written:
+    """One single file of the snapshot written into the build `work`, hashed, its rows
+    counted: each opens the streams it needs itself, so the four run side by side."""
+    work, parts = job
+    start = _own_cpu_s()
+    path = work / rel
+    mixture: Mixture | None = None
+    summary: dict[str, Counter[str]] | None = None
+    if rel == layout.DOCUMENTS:
+        mixture = Mixture()
+        rows = _write_documents(path, parts, mixture)
+    elif rel == layout.PIECES:
+        pieces = in_order(_pieces(parts, PIECES_SCHEMA), "doc_id", "pieces")
+        rows = write_stream(
+            pieces, path, PIECES_SCHEMA
+        )  # those of no document too: verify names them
+    elif rel == layout.DOCUMENT_FILES:
+        files = in_order(_document_files(parts), "doc_id", layout.DOCUMENT_FILES)
+        rows = write_stream(files, path, DOCUMENT_FILES)
+    elif rel == layout.LEDGER:
+        summary = {}
+        rows = write_stream(_summed(open_stream(parts.ledger), summary), path, LEDGER_SCHEMA)
+    else:
+        raise ValueError(f"{rel}: not a single file of a snapshot")
+    entry = FileEntry(path=rel, sha256=sha256_file(path), bytes=path.stat().st_size, rows=rows)
+    return _Written(entry, _own_cpu_s() - start, mixture, summary)
 
 
 def _summed(ledger: Iterable[pa.Table], summary: dict[str, Counter[str]]) -> Iterator[pa.Table]:
@@ -436,6 +490,7 @@ def build_snapshot(
     gate: Callable[[Path], list[str]] | None = None,
     card: Callable[[Path, SnapshotManifest], str] | None = None,
     mapper: Mapper = inline,
+    figures: dict[str, float] | None = None,
 ) -> Path:
     """Write the snapshot under `root/snapshots/`, atomically; returns its directory.
 
@@ -444,42 +499,31 @@ def build_snapshot(
     build directory (it already has its
     `_COMPLETE`, so real consumers can open it there) and returns failures; any failure
     removes the build and raises, so a snapshot that fails a check is never promoted. The
-    rows shards are copied, hashed and counted by tasks of `mapper` (an executor's map on
-    this host)."""
+    single files (documents, pieces, document_files, the ledger) are written side by side
+    and the rows shards copied, hashed and counted, by tasks of `mapper` (an executor's map
+    on this host); `figures`, when given, gets each single file's writer's CPU seconds (its
+    own process's: the largest single-process steps of a snapshot)."""
     snapshots = root / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     _clean_stale(snapshots)
     work = snapshots / f".building-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     work.mkdir()
     try:
-        files: list[FileEntry] = []
-
-        def add(rel: str, rows: int | None = None) -> None:
-            p = work / rel
-            files.append(
-                FileEntry(path=rel, sha256=sha256_file(p), bytes=p.stat().st_size, rows=rows)
-            )
-
         (work / layout.TOKENIZER).write_bytes(parts.tokenizer_json)
-        add(layout.TOKENIZER)
-
-        mixture = Mixture()
-        documents = _write_documents_and_pieces(work, parts, mixture)
-        add(layout.DOCUMENTS, documents)
-        add(layout.PIECES, pq.read_metadata(work / layout.PIECES).num_rows)
-        files_in = (
-            parts.document_files
-            if parts.document_files is not None
-            else (file_document_files(d) for d in _documents_again(work))
-        )
-        written = write_stream(
-            in_order(files_in, "doc_id", layout.DOCUMENT_FILES), work / layout.DOCUMENT_FILES,
-            DOCUMENT_FILES,
-        )  # fmt: skip
-        add(layout.DOCUMENT_FILES, written)
-        summary: dict[str, Counter[str]] = {}
-        written = write_stream(_summed(parts.ledger, summary), work / layout.LEDGER, LEDGER_SCHEMA)
-        add(layout.LEDGER, written)
+        files = [
+            FileEntry(
+                path=layout.TOKENIZER, sha256=sha256_file(work / layout.TOKENIZER),
+                bytes=len(parts.tokenizer_json),
+            )
+        ]  # fmt: skip
+        # the single files, each written by a task of its own that reads its streams itself
+        written = {w.entry.path: w for w in mapper(_write_single, (work, parts), SINGLE_FILES)}
+        files += [written[rel].entry for rel in _LISTED]
+        mixture = written[layout.DOCUMENTS].mixture or Mixture()
+        summary = written[layout.LEDGER].summary or {}
+        documents = written[layout.DOCUMENTS].entry.rows or 0
+        if figures is not None:
+            figures.update({rel: w.cpu_s for rel, w in written.items()})
 
         splits: dict[str, SplitEntry] = {}
         copies = [

@@ -7,6 +7,7 @@ promoted, readers see the previous one whole and never the build."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import threading
 from pathlib import Path
@@ -28,8 +29,10 @@ from megacpp_pipeline.corpus.tokenizer import (
     train_tokenizer,
 )
 from megacpp_pipeline.loader import PackedRowsLoader
+from megacpp_pipeline.pipeline.executor import LocalExecutor
 from megacpp_pipeline.snapshot import megatron, verify
 from megacpp_pipeline.snapshot.promote import (
+    SINGLE_FILES,
     SnapshotConfig,
     SnapshotParts,
     build_snapshot,
@@ -37,6 +40,7 @@ from megacpp_pipeline.snapshot.promote import (
     latest_snapshot,
     read_manifest,
 )
+from megacpp_pipeline.snapshot.streams import OutOfOrderError
 
 SEQ_LEN = 64
 LEDGER_STAGE = "raw_files"
@@ -298,3 +302,61 @@ def test_the_final_ledger_takes_each_files_first_drop_its_document_or_says_unacc
     assert (by["d.bin"]["stage"], by["d.bin"]["reason"]) == ("raw_files", "binary")
     # kept by every stage yet in no document: dropped, and said to be unaccounted for
     assert (by["e.hpp"]["status"], by["e.hpp"]["reason"]) == ("dropped", "unaccounted")
+
+
+# --- the single files, written side by side -------------------------------------------------
+
+
+def _opened_afresh(parts: SnapshotParts) -> SnapshotParts:
+    """The same parts with each stream given as a function that opens it, as the stage
+    gives them (a generator each time: a stream read by two writers is opened twice)."""
+
+    def opener(tables: object) -> object:
+        listed = list(tables) if not isinstance(tables, pa.Table) else [tables]
+        return lambda: (t for t in listed)
+
+    return dataclasses.replace(
+        parts,
+        documents=opener(parts.documents),
+        pieces=opener(parts.pieces),
+        ledger=opener(parts.ledger),
+    )
+
+
+def test_the_single_files_written_by_forked_workers_are_the_ones_one_process_writes(
+    tmp_path: Path,
+) -> None:
+    """documents, pieces, document_files and the ledger are each written by a task of the
+    mapper that opens the streams it needs itself: forked workers give byte for byte the
+    files (and so the snapshot id) one process gives, and each writer's CPU is reported."""
+    (tmp_path / "w").mkdir()
+    parts = snapshot_parts(tmp_path / "w", {"train": 5, "validation": 2})
+    alone = build_snapshot(tmp_path / "one", parts, gate=every_check)
+    figures: dict[str, float] = {}
+    forked = build_snapshot(
+        tmp_path / "forked", _opened_afresh(parts), gate=every_check,
+        mapper=LocalExecutor(2, cap=False).map_light, figures=figures,
+    )  # fmt: skip
+    assert forked.name == alone.name
+    a, b = read_manifest(alone), read_manifest(forked)
+    assert [(f.path, f.sha256, f.rows) for f in a.files] == [
+        (f.path, f.sha256, f.rows) for f in b.files
+    ]
+    assert a.splits == b.splits and a.ledger == b.ledger and a.sources == b.sources
+    assert sorted(figures) == sorted(SINGLE_FILES) and all(s >= 0 for s in figures.values())
+
+
+def test_a_writer_that_meets_documents_out_of_order_fails_the_build_naming_them(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "w").mkdir()
+    parts = snapshot_parts(tmp_path / "w", {"train": 5, "validation": 2})
+    documents = parts.documents
+    assert isinstance(documents, pa.Table)
+    backwards = dataclasses.replace(parts, documents=[documents.slice(3), documents.slice(0, 3)])
+    with pytest.raises(OutOfOrderError, match="documents: rows are not in doc_id order"):
+        build_snapshot(
+            tmp_path / "data", _opened_afresh(backwards),
+            mapper=LocalExecutor(2, cap=False).map_light,
+        )  # fmt: skip
+    assert list((tmp_path / "data" / "snapshots").iterdir()) == []  # no build left behind
