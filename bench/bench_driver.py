@@ -5,8 +5,9 @@ seconds (the driver's part, one core) apart from its forked workers', and its ow
 At two scales the driver seconds and peak of each stage are fitted as a line in the MB
 collected and projected to 1 TB, the figure docs/scaling.md reports: the largest remaining
 single-process step and its time at 1 TB (target: none over 10 minutes, a 64 GB driver enough).
-A stage that runs a step in a process of its own (the snapshot's single-file writers) reports
-each one's CPU, projected the same way: each is a single-process step too.
+A stage that runs steps in processes of their own (the snapshot's single-file writers,
+promotion checks and diff) reports each one's CPU, projected the same way: each is a
+single-process step too.
 
     .venv/bin/python -m bench.bench_driver --scales 16,64 [--work DIR] [--stages A,B] [--repeat N]
 
@@ -73,10 +74,11 @@ def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict
             check.evaluate(ctx, stage, partition)
     end_light_pool()
     cpu2, kids2 = _cpu()
-    # processes of their own that the stage ran one step in (the snapshot's single files)
-    writers = ctx.latest(stage.name, None).extra.get("single_file_writers_cpu_s") or {}
+    # steps the stage ran in a process of their own (the snapshot's single-file writers,
+    # promotion checks and diff): each one's CPU seconds
+    apart = ctx.latest(stage.name, None).extra.get("single_process_steps_cpu_s") or {}
     return {
-        "single_file_writers_cpu_s": writers,
+        "single_process_steps_cpu_s": apart,
         "wall_s": round(t1 - t0, 2),
         "driver_cpu_s": round(cpu1 - cpu0, 2),
         "workers_cpu_s": round(kids1 - kids0, 2),
@@ -152,14 +154,14 @@ def project(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
             ),
         }
         steps[name] = out[name]["driver_s_at_1tb"]
-        writers = s.get("single_file_writers_cpu_s") or {}
-        if writers:
-            before = a.get("single_file_writers_cpu_s") or {}
-            out[name]["writers_s_at_1tb"] = {
-                f: round(_line(x0, before.get(f, 0.0), x1, cpu, TB_MB))
-                for f, cpu in writers.items()
+        apart = s.get("single_process_steps_cpu_s") or {}
+        if apart:
+            before = a.get("single_process_steps_cpu_s") or {}
+            out[name]["apart_s_at_1tb"] = {
+                step: round(_line(x0, before.get(step, 0.0), x1, cpu, TB_MB))
+                for step, cpu in apart.items()
             }
-            steps.update({f"{name}: {f}": v for f, v in out[name]["writers_s_at_1tb"].items()})
+            steps.update({f"{name}: {k}": v for k, v in out[name]["apart_s_at_1tb"].items()})
     largest = max(steps.items(), key=lambda kv: kv[1])
     heaviest = max(out.items(), key=lambda kv: kv[1]["peak_mb_at_1tb"])
     return {

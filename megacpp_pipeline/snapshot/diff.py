@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -75,15 +74,15 @@ class SnapshotDiff:
 _KEY = ["source_id", "path"]
 
 
-def _ledger(snap: Path) -> pl.DataFrame:
+def _ledger(snap: Path) -> pa.Table:
     """Every collected file of a snapshot and the sha256 of its bytes (null in a ledger
     written before it had one)."""
     present = pq.read_schema(snap / layout.LEDGER).names
     columns = [c for c in [*_KEY, "sha256"] if c in present]
-    frame = pl.DataFrame(pq.read_table(snap / layout.LEDGER, columns=columns))
-    if "sha256" not in frame.columns:
-        frame = frame.with_columns(pl.lit(None, pl.String).alias("sha256"))
-    return frame.select(pl.col(_KEY), pl.col("sha256").cast(pl.String))
+    table = pq.read_table(snap / layout.LEDGER, columns=columns)
+    if "sha256" not in table.column_names:
+        table = table.append_column("sha256", pa.nulls(table.num_rows, pa.string()))
+    return table.select([*_KEY, "sha256"]).cast(_LEDGER_SCHEMA)
 
 
 def _file_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
@@ -169,33 +168,21 @@ def _compare(old: pa.Table, new: pa.Table, found: dict[str, list[str]]) -> None:
 
 
 def _joined_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
-    """_file_changes by one join of the two whole ledgers."""
-    joined = (
-        _ledger(old)
-        .with_columns(pl.lit(True).alias("before"))
-        .join(
-            _ledger(new).with_columns(pl.lit(True).alias("after")),
-            on=_KEY,
-            how="full",
-            coalesce=True,
-            suffix="_new",
-        )
-        .with_columns(
-            pl.when(pl.col("before").is_null())
-            .then(pl.lit("added"))
-            .when(pl.col("after").is_null())
-            .then(pl.lit("removed"))
-            .when(pl.col("sha256").ne_missing(pl.col("sha256_new")))
-            .then(pl.lit("changed"))
-            .alias("what")
-        )
+    """_file_changes over the two whole ledgers, a source at a time (Arrow only: the diff
+    runs in forked workers, where polars may hang)."""
+    before, after = _ledger(old), _ledger(new)
+    out: dict[str, dict[str, list[str]]] = {}
+    sources = pc.unique(
+        pa.chunked_array([*before["source_id"].chunks, *after["source_id"].chunks], pa.string())
     )
-    out: dict[str, dict[str, list[str]]] = {
-        sid: {} for sid in joined.get_column("source_id").unique().to_list()
-    }
-    moved = joined.filter(pl.col("what").is_not_null()).sort(["source_id", "what", "path"])
-    for (sid, what), group in moved.group_by(["source_id", "what"], maintain_order=True):
-        out[str(sid)][str(what)] = group.get_column("path").to_list()
+    for source in sorted(sources.to_pylist()):
+        found: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
+        _compare(
+            before.filter(pc.equal(before["source_id"], source)),
+            after.filter(pc.equal(after["source_id"], source)),
+            found,
+        )
+        out[source] = {what: sorted(paths) for what, paths in found.items() if paths}
     return out
 
 

@@ -48,6 +48,7 @@ from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.snapshot.streams import (
     Cursor,
     StreamWriter,
+    coalesce,
     group_counts,
     in_order,
     write_stream,
@@ -254,7 +255,7 @@ _PIECE_COUNTS = pa.schema([PIECES_SCHEMA.field(n) for n in ("doc_id", "copy", "l
 
 
 def _pieces(parts: SnapshotParts, schema: pa.Schema) -> Iterator[pa.Table]:
-    for table in open_stream(parts.pieces):
+    for table in coalesce(open_stream(parts.pieces)):
         yield with_copy_column(table).select(schema.names).cast(schema)
 
 
@@ -266,7 +267,7 @@ def _write_documents(path: Path, parts: SnapshotParts, mixture: Mixture) -> int:
                     _PIECE_COUNTS)  # fmt: skip
     writer = StreamWriter(path, SNAPSHOT_DOCUMENTS)
     try:
-        for chunk in in_order(open_stream(parts.documents), "doc_id", "documents"):
+        for chunk in in_order(coalesce(open_stream(parts.documents)), "doc_id", "documents"):
             chunk = chunk.select(_DOCUMENTS.names).cast(_DOCUMENTS)
             held = cursor.upto(chunk["doc_id"][-1].as_py())
             num_pieces, num_tokens, draws = _per_document(held, chunk["doc_id"].to_numpy())
@@ -286,10 +287,10 @@ def _write_documents(path: Path, parts: SnapshotParts, mixture: Mixture) -> int:
 def _document_files(parts: SnapshotParts) -> Iterable[pa.Table]:
     """The document_files rows: the documents stage's, or in file mode one per document."""
     if parts.document_files is not None:
-        return open_stream(parts.document_files)
+        return coalesce(open_stream(parts.document_files))
     return (
         file_document_files(chunk.select(DOCUMENTS.names).cast(_DOCUMENTS))
-        for chunk in open_stream(parts.documents)
+        for chunk in coalesce(open_stream(parts.documents))
     )
 
 
@@ -310,7 +311,8 @@ SINGLE_FILES = (layout.LEDGER, layout.DOCUMENTS, layout.PIECES, layout.DOCUMENT_
 _LISTED = (layout.DOCUMENTS, layout.PIECES, layout.DOCUMENT_FILES, layout.LEDGER)
 
 
-def _own_cpu_s() -> float:
+def own_cpu_s() -> float:
+    """This process's own CPU seconds (user and system; not its children's)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     return me.ru_utime + me.ru_stime
 
@@ -319,7 +321,7 @@ def _write_single(job: tuple[Path, SnapshotParts], rel: str) -> _Written:
     """One single file of the snapshot written into the build `work`, hashed, its rows
     counted: each opens the streams it needs itself, so the four run side by side."""
     work, parts = job
-    start = _own_cpu_s()
+    start = own_cpu_s()
     path = work / rel
     mixture: Mixture | None = None
     summary: dict[str, Counter[str]] | None = None
@@ -340,7 +342,7 @@ def _write_single(job: tuple[Path, SnapshotParts], rel: str) -> _Written:
     else:
         raise ValueError(f"{rel}: not a single file of a snapshot")
     entry = FileEntry(path=rel, sha256=sha256_file(path), bytes=path.stat().st_size, rows=rows)
-    return _Written(entry, _own_cpu_s() - start, mixture, summary)
+    return _Written(entry, own_cpu_s() - start, mixture, summary)
 
 
 def _summed(ledger: Iterable[pa.Table], summary: dict[str, Counter[str]]) -> Iterator[pa.Table]:
@@ -386,9 +388,9 @@ def final_ledger_chunks(sources: Iterable[SourceLedgers]) -> Iterator[pa.Table]:
     document files' rows up to the chunk's last path are taken from cursors, so memory
     follows a chunk, not the corpus (every stream is in path order within its source)."""
     for source in sources:
-        later = [Cursor(s, "path", LEDGER_SCHEMA) for s in source.later]
-        files = Cursor(source.files, "path", DOCUMENT_FILES)
-        for chunk in in_order(source.collected, "path", "the collect ledger"):
+        later = [Cursor(coalesce(s), "path", LEDGER_SCHEMA) for s in source.later]
+        files = Cursor(coalesce(source.files), "path", DOCUMENT_FILES)
+        for chunk in in_order(coalesce(source.collected), "path", "the collect ledger"):
             last = chunk["path"][-1].as_py()
             drops = [_ledger_rows(d) for c in later if (d := c.upto(last)).num_rows]
             later_rows = pa.concat_tables([LEDGER_SCHEMA.empty_table(), *drops])

@@ -21,6 +21,12 @@ from megacpp_pipeline.storage.versions import tmp_name
 ROW_GROUP_ROWS = 64 * 1024
 
 
+def concat(tables: list[pa.Table]) -> pa.Table:
+    """Tables of one stream as one, not copied; a column not null in one shard and nullable
+    in another (versions written by different sources' runs) is nullable in the result."""
+    return pa.concat_tables(tables, promote_options="default")
+
+
 class Cursor:
     """The rows of a stream sorted by `key`, handed out up to a key value at a time."""
 
@@ -48,7 +54,7 @@ class Cursor:
             self._pull()
         if not self._buffer:
             return self.schema.empty_table()
-        table = pa.concat_tables(self._buffer)
+        table = concat(self._buffer)
         cut = int(pc.sum(pc.less_equal(table[self.key], pa.scalar(value))).as_py() or 0)
         rest = table.slice(cut)
         self._buffer = [rest] if rest.num_rows else []
@@ -104,6 +110,24 @@ def rebatch(tables: Iterable[pa.Table], rows: int = ROW_GROUP_ROWS) -> Iterator[
                 pending, count = [], 0
     if pending:
         yield pa.concat_tables(pending).combine_chunks()
+
+
+def coalesce(tables: Iterable[pa.Table], rows: int = ROW_GROUP_ROWS) -> Iterator[pa.Table]:
+    """The same rows in the same order, consecutive tables put together (not copied) until
+    they hold at least `rows` rows: what a stream of small shards costs per table (a cast,
+    a lookup, a cursor step) is then paid once per row group's worth, not per shard."""
+    pending: list[pa.Table] = []
+    count = 0
+    for table in tables:
+        if not table.num_rows:
+            continue
+        pending.append(table)
+        count += table.num_rows
+        if count >= rows:
+            yield pending[0] if len(pending) == 1 else concat(pending)
+            pending, count = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else concat(pending)
 
 
 class StreamWriter:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -42,22 +41,28 @@ def _tokens(
     snap: Path, manifest: SnapshotManifest, wanted: set[int]
 ) -> dict[int, dict[int, np.ndarray]]:
     # a weighted document packed more than once has identical copies: its first one will do
-    pieces = pl.DataFrame(with_copy_column(pq.read_table(snap / layout.PIECES))).filter(
-        pl.col("doc_id").is_in(list(wanted)) & (pl.col("copy") == 0)
+    # (Arrow only: a check that rebuilds documents runs in a forked worker, where polars may
+    # hang)
+    pieces = with_copy_column(pq.read_table(snap / layout.PIECES))
+    pieces = pieces.filter(
+        pc.and_(
+            pc.is_in(pieces["doc_id"], pa.array(sorted(wanted), pieces["doc_id"].type)),
+            pc.equal(pieces["copy"], 0),
+        )
     )
-    by_pack = pieces.partition_by("pack_id", as_dict=True)
+    by_pack: dict[int, list[tuple[int, int, int, int]]] = {}
+    columns = ("pack_id", "doc_id", "piece_index", "row_offset", "length")
+    for pack, doc, index, offset, length in zip(
+        *(pieces[c].to_pylist() for c in columns), strict=True
+    ):
+        by_pack.setdefault(pack, []).append((doc, index, offset, length))
     parts: dict[int, dict[int, np.ndarray]] = {}
     for split in manifest.splits.values():
         for rel in split.shards:
             for t in read_back(snap / rel, ["pack_id", "input_ids"]):  # a row group at a time
                 ids = fixed_list_to_numpy(t["input_ids"], manifest.seq_len)
                 for r, pack_id in enumerate(t["pack_id"].to_pylist()):
-                    ps = by_pack.get((pack_id,))
-                    if ps is None:
-                        continue
-                    for doc_id, idx, off, length in ps.select(
-                        ["doc_id", "piece_index", "row_offset", "length"]
-                    ).iter_rows():
+                    for doc_id, idx, off, length in by_pack.get(pack_id, ()):
                         # a copy, so the row group's token matrix is freed once it is done
                         parts.setdefault(doc_id, {})[idx] = ids[r, off : off + length].copy()
     return parts

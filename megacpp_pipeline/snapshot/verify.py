@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -279,13 +278,14 @@ def check_round_trip(
     in it (every one, when a packing window is a shard); any other is rebuilt here."""
     out = CheckOutcome("round_trip_decode", True)
     # the documents in the rows (a source's weight may draw one 0 times: it has no pieces)
-    ids = pl.DataFrame({"doc_id": packed_doc_ids(snap)})
-    if ids.height > sample:  # the sample chosen from the ids alone; its rows read after
-        ids = ids.sample(n=sample, seed=seed)
-    chosen = pa.array(ids["doc_id"].to_numpy(), pa.int32())
-    docs = pl.DataFrame(_documents_of(snap, chosen, ["doc_id", "path", "content_sha256"]))
-    sha_by_doc = dict(zip(docs["doc_id"].to_list(), docs["content_sha256"].to_list(), strict=True))
-    path_by_doc = dict(zip(docs["doc_id"].to_list(), docs["path"].to_list(), strict=True))
+    ids = np.asarray(packed_doc_ids(snap), np.int64)
+    if len(ids) > sample:  # the sample chosen from the ids alone; its rows read after
+        ids = np.sort(np.random.default_rng(seed).choice(ids, size=sample, replace=False))
+    chosen = pa.array(ids, pa.int32())
+    docs = _documents_of(snap, chosen, ["doc_id", "path", "content_sha256"])
+    doc_ids = docs["doc_id"].to_pylist()
+    sha_by_doc = dict(zip(doc_ids, docs["content_sha256"].to_pylist(), strict=True))
+    path_by_doc = dict(zip(doc_ids, docs["path"].to_pylist(), strict=True))
     checked = 0
     tasks, elsewhere = _round_trip_tasks(snap, manifest, sha_by_doc, path_by_doc)
     special = manifest.tokenizer.get("special_tokens", {})

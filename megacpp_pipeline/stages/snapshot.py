@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.executor import LocalExecutor, end_light_pool
 from megacpp_pipeline.pipeline.memory import release_memory
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -47,10 +49,11 @@ from megacpp_pipeline.snapshot.promote import (
     SourceLedgers,
     build_snapshot,
     final_ledger_chunks,
+    own_cpu_s,
     promoted_in_store,
     read_manifest,
 )
-from megacpp_pipeline.snapshot.streams import merge
+from megacpp_pipeline.snapshot.streams import coalesce, merge
 from megacpp_pipeline.snapshot.text_release import TEXT_DIR, write_release
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.documents import documents_stream
@@ -97,11 +100,11 @@ def final_ledger_stream(ctx: StageContext) -> Iterator[pa.Table]:
             if ctx.registry.get(name).per_source
             else [ctx.latest(name, None)]
         )
-        return SourceRows(read_ahead(ctx, [(m, "ledger") for m in versions]))
+        return SourceRows(coalesce(read_ahead(ctx, [(m, "ledger") for m in versions])))
 
     collected = ledger_of(stages[0])
     later = [ledger_of(name) for name in stages[1:]]
-    files = SourceRows(document_files_stream(ctx))
+    files = SourceRows(coalesce(document_files_stream(ctx)))
 
     def sources() -> Iterator[SourceLedgers]:
         for source in ctx.sources():
@@ -257,8 +260,42 @@ def merged_pieces(ctx: StageContext, packed: Manifest) -> Iterator[pa.Table]:
     shards are read ahead by forked workers."""
     stream: Iterable[pa.Table] = iter(())
     for table in pieces_tables(packed):
-        stream = merge(stream, read_ahead(ctx, [(packed, table)]), "doc_id", PIECES_SCHEMA)
+        stream = merge(
+            stream, coalesce(read_ahead(ctx, [(packed, table)])), "doc_id", PIECES_SCHEMA
+        )
     return iter(stream)
+
+
+@dataclass(frozen=True)
+class _CheckApart:
+    """What a promotion check needs in a worker of its own: the build, the config, where
+    the Megatron export goes, and how many workers its own tasks may fork."""
+
+    snap: Path
+    config: SnapshotConfig
+    megatron_dir: Path
+    workers: int
+
+
+def _check_apart(job: _CheckApart, name: str) -> tuple[verify.CheckOutcome, float]:
+    """One promotion check in this (forked) process, its per-shard tasks on a pool of its
+    own; the outcome and this process's CPU seconds for it."""
+    start = own_cpu_s()
+    mapper = LocalExecutor(job.workers).map_light
+    outcome = verify.run_check(
+        name, job.snap, job.config, mapper=mapper, megatron_dir=job.megatron_dir
+    )
+    end_light_pool()  # its workers reaped before the next check this process runs
+    return outcome, own_cpu_s() - start
+
+
+def _changes_apart(previous: Path, build_dir: Path) -> tuple[str, float]:
+    """The card's changes since the previous snapshot (both ledgers merged), in a process
+    of its own; the markdown and this process's CPU seconds for it."""
+    start = own_cpu_s()
+    markdown = render_markdown(diff_snapshots(previous, build_dir))
+    release_memory()
+    return markdown, own_cpu_s() - start
 
 
 def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
@@ -311,15 +348,19 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     previous = previous_snapshot(ctx)
     changes: list[str] = []
 
+    host = ctx.host_executor()  # the build is a folder of this host
+    # the CPU seconds of each step that ran in a process of its own: a single file's writer,
+    # a promotion check, the card's diff (bench_driver projects each to 1 TB)
+    steps: dict[str, float] = {}
+
     def card(build_dir: Path, manifest: SnapshotManifest) -> str:
         release_memory()  # what writing the single files freed
         if previous is not None and previous.name != manifest.snapshot_id:
-            changes.append(render_markdown(diff_snapshots(previous, build_dir)))
+            markdown, steps["diff"] = host.run_apart(_changes_apart, previous, build_dir)
+            changes.append(markdown)
         inputs.changes = changes[0] if changes else None
-        release_memory()  # the diff read both snapshots' ledgers
         return render_card(build_dir, manifest, inputs)
 
-    host = ctx.host_executor()  # the build is a folder of this host
     checked: list[tuple[SnapshotManifest, list[verify.CheckOutcome]]] = []  # by the gate
 
     def gate(build_dir: Path) -> list[str]:
@@ -329,15 +370,15 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         failures = []
         outcomes: list[verify.CheckOutcome] = []
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
-        for name in verify.ALL_CHECKS:
-            outcome = verify.run_check(
-                name, build_dir, config, mapper=host.map_light, megatron_dir=exports
-            )
+        job = _CheckApart(build_dir, config, exports, host.workers)
+        # the checks side by side, each in a worker of its own with its own tasks' pool
+        for outcome, cpu_s in host.map(_check_apart, job, verify.ALL_CHECKS):
             outcomes.append(outcome)
-            release_memory()  # each check starts from what is live, not the last one's peak
-            ctx.log(f"promotion check {name}: {'pass' if outcome.passed else 'FAIL'}")
+            steps[f"check {outcome.name}"] = cpu_s
+            ctx.log(f"promotion check {outcome.name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
-                failures.append(f"{name}: {outcome.problems[0]}")
+                failures.append(f"{outcome.name}: {outcome.problems[0]}")
+        release_memory()  # what the checks' results held
         checked.append((read_manifest(build_dir), outcomes))
         ctx.log(f"promotion check no_removed_content: {'pass' if removed.passed else 'FAIL'}")
         if not removed.passed:
@@ -350,6 +391,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         root, parts, keep=config.keep_snapshots, gate=gate, card=card, mapper=host.map_light,
         figures=writers,
     )  # fmt: skip
+    steps.update({f"write {rel}": cpu_s for rel, cpu_s in writers.items()})
     manifest = read_manifest(snap)
     recorded: dict[str, object] = {}  # what the promotion proved, for the Dagster checks
     # the snapshot kept may be one promoted before with the same content, whose manifest
@@ -376,9 +418,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             "removals": dict(inputs.removals),
             "removal_notes": str(removed.metadata.get("why", "")),
             "promotion_checks": recorded,
-            # the CPU seconds of the process that wrote each single file (bench_driver
-            # reports the largest: a single-process step that grows with the corpus)
-            "single_file_writers_cpu_s": {k: round(v, 3) for k, v in sorted(writers.items())},
+            "single_process_steps_cpu_s": {k: round(v, 3) for k, v in sorted(steps.items())},
         },
     )
     return Materialized(
@@ -463,12 +503,10 @@ def _promotion_check(name: str) -> Check:
                     "re-hashes every file it lists on each evaluation)",
                 },
             )
-        mapper = ctx.host_executor().map_light
+        host = ctx.host_executor()
         exports = megatron_dir(ctx, read_manifest(snap).snapshot_id)
-        outcome = verify.run_check(
-            name, snap, ctx.config(stage), mapper=mapper, megatron_dir=exports
-        )
-        release_memory()  # the next check starts from what is live
+        job = _CheckApart(snap, ctx.config(stage), exports, host.workers)
+        outcome, _ = host.run_apart(_check_apart, job, name)  # in a worker of its own
         return CheckOutcome(
             passed=outcome.passed,
             metadata={

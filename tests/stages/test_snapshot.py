@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.parallel import polars_threads_run
 from megacpp_pipeline.pipeline.registry import CheckOutcome
-from megacpp_pipeline.pipeline.runner import checks_of, run_all
+from megacpp_pipeline.pipeline.runner import checks_of, run_all, run_stage
 from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.layout import MANIFEST
+from megacpp_pipeline.snapshot.promote import SINGLE_FILES
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.snapshot import snapshot_dir_of
 from tests.fixtures.pipeline_corpus import write_catalog
@@ -134,3 +137,33 @@ def test_no_check_reads_a_provenance_field(promoted: tuple[Path, Path], tmp_path
             before[name].metrics,
             before[name].problems,
         ), name
+
+
+@pytest.mark.timeout(300)
+def test_the_snapshot_steps_run_apart_even_after_polars_started_in_the_driver(
+    promoted: tuple[Path, Path],
+) -> None:
+    """The single files' writers, the promotion checks and the card's diff run in forked
+    workers of their own. A driver whose polars thread pool has started (a run's process has
+    run other stages) must still get their results: a forked child that ran a polars query
+    would wait forever, so none of them may use polars. Each step's CPU is recorded."""
+    frame = pl.DataFrame({"k": [i % 7 for i in range(200_000)], "v": range(200_000)})
+    assert frame.group_by("k").agg(pl.col("v").sum()).height == 7
+    assert polars_threads_run()
+    tmp, catalog = promoted
+    previous = snapshot_dir_of(_context(tmp, catalog, "before"))
+    # another snapshot config: a snapshot of another id, so the card's diff runs too
+    changed = catalog.with_name("sources-apart.yaml")
+    changed.write_text(
+        catalog.read_text().replace("  snapshot:\n", "  snapshot:\n    round_trip_sample: 7\n")
+    )
+    ctx = context(tmp, changed, "apart", workers=2)
+    stage = ctx.registry.get(names.SNAPSHOT)
+    for _ in run_stage(ctx, stage, [None]):
+        pass
+    assert snapshot_dir_of(ctx) != previous
+    steps = ctx.latest(names.SNAPSHOT, None).extra["single_process_steps_cpu_s"]
+    assert {f"write {f}" for f in SINGLE_FILES} <= set(steps)
+    assert {f"check {c}" for c in verify.ALL_CHECKS} | {"diff"} <= set(steps)
+    outcomes = _checks(ctx)  # those the promotion did not record run apart again
+    assert all(o.passed for o in outcomes.values()), outcomes
