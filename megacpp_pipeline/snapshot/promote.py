@@ -51,6 +51,7 @@ from megacpp_pipeline.snapshot.streams import (
     coalesce,
     group_counts,
     in_order,
+    remove_temps,
     write_stream,
 )
 from megacpp_pipeline.storage.versions import (
@@ -323,6 +324,7 @@ def _write_single(job: tuple[Path, SnapshotParts], rel: str) -> _Written:
     work, parts = job
     start = own_cpu_s()
     path = work / rel
+    remove_temps(path)  # a writer of this file killed before (this task runs again)
     mixture: Mixture | None = None
     summary: dict[str, Counter[str]] | None = None
     if rel == layout.DOCUMENTS:

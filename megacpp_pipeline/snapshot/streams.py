@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.storage.versions import tmp_name
+from megacpp_pipeline.storage.versions import TMP_SUFFIX, tmp_name
 
 # rows per row group of a snapshot's metadata files (documents, pieces, ledger, files)
 ROW_GROUP_ROWS = 64 * 1024
@@ -130,6 +130,16 @@ def coalesce(tables: Iterable[pa.Table], rows: int = ROW_GROUP_ROWS) -> Iterator
         yield pending[0] if len(pending) == 1 else concat(pending)
 
 
+# the owner a single file's temp name carries (versions.tmp_name)
+_OWNER = "snapshot"
+
+
+def remove_temps(path: Path) -> None:
+    """The temp files a writer of `path` killed before it finished left behind."""
+    for stale in path.parent.glob(f"{path.name}.{_OWNER}-*{TMP_SUFFIX}"):
+        stale.unlink(missing_ok=True)
+
+
 class StreamWriter:
     """A parquet file written chunk by chunk in row groups of exactly `rows` rows (the last
     shorter), zstd, to a temp name renamed into place by `close()`."""
@@ -139,7 +149,7 @@ class StreamWriter:
         self.schema = schema
         self.rows = rows
         self.written = 0
-        self._tmp = path.with_name(tmp_name(path.name, "snapshot"))
+        self._tmp = path.with_name(tmp_name(path.name, _OWNER))
         self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
         self._pending: list[pa.Table] = []
         self._count = 0

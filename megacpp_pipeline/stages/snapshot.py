@@ -269,21 +269,21 @@ def merged_pieces(ctx: StageContext, packed: Manifest) -> Iterator[pa.Table]:
 @dataclass(frozen=True)
 class _CheckApart:
     """What a promotion check needs in a worker of its own: the build, the config, where
-    the Megatron export goes, and how many workers its own tasks may fork."""
+    the Megatron export goes, and the host's executor, whose light maps its per-shard tasks
+    run on (inherited through the fork; in the child they fork a pool of its own)."""
 
     snap: Path
     config: SnapshotConfig
     megatron_dir: Path
-    workers: int
+    executor: LocalExecutor
 
 
 def _check_apart(job: _CheckApart, name: str) -> tuple[verify.CheckOutcome, float]:
     """One promotion check in this (forked) process, its per-shard tasks on a pool of its
     own; the outcome and this process's CPU seconds for it."""
     start = own_cpu_s()
-    mapper = LocalExecutor(job.workers).map_light
     outcome = verify.run_check(
-        name, job.snap, job.config, mapper=mapper, megatron_dir=job.megatron_dir
+        name, job.snap, job.config, mapper=job.executor.map_light, megatron_dir=job.megatron_dir
     )
     end_light_pool()  # its workers reaped before the next check this process runs
     return outcome, own_cpu_s() - start
@@ -370,7 +370,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         failures = []
         outcomes: list[verify.CheckOutcome] = []
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
-        job = _CheckApart(build_dir, config, exports, host.workers)
+        job = _CheckApart(build_dir, config, exports, host)
         # the checks side by side, each in a worker of its own with its own tasks' pool
         for outcome, cpu_s in host.map(_check_apart, job, verify.ALL_CHECKS):
             outcomes.append(outcome)
@@ -505,7 +505,7 @@ def _promotion_check(name: str) -> Check:
             )
         host = ctx.host_executor()
         exports = megatron_dir(ctx, read_manifest(snap).snapshot_id)
-        job = _CheckApart(snap, ctx.config(stage), exports, host.workers)
+        job = _CheckApart(snap, ctx.config(stage), exports, host)
         outcome, _ = host.run_apart(_check_apart, job, name)  # in a worker of its own
         return CheckOutcome(
             passed=outcome.passed,

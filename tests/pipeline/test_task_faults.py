@@ -1,7 +1,7 @@
 """A map task killed in every stage that maps tasks (the per-file gates, collection, dedup's
 four steps, decontamination, the tokenizer's sample, documents, packing, the checks that
-rescan rows, the snapshot's copies and checks, the Megatron export) is run again, and the
-run promotes the same snapshot as a run where no task died."""
+rescan rows, the snapshot's single files, copies and checks, the Megatron export) is run
+again, and the run promotes the same snapshot as a run where no task died."""
 
 from __future__ import annotations
 
@@ -131,5 +131,7 @@ def test_a_task_killed_in_every_map_is_rerun_and_the_snapshot_is_the_same(
         "file_facts",
         "_copy_shard",
         "_scatter_shard",
+        "_write_single",  # a snapshot's single file
+        "_check_apart",  # a promotion check in a worker of its own
     ):
         assert task in killed, (task, sorted(killed))
