@@ -76,7 +76,11 @@ def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict
     cpu2, kids2 = _cpu()
     # steps the stage ran in a process of their own (the snapshot's single-file writers,
     # promotion checks and diff): each one's CPU seconds
-    apart = ctx.latest(stage.name, None).extra.get("single_process_steps_cpu_s") or {}
+    apart = (
+        ctx.latest(stage.name, None).extra.get("single_process_steps_cpu_s") or {}
+        if ctx.store.has_version(stage.name)  # the last two stages commit no version
+        else {}
+    )
     return {
         "single_process_steps_cpu_s": apart,
         "wall_s": round(t1 - t0, 2),

@@ -4,6 +4,8 @@ utilization — written into the snapshot's report/ folder and shown in the UI."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -25,8 +27,8 @@ from megacpp_pipeline.stages.snapshot import (
 )
 
 
-def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
-    snap = snapshot_dir_of(ctx)
+def _render(ctx: StageContext, snap: Path) -> report.ReportResult:
+    """The report of the snapshot at `snap` from it and the stages' versions."""
     promoted = ctx.latest(names.SNAPSHOT)
     packed = ctx.latest(names.PACKED_ROWS)
     dedup_manifest = ctx.latest(names.DEDUPED_FILES)
@@ -49,7 +51,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         removals=promoted.extra.get("removals") or {},
         removal_notes=str(promoted.extra.get("removal_notes") or ""),
     )
-    result = report.render_report(inputs, snap / REPORT_DIR, mapper=ctx.host_executor().map)
+    return report.render_report(inputs, snap / REPORT_DIR, mapper=ctx.host_executor().map)
+
+
+def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
+    snap = snapshot_dir_of(ctx)
+    # the page reads the ledger and documents whole (O(files)): in a worker of its own, so
+    # the run's process never holds them; its plots are that worker's tasks
+    result = ctx.host_executor().run_apart(_render, ctx, snap)
     manifest = read_manifest(snap)
     uri = upload_beside_snapshot(
         ctx, snap / REPORT_DIR, "snapshots", manifest.snapshot_id, REPORT_DIR
