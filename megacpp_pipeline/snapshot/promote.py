@@ -396,7 +396,7 @@ def final_ledger_chunks(sources: Iterable[SourceLedgers]) -> Iterator[pa.Table]:
             last = chunk["path"][-1].as_py()
             drops = [_ledger_rows(d) for c in later if (d := c.upto(last)).num_rows]
             later_rows = pa.concat_tables([LEDGER_SCHEMA.empty_table(), *drops])
-            yield _joined(_ledger_rows(chunk), later_rows, files.upto(last))
+            yield _joined(_ledger_rows(chunk), later_rows, files.upto(last), one_source=True)
 
 
 def _ledger_rows(table: pa.Table) -> pa.Table:
@@ -411,13 +411,22 @@ def _file_keys(table: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(source, table["path"], "\0").combine_chunks()
 
 
-def _joined(collected: pa.Table, later: pa.Table, document_files: pa.Table) -> pa.Table:
+def _path_keys(table: pa.Table) -> pa.Array:
+    """One key per row of one source's rows: its path."""
+    return table["path"].combine_chunks()
+
+
+def _joined(
+    collected: pa.Table, later: pa.Table, document_files: pa.Table, one_source: bool = False
+) -> pa.Table:
     """The collect ledger's rows (LEDGER_SCHEMA) with each file's first later drop (stage
     order: `later` in that order) and whether a document holds it: Arrow hash lookups
-    (`index_in` finds a key's first row), the collected rows' order kept."""
-    keys = _file_keys(collected)
-    drop = pc.index_in(keys, value_set=_file_keys(later))  # null: no later drop
-    doc = pc.index_in(keys, value_set=_file_keys(document_files))  # null: in no document
+    (`index_in` finds a key's first row), the collected rows' order kept. `one_source`: every
+    row is of one source, so a file is known by its path alone."""
+    key = _path_keys if one_source else _file_keys
+    keys = key(collected)
+    drop = pc.index_in(keys, value_set=key(later))  # null: no later drop
+    doc = pc.index_in(keys, value_set=key(document_files))  # null: in no document
 
     def dropped_as(name: str) -> pa.ChunkedArray:
         return later[name].take(drop)

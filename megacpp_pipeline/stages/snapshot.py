@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megacpp_pipeline.core.schemas import DOCUMENT_FILES
 from megacpp_pipeline.pipeline.context import StageContext
@@ -77,11 +77,12 @@ class SourceRows:
                 self._head = next((t for t in self._tables if t.num_rows), None)
                 if self._head is None:
                     return
-            ids = self._head["source_id"].to_numpy(zero_copy_only=False)
-            mine = int(np.argmax(ids != source)) if (ids != source).any() else len(ids)
+            # the first row of another source (Arrow: no Python object per row)
+            other = pc.index(pc.not_equal(self._head["source_id"], source), True).as_py()
+            mine = self._head.num_rows if other < 0 else other
             if mine:
                 yield self._head.slice(0, mine)
-            if mine < len(ids):
+            if mine < self._head.num_rows:
                 self._head = self._head.slice(mine)
                 return
             self._head = None
@@ -104,7 +105,10 @@ def final_ledger_stream(ctx: StageContext) -> Iterator[pa.Table]:
 
     collected = ledger_of(stages[0])
     later = [ledger_of(name) for name in stages[1:]]
-    files = SourceRows(coalesce(document_files_stream(ctx)))
+    # what the ledger takes of a kept file's row: where it is and its licence
+    files = SourceRows(
+        coalesce(document_files_stream(ctx, ["source_id", "path", "license_expression"]))
+    )
 
     def sources() -> Iterator[SourceLedgers]:
         for source in ctx.sources():
@@ -119,17 +123,22 @@ def final_ledger_stream(ctx: StageContext) -> Iterator[pa.Table]:
     return final_ledger_chunks(sources())
 
 
-def document_files_stream(ctx: StageContext) -> Iterator[pa.Table]:
-    """The documents version's document_files rows in doc_id order, read ahead."""
-    return read_ahead(ctx, [(ctx.latest(names.DOCUMENTS), "document_files")])
+def document_files_stream(
+    ctx: StageContext, columns: list[str] | None = None
+) -> Iterator[pa.Table]:
+    """The documents version's document_files rows in doc_id order, read ahead (`columns`:
+    only these)."""
+    return read_ahead(ctx, [(ctx.latest(names.DOCUMENTS), "document_files")], columns)
 
 
-def read_ahead(ctx: StageContext, tables: list[tuple[Manifest, str]]) -> Iterator[pa.Table]:
+def read_ahead(
+    ctx: StageContext, tables: list[tuple[Manifest, str]], columns: list[str] | None = None
+) -> Iterator[pa.Table]:
     """The shards of these versions' tables, in order, each read and verified by a forked
     worker of this host (the process's light pool), at most four shards ahead of the
-    consumer (inline with one worker)."""
+    consumer (inline with one worker); `columns`: only these are decoded and sent."""
     refs = [
-        (ctx.store.version_dir(m), shard)
+        (ctx.store.version_dir(m), shard, columns)
         for m, table in tables
         if table in m.tables
         for shard in m.tables[table].shards
@@ -137,7 +146,7 @@ def read_ahead(ctx: StageContext, tables: list[tuple[Manifest, str]]) -> Iterato
     return ctx.host_executor().stream(_read_shard, ctx.store, refs, ahead=4, workers=1)
 
 
-def _read_shard(store: ShardStore, ref: tuple[str, ShardInfo]) -> pa.Table:
+def _read_shard(store: ShardStore, ref: tuple[str, ShardInfo, list[str] | None]) -> pa.Table:
     return store.read_shard(*ref)
 
 
