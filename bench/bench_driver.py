@@ -113,7 +113,8 @@ def measure(
     scale: int, work: Path, workers: int, names: list[str] | None = None, repeat: int = 1
 ) -> dict[str, Any]:
     """Each stage `repeat` times over the run's store; the run of least driver CPU is kept
-    (the shared machine's noise only adds), every run's driver CPU listed beside it."""
+    (the shared machine's noise only adds), every run's driver CPU listed beside it, and each
+    step apart at its least over the runs."""
     corpus = scaleup.build(scale, scaleup.REPO / ".cache" / "bench")
     run_dir = work / f"{scale}x"
     if not (run_dir / "data" / "snapshots").is_dir():
@@ -134,6 +135,12 @@ def measure(
             print(f"[driver] {scale}x {name}: {runs[-1]}", file=sys.stderr, flush=True)
         stages[name] = min(runs, key=_driver_s)
         stages[name]["driver_and_checks_cpu_s_runs"] = [round(_driver_s(r), 2) for r in runs]
+        # each step apart at its least over the runs too (each is its own process)
+        steps = {k for r in runs for k in r["single_process_steps_cpu_s"]}
+        stages[name]["single_process_steps_cpu_s"] = {
+            k: min(r["single_process_steps_cpu_s"].get(k, float("inf")) for r in runs)
+            for k in sorted(steps)
+        }
     return {"mb_in": round(corpus.bytes / 1e6, 1), "files": corpus.files, "stages": stages}
 
 
