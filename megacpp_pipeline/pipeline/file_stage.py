@@ -49,6 +49,7 @@ from megacpp_pipeline.storage.store import (
     WrittenSchema,
     conform,
 )
+from megacpp_pipeline.storage.text_refs import TextPlaces
 from megacpp_pipeline.storage.versions import config_hash
 
 # Counters every per-file version carries, zero included: a check never has to guess.
@@ -130,13 +131,13 @@ def gate_slice(job: GateJob, task: SliceTask) -> list[SliceResult]:
     before it kept; each one's outputs written into its own new version. The slice's text
     is read from the store once, whatever the number of gates."""
     started = time.perf_counter()
-    table = slices.read(job.links[0].ctx.store, task.pieces)
+    table, places = slices.read_located(job.links[0].ctx.store, task.pieces)
     results: list[SliceResult] = []
     for link in job.links:
         output = link.outputs[task.output]
         gate, cache = _prepared(job, link, output)
         result, stats = gate_table(table, gate, link.stage, cache)
-        tables, table = _write(link, output, task.index, result)
+        tables, table, places = _write(link, output, task.index, result, table, places)
         now = time.perf_counter()
         results.append(SliceResult(tables, stats, now - started))
         started = now
@@ -144,10 +145,20 @@ def gate_slice(job: GateJob, task: SliceTask) -> list[SliceResult]:
 
 
 def _write(
-    link: Link, output: Output, index: int, result: GateResult
-) -> tuple[dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]], pa.Table]:
-    """A gate's result on one slice written into its version; returns what was written and
-    the kept rows as written (the next gate's input)."""
+    link: Link,
+    output: Output,
+    index: int,
+    result: GateResult,
+    source: pa.Table,
+    places: TextPlaces,
+) -> tuple[
+    dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]], pa.Table, TextPlaces
+]:
+    """A gate's result on one slice (`source`, its text held where `places` says) written
+    into its version; returns what was written, the kept rows (the next gate's input) and
+    where their text is held. A kept row whose text is its input row's is written without
+    it, naming where it is held (storage/text_refs.py): the text is written once, by the
+    gate that made it."""
     stage = link.stage
     assert stage.schema is not None
     uploader = ShardUploader(link.ctx.store, output.dir)
@@ -158,6 +169,7 @@ def _write(
     ]
     tables: dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]] = {}
     kept = result.kept
+    kept_places = TextPlaces.nowhere(kept.num_rows)
     for name, out, schema in outputs:
         out = conform(out, schema, f"{output.dir}: table {name!r}")
         if name == output.table:
@@ -165,12 +177,17 @@ def _write(
         shard: ShardInfo | None = None
         written: WrittenSchema | None = None
         if out.num_rows:
-            prefix = "part" if name == layout.DATA else name.replace(":", "-")
-            shard, written = uploader.write_parquet(
-                f"{prefix}-{index:05d}.parquet", out, **PER_FILE_SHARDS
-            )
+            relpath = f"{'part' if name == layout.DATA else name.replace(':', '-')}-{index:05d}"
+            if name == output.table:
+                shard, written, kept_places = uploader.write_kept(
+                    f"{relpath}.parquet", out, source, places, **PER_FILE_SHARDS
+                )
+            else:
+                shard, written = uploader.write_parquet(
+                    f"{relpath}.parquet", out, **PER_FILE_SHARDS
+                )
         tables[name] = (schema, shard, written)
-    return tables, kept
+    return tables, kept, kept_places
 
 
 @dataclass

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.storage import text_refs
 from megacpp_pipeline.storage.store import Manifest, ShardInfo, ShardStore, StoreError
+from megacpp_pipeline.storage.text_refs import TextPlaces
 
 # Slices per worker the planner aims for when a version is small: enough for the workers
 # to even out, never below MIN_TASK_BYTES of parquet a task (a task has fixed costs).
@@ -172,6 +174,25 @@ def read_each(
     store: ShardStore, pieces: Sequence[Piece], columns: list[str] | None = None
 ) -> Iterator[pa.Table]:
     """A slice's rows shard by shard (a task that streams holds one shard at a time)."""
+    for table, _ in read_each_located(store, pieces, columns):
+        yield table
+
+
+def read_located(
+    store: ShardStore, pieces: Sequence[Piece], columns: list[str] | None = None
+) -> tuple[pa.Table, TextPlaces]:
+    """`read`, and where each row's text is held (a gate that keeps the text names it)."""
+    parts = list(read_each_located(store, pieces, columns))
+    if not parts:
+        raise StoreError("a slice with no rows was planned")
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(t for t, _ in parts), text_refs.concat([p for _, p in parts])
+
+
+def read_each_located(
+    store: ShardStore, pieces: Sequence[Piece], columns: list[str] | None = None
+) -> Iterator[tuple[pa.Table, TextPlaces]]:
     for path, group in itertools.groupby(pieces, key=lambda p: p.path):
         first, *rest = list(group)
         lo = min(p.lo for p in (first, *rest))
@@ -179,12 +200,13 @@ def read_each(
             # only the row groups this task's rows are in are decoded (a large shard is
             # cut among several tasks)
             hi = max(p.hi for p in (first, *rest))
-            shard = store.read_shard(first.vdir, first.shard, columns, rows=(lo, hi))
+            shard, places = store.read_shard_located(first.vdir, first.shard, columns, (lo, hi))
         else:
             lo = 0
             try:
                 shard = pq.read_table(path, filesystem=store.fs, columns=columns)
             except (OSError, pa.ArrowInvalid) as e:
                 raise StoreError(f"{path}: unreadable shard ({e})") from e
+            places = TextPlaces.nowhere(shard.num_rows)
         for p in (first, *rest):
-            yield shard.slice(p.lo - lo, p.rows)
+            yield shard.slice(p.lo - lo, p.rows), places.slice(p.lo - lo, p.rows)

@@ -33,13 +33,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote, unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
 from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.storage import text_refs
 from megacpp_pipeline.storage.filesystem import (
     bucket_exists,
     describe,
@@ -56,15 +59,20 @@ from megacpp_pipeline.storage.lease import (
     new_lease,
     why_dead,
 )
+from megacpp_pipeline.storage.text_refs import TextPlaces
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
     LATEST,
     LEASE_SUFFIX,
     MANIFEST,
+    TEXT,
+    TEXT_AT,
+    TEXT_FROM,
     UNPARTITIONED,
     Manifest,
     ShardInfo,
     TableInfo,
+    TextHolder,
     canonical_json,
     complete_marker,
     config_hash,
@@ -138,6 +146,9 @@ Mapper = Callable[[Callable[[Any, Any], Any], Any, list[Any]], Iterator[Any]]
 # Manifests of committed versions read for verifying `read_bytes` of their files; a version
 # never changes once committed (its id is unique), so this only saves re-reading them.
 _MANIFESTS_KEPT = 256
+# Beside a partition's versions: for each version, markers of the later versions (of other
+# assets) whose rows name text its shards hold; pruning keeps it while one is committed.
+HOLDS = "_holds"
 
 
 def _read_rows(parquet: pq.ParquetFile, columns: list[str] | None, lo: int, hi: int) -> pa.Table:
@@ -570,12 +581,50 @@ class ShardStore:
         self.clean_abandoned(pdir)
 
     def _prune_old_versions(self, pdir: str) -> None:
-        """Keep the newest `keep_versions` complete versions; older ones go."""
+        """Keep the newest `keep_versions` complete versions, and any older one that holds
+        text a committed version of another asset names (`hold_text`); the others go."""
         complete = [i for i in self._list_dirs(pdir) if self.exists(f"{i.path}/{COMPLETE}")]
         for info in complete[: max(0, len(complete) - self.keep_versions)]:
+            if self._text_held(pdir, info.base_name):
+                continue
             # _COMPLETE first, so a half-deleted old version is never readable
             self._discard(f"{info.path}/{COMPLETE}")
             self._delete_dir(info.path)
+            self._delete_dir(f"{pdir}/{HOLDS}/{info.base_name}")
+
+    def hold_text(self, vdir: str, manifest: Manifest) -> None:
+        """Before `manifest` (of the version in `vdir`) is committed: mark every other
+        version whose shards hold text it names, so pruning keeps those while this one is
+        there (a marker under the holder's `_holds/<version>/`, named by this version's
+        folder). A holder already gone is a StoreError: the version would read nothing."""
+        mine = self.relative(vdir)
+        holders = {h.dir for s in manifest.all_shards() for h in s.text_from or []} - {mine}
+        for d in sorted(holders):
+            holder = self.join(d)
+            pdir, version = holder.rsplit("/", 1)
+            marks = f"{pdir}/{HOLDS}/{version}"
+            if self._dirs:
+                self.fs.create_dir(marks, recursive=True)
+            self.put_bytes(f"{marks}/{quote(mine, safe='')}", b"", atomic=False)
+            if not self.exists(f"{holder}/{COMPLETE}"):
+                raise StoreError(
+                    f"{vdir}: not committed: the text of its rows is held by {holder}, which"
+                    " is not a complete version (removed meanwhile?); run the stage again"
+                )
+
+    def _text_held(self, pdir: str, version: str) -> bool:
+        """Whether a committed version names text this version holds."""
+        try:
+            marks = self.fs.get_file_info(
+                pafs.FileSelector(f"{pdir}/{HOLDS}/{version}", allow_not_found=True)
+            )
+        except OSError:
+            return True  # cannot tell: keep
+        return any(
+            self.exists(f"{self.join(unquote(m.base_name))}/{COMPLETE}")
+            for m in marks
+            if m.type == pafs.FileType.File
+        )
 
     def _list_dirs(self, path: str, *, op: str | None = None) -> list[pafs.FileInfo]:
         """Version folders under `path`, oldest first. A listing that fails is [] for
@@ -683,7 +732,46 @@ class ShardStore:
         version, the shard and the expected hash); the table is then decoded from those
         same bytes in memory (`columns`: only these; `rows`: only rows [lo, hi), decoding
         only the row groups they are in)."""
+        return self.read_shard_located(where, shard, columns, rows)[0]
+
+    def read_shard_located(
+        self,
+        where: Manifest | str,
+        shard: ShardInfo,
+        columns: list[str] | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> tuple[pa.Table, TextPlaces]:
+        """`read_shard`, and where each row's text is held (for a gate that keeps it, so
+        its version can name that place instead of writing the text again). A shard
+        written with text left out (`ShardInfo.text_from`) gets it back here, read from the
+        shards that hold it, each verified against its own recorded sha256."""
         vdir = where if isinstance(where, str) else self.version_dir(where)
+        lo = rows[0] if rows is not None else 0
+        wants_text = columns is None or TEXT in columns
+        referred = shard.text_from is not None and wants_text
+        own = [*columns, TEXT_AT] if referred and columns is not None else columns
+        table = self._decode(vdir, shard, own, rows)
+        if not wants_text or TEXT not in table.column_names:
+            return table, TextPlaces.nowhere(table.num_rows)
+        me = TextHolder(dir=self.relative(vdir), **shard.model_dump(exclude={TEXT_FROM}))
+        if not referred:
+            return table, TextPlaces.rows_of(me, lo, lo + table.num_rows)
+        holders = shard.text_from or []
+        try:
+            table, at = text_refs.resolve(table, holders, self._holder_text, f"{vdir}/{shard.path}")
+        except ValueError as e:
+            raise StoreError(str(e)) from e
+        whole = sum(h.rows for h in holders)
+        own_rows = whole + lo + np.arange(table.num_rows, dtype=np.int64)
+        return table, TextPlaces((*holders, me), np.where(at >= 0, at, own_rows))
+
+    def _decode(
+        self,
+        vdir: str,
+        shard: ShardInfo,
+        columns: list[str] | None,
+        rows: tuple[int, int] | None,
+    ) -> pa.Table:
         data = self._read_verified(vdir, shard)
         try:
             if rows is None or rows == (0, shard.rows):
@@ -691,6 +779,17 @@ class ShardStore:
             return _read_rows(pq.ParquetFile(pa.BufferReader(data)), columns, *rows)
         except (OSError, pa.ArrowInvalid) as e:
             raise StoreError(f"{vdir}/{shard.path}: unreadable shard ({e})") from e
+
+    def _holder_text(self, holder: TextHolder, lo: int, hi: int) -> pa.ChunkedArray:
+        """Rows [lo, hi) of the text a holder shard holds, its bytes verified."""
+        return self._decode(self.join(holder.dir), holder.shard(), [TEXT], (lo, hi))[TEXT]
+
+    def relative(self, path: str) -> str:
+        """A store path relative to the root (what a manifest records of another version)."""
+        root = self.root.rstrip("/") + "/"
+        if not path.startswith(root):
+            raise StoreError(f"{path}: not under the store's root {root}")
+        return path[len(root) :]
 
     def read_shard_bytes(self, where: Manifest | str, shard: ShardInfo) -> pa.Buffer:
         """The verified bytes of one object a committed version lists (as `read_shard`)."""
@@ -819,6 +918,17 @@ class ShardStore:
                 problems.append(f"{vdir}: table {name!r} has {total} rows, manifest {info.rows}")
         for f in manifest.files:
             problems.extend(self._verify_file(f"{vdir}/{f.path}", f, check_sha256))
+        problems.extend(self._verify_holders(manifest))
+        return problems
+
+    def _verify_holders(self, manifest: Manifest) -> list[str]:
+        """The shards of other versions that hold text this version's rows name: each there
+        at its recorded size (its sha256 is checked whenever the text is read)."""
+        held = {(h.dir, h.path): h for s in manifest.all_shards() for h in s.text_from or []}
+        problems: list[str] = []
+        for h in held.values():
+            found = self._verify_file(f"{self.join(h.dir)}/{h.path}", h.shard(), False)
+            problems.extend(f"{p} (it holds text of {self.version_dir(manifest)})" for p in found)
         return problems
 
     def _verify_shard(
@@ -1000,6 +1110,24 @@ class ShardUploader:
         shard = ShardInfo(path=relpath, rows=table.num_rows, bytes=size, sha256=sha)
         return shard, WrittenSchema.of(written)
 
+    def write_kept(
+        self, relpath: str, kept: pa.Table, source: pa.Table, places: TextPlaces, **kwargs: Any
+    ) -> tuple[ShardInfo, WrittenSchema, TextPlaces]:
+        """`write_parquet` for a gate's kept rows of `source` (whose text is held where
+        `places` says): a row whose text is its input row's is written without it, naming
+        where it is held (storage/text_refs.py). Also returns where the kept rows' text is
+        held now, for a gate after this one."""
+        if TEXT not in kept.column_names:
+            shard, written = self.write_parquet(relpath, kept, **kwargs)
+            return shard, written, TextPlaces.nowhere(kept.num_rows)
+        out, holders, at = text_refs.by_reference(kept, source, places)
+        shard, written = self.write_parquet(relpath, out, **kwargs)
+        shard.text_from = holders
+        me = TextHolder(
+            dir=self.store.relative(self.dir), **shard.model_dump(exclude={"text_from"})
+        )
+        return shard, written, text_refs.after_write(holders, at, me)
+
 
 class TableWriter:
     """Writes one logical table as bounded shards: rows and bytes per shard are capped."""
@@ -1054,7 +1182,8 @@ class TableWriter:
         """List a shard a worker already put into this version (ShardUploader), after what
         this writer wrote so far: the caller adopts in input order."""
         self.flush()
-        if list(written.names) != self.schema.names:
+        names = [*self.schema.names, *([TEXT_AT] if shard.text_from is not None else [])]
+        if list(written.names) != names:
             raise StoreError(
                 f"{self.version.dir}/{shard.path}: columns {list(written.names)} are not table "
                 f"{self.name!r}'s {self.schema.names}"
@@ -1166,6 +1295,7 @@ class VersionWriter:
             raise StoreError(
                 f"{self.dir}: not committed: {missing[0]} (and {len(missing) - 1} more)"
             )
+        store.hold_text(self.dir, self.manifest)
         raw = self.manifest.model_dump_json(indent=2).encode()
         store.put_bytes(f"{self.dir}/{MANIFEST}", raw, atomic=False)  # not trusted yet
         # the marker holds the manifest's sha256, so a changed manifest byte is caught too

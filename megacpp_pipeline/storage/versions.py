@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from megacpp_pipeline.snapshot import layout
 
@@ -137,12 +137,46 @@ def pid_alive(pid: int) -> bool:
 
 
 # the store's manifest --------------------------------------------------------------------
+# A per-file version's shard may leave the text of a row out and name where it is instead:
+# this column holds, for such a row, its place in the shard's `text_from` holders (their
+# rows one after another), and is null where the shard holds the row's text itself.
+TEXT = "text"
+TEXT_AT = "_text_at"
+TEXT_FROM = "text_from"
+
+
+class TextHolder(BaseModel):
+    """A shard of an earlier version that holds the text of rows of a later one: its
+    version's folder relative to the store's root, and its manifest entry (a read of it is
+    verified against that size and sha256)."""
+
+    model_config = ConfigDict(extra="forbid")
+    dir: str
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def shard(self) -> ShardInfo:
+        return ShardInfo(path=self.path, rows=self.rows, bytes=self.bytes, sha256=self.sha256)
+
+
 class ShardInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str  # relative to the version directory
     rows: int
     bytes: int
     sha256: str
+    # set on a shard written with a `TEXT_AT` column: the shards its rows' text is read
+    # from (empty when it holds every row's text); readers resolve it (ShardStore.read_shard)
+    text_from: list[TextHolder] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_text(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get(TEXT_FROM) is None:
+            data.pop(TEXT_FROM, None)  # a shard that holds all its text reads as before
+        return data
 
 
 class TableInfo(BaseModel):

@@ -287,18 +287,27 @@ def _edit_scrubbed_shard(data: Path) -> tuple[str, str, str]:
 
     import pyarrow.parquet as pq
 
+    from megacpp_pipeline.storage.versions import TEXT_AT
+
     st = ShardStore(str(data))
     m = st.latest("scrubbed_files", "tree")
     shard = m.tables["data"].shards[0]
     path = Path(st.version_dir(m)) / shard.path
     table = pq.read_table(path)
     texts = table["text"].to_pylist()
-    texts[0] += INJECTED
+    # the shard may name where its text is held (text written once): the edit writes the
+    # file's text into the shard itself, as a hand edit would
+    texts[0] = st.read_shard(m, shard, ["text"])["text"][0].as_py() + INJECTED
     shas = table["content_sha256"].to_pylist()
     shas[0] = hashlib.sha256(texts[0].encode()).hexdigest()
     for name, values in (("text", texts), ("content_sha256", shas)):
         i = table.schema.get_field_index(name)
         table = table.set_column(i, table.schema.field(i), pa.array(values, pa.string()))
+    if TEXT_AT in table.column_names:
+        i = table.schema.get_field_index(TEXT_AT)
+        at = table[TEXT_AT].to_pylist()
+        at[0] = None
+        table = table.set_column(i, table.schema.field(i), pa.array(at, pa.int64()))
     pq.write_table(table, path)
     return m.version, shard.path, shard.sha256
 

@@ -362,7 +362,7 @@ class ApplyResult:
 
 def apply_task(job: DedupJob, task: ApplyTask) -> ApplyResult:
     piece = task.slice
-    table = slices.read(job.store, piece.pieces)
+    table, places = slices.read_located(job.store, piece.pieces)
     dropped = task.member_rep != task.member_doc
     sim = np.full(len(task.member_doc), np.nan, dtype=np.float32)
     if dropped.any():
@@ -386,10 +386,13 @@ def apply_task(job: DedupJob, task: ApplyTask) -> ApplyResult:
     for name, out, schema in outputs:
         out = conform(out, schema, f"{job.out_dir}: table {name!r}")
         if out.num_rows:
-            prefix = name.replace(":", "-")
-            shard, written = uploader.write_parquet(
-                f"{prefix}-{piece.index:05d}.parquet", out, **PER_FILE_SHARDS
-            )
+            relpath = f"{name.replace(':', '-')}-{piece.index:05d}.parquet"
+            if schema is DEDUPED_FILES:  # the kept files' text stays where it is held
+                shard, written, _ = uploader.write_kept(
+                    relpath, out, table, places, **PER_FILE_SHARDS
+                )
+            else:
+                shard, written = uploader.write_parquet(relpath, out, **PER_FILE_SHARDS)
             shards[name] = (schema, shard, written)
     keys = pc.binary_join_element_wise(rows["source_id"], rows["path"], ":")
     local = task.named - piece.first_doc
