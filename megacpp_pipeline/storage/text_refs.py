@@ -112,18 +112,24 @@ def resolve(
             raise ValueError(f"{what}: a row's text is at {at.max()}, past its holders' rows")
         k = np.searchsorted(starts, at[placed], side="right") - 1
         rows = np.flatnonzero(placed)
-        chunks: list[pa.Array] = list(table[TEXT].chunks)
-        take = np.arange(table.num_rows, dtype=np.int64)
-        offset = table.num_rows
+        pieces: list[pa.ChunkedArray] = []  # each holder's rows, in the order k lists them
         for h in np.unique(k):
-            mine = k == h
-            local = at[placed][mine] - starts[h]
+            local = at[placed][k == h] - starts[h]
             lo, hi = int(local.min()), int(local.max()) + 1
             got = read_text(holders[h], lo, hi)
-            chunks.extend(got.chunks if isinstance(got, pa.ChunkedArray) else [got])
-            take[rows[mine]] = offset + (local - lo)
-            offset += hi - lo
-        text = pa.chunked_array(chunks, type=field.type).take(pa.array(take))
+            got = got if isinstance(got, pa.ChunkedArray) else pa.chunked_array([got])
+            if hi - lo != len(local) or np.any(np.diff(local) != 1):
+                got = got.take(pa.array(local - lo))  # else its rows are these, in order
+            pieces.append(got)
+        chunks = [c for piece in pieces for c in piece.chunks]
+        if placed.all() and np.all(np.diff(k) >= 0):  # the holders' rows one after another
+            text = pa.chunked_array(chunks, type=field.type)
+        else:  # rows held here among them: each row taken from where it is
+            take = np.arange(table.num_rows, dtype=np.int64)
+            order = np.argsort(k, kind="stable")  # the pieces' rows, in the pieces' order
+            take[rows[order]] = table.num_rows + np.arange(len(order), dtype=np.int64)
+            own = list(table[TEXT].chunks)
+            text = pa.chunked_array([*own, *chunks], type=field.type).take(pa.array(take))
         if text.null_count:
             raise ValueError(f"{what}: a row's text is null in the shard it names as holding it")
         table = table.set_column(i, field.with_nullable(False), text)

@@ -222,3 +222,37 @@ def test_places_of_tables_read_one_after_another_name_one_list_of_holders() -> N
     assert both.at.tolist() == [1, 6, -1, 7, 5]
     holders, at = text_refs.compact(both.holders, np.array([7, -1, 5]))
     assert holders == [b] and at.tolist() == [2, -1, 0]
+
+
+def test_each_row_gets_its_text_from_wherever_it_is_held() -> None:
+    a = TextHolder(dir="d/a", path="p", rows=4, bytes=1, sha256="0")
+    b = TextHolder(dir="d/b", path="p", rows=3, bytes=1, sha256="0")
+    held = {"d/a": ["a0", "a1", "a2", "a3"], "d/b": ["b0", "b1", "b2"]}
+    reads: list[tuple[str, int, int]] = []
+
+    def read_text(h: TextHolder, lo: int, hi: int) -> pa.Array:
+        reads.append((h.dir, lo, hi))
+        return pa.array(held[h.dir][lo:hi], pa.string())
+
+    def resolved(text: list[str | None], at: list[int | None]) -> list[str]:
+        table = pa.table(
+            {
+                "path": [f"f{i}" for i in range(len(at))],
+                TEXT: pa.array(text, pa.string()),
+                TEXT_AT: pa.array(at, pa.int64()),
+            }
+        )
+        got, _ = text_refs.resolve(table, [a, b], read_text, "test")
+        assert got.column_names == ["path", TEXT] and not got.schema.field(TEXT).nullable
+        return got[TEXT].to_pylist()
+
+    # rows held here among rows of both holders, out of the holders' order
+    assert resolved([None, "x", None, None, None], [5, None, 3, 0, 6]) == [
+        "b1", "x", "a3", "a0", "b2",
+    ]  # fmt: skip
+    # every row held elsewhere, the holders' rows one after another (no copy), or with gaps
+    assert resolved([None] * 4, [1, 2, 4, 5]) == ["a1", "a2", "b0", "b1"]
+    assert resolved([None] * 3, [0, 2, 3]) == ["a0", "a2", "a3"]
+    assert ("d/a", 0, 4) in reads  # only the rows from the first to the last named are read
+    with pytest.raises(ValueError, match="past its holders"):
+        resolved([None], [7])
