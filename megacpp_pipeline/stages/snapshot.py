@@ -287,6 +287,19 @@ class _CheckApart:
     executor: LocalExecutor
 
 
+# The promotion checks, the longest first (their CPU at 1 TB, docs/scaling.md §3).
+_LONGEST = ("megatron_read_back", "round_trip_decode", "document_consistency")
+_CHECK_ORDER = [*_LONGEST, *(n for n in verify.ALL_CHECKS if n not in _LONGEST)]
+
+
+def _check_pool(host: LocalExecutor) -> LocalExecutor:
+    """The executor of each promotion check's per-shard tasks: the host's workers shared
+    among the checks that run at once (a pool as wide as the host for each of ten checks
+    would be ten times the cores in processes)."""
+    side_by_side = min(host.workers, len(verify.ALL_CHECKS))
+    return LocalExecutor(-(-host.workers // side_by_side), retries=host.retries, cap=False)
+
+
 def _check_apart(job: _CheckApart, name: str) -> tuple[verify.CheckOutcome, float]:
     """One promotion check in this (forked) process, its per-shard tasks on a pool of its
     own; the outcome and this process's CPU seconds for it."""
@@ -379,11 +392,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         failures = []
         outcomes: list[verify.CheckOutcome] = []
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
-        job = _CheckApart(build_dir, config, exports, host)
-        # the checks side by side, each in a worker of its own with its own tasks' pool
-        for outcome, cpu_s in host.map(_check_apart, job, verify.ALL_CHECKS):
+        job = _CheckApart(build_dir, config, exports, _check_pool(host))
+        # the checks side by side, each in a worker of its own with its own tasks' pool,
+        # the longest first so the last to start are short
+        for outcome, cpu_s in host.map(_check_apart, job, _CHECK_ORDER):
             outcomes.append(outcome)
             steps[f"check {outcome.name}"] = cpu_s
+        outcomes.sort(key=lambda o: verify.ALL_CHECKS.index(o.name))  # reported in their order
+        for outcome in outcomes:
             ctx.log(f"promotion check {outcome.name}: {'pass' if outcome.passed else 'FAIL'}")
             if not outcome.passed:
                 failures.append(f"{outcome.name}: {outcome.problems[0]}")

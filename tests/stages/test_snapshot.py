@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.executor import LocalExecutor
 from megacpp_pipeline.pipeline.parallel import polars_threads_run
 from megacpp_pipeline.pipeline.registry import CheckOutcome
 from megacpp_pipeline.pipeline.runner import checks_of, run_all, run_stage
@@ -19,7 +20,7 @@ from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.layout import MANIFEST
 from megacpp_pipeline.snapshot.promote import SINGLE_FILES
 from megacpp_pipeline.stages import names
-from megacpp_pipeline.stages.snapshot import snapshot_dir_of
+from megacpp_pipeline.stages.snapshot import _CHECK_ORDER, _check_pool, snapshot_dir_of
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.stage_runs import context
 
@@ -167,3 +168,13 @@ def test_the_snapshot_steps_run_apart_even_after_polars_started_in_the_driver(
     assert {f"check {c}" for c in verify.ALL_CHECKS} | {"diff"} <= set(steps)
     outcomes = _checks(ctx)  # those the promotion did not record run apart again
     assert all(o.passed for o in outcomes.values()), outcomes
+
+
+def test_the_promotion_checks_share_the_hosts_workers_the_longest_first() -> None:
+    """Ten checks side by side, each with a pool as wide as the host, were ten times the
+    cores in processes: each check gets its share."""
+    assert _check_pool(LocalExecutor(16, cap=False)).workers == 2
+    assert _check_pool(LocalExecutor(40, cap=False)).workers == 4
+    assert _check_pool(LocalExecutor(2, cap=False)).workers == 1
+    assert sorted(_CHECK_ORDER) == sorted(verify.ALL_CHECKS)
+    assert _CHECK_ORDER[0] == "megatron_read_back"
