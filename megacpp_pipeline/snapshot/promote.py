@@ -600,7 +600,7 @@ def build_snapshot(
         final = snapshots / snapshot_id
         if (final / COMPLETE).exists():
             # the same content is already promoted: keep the existing one, drop ours
-            shutil.rmtree(work)
+            _discard_build(work)
             return final
         if final.exists() and not (final / COMPLETE).exists():
             shutil.rmtree(final)  # an unfinished leftover without _COMPLETE
@@ -610,13 +610,20 @@ def build_snapshot(
             if not (final / COMPLETE).exists():
                 raise
             # a concurrent run promoted the same content meanwhile: keep it, drop ours
-            shutil.rmtree(work)
+            _discard_build(work)
             return final
         _prune(snapshots, parts.name, keep, final)
         return final
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        _discard_build(work)
         raise
+
+
+def _discard_build(work: Path) -> None:
+    """A build directory removed, `_COMPLETE` first: one half removed (its process killed
+    meanwhile) is never taken for a snapshot."""
+    (work / COMPLETE).unlink(missing_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _clean_stale(snapshots: Path) -> None:
@@ -624,14 +631,14 @@ def _clean_stale(snapshots: Path) -> None:
     for d in snapshots.glob(".building-*"):
         parts = d.name.split("-")  # .building-<pid>-<id>
         if len(parts) == 3 and parts[1].isdigit() and not pid_alive(int(parts[1])):
-            shutil.rmtree(d, ignore_errors=True)
+            _discard_build(d)
             continue
         try:
             age = datetime.now(UTC).timestamp() - d.stat().st_mtime
         except OSError:
             continue
         if age > 3600 or not any(d.iterdir()):
-            shutil.rmtree(d, ignore_errors=True)
+            _discard_build(d)
 
 
 def manifest_sha256_recorded(snapshot_dir: Path) -> str | None:

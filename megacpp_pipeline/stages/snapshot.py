@@ -285,6 +285,10 @@ class _CheckApart:
     config: SnapshotConfig
     megatron_dir: Path
     executor: LocalExecutor
+    longest: LocalExecutor | None = None  # the longest check's, when it differs
+
+    def pool_of(self, name: str) -> LocalExecutor:
+        return self.longest if self.longest is not None and name == _LONGEST[0] else self.executor
 
 
 # The promotion checks, the longest first (their CPU at 1 TB, docs/scaling.md §3).
@@ -293,9 +297,11 @@ _CHECK_ORDER = [*_LONGEST, *(n for n in verify.ALL_CHECKS if n not in _LONGEST)]
 
 
 def _check_pool(host: LocalExecutor) -> LocalExecutor:
-    """The executor of each promotion check's per-shard tasks: the host's workers shared
-    among the checks that run at once (a pool as wide as the host for each of ten checks
-    would be ten times the cores in processes)."""
+    """The executor of each promotion check's per-shard tasks but the longest one's: the
+    host's workers shared among the checks that run at once (a pool as wide as the host for
+    each of ten checks would be ten times the cores in processes). The longest check, the
+    Megatron export's, keeps a pool as wide as the host: it starts first and runs on after
+    the others are done, when a narrow pool would leave the host's cores idle."""
     side_by_side = min(host.workers, len(verify.ALL_CHECKS))
     return LocalExecutor(-(-host.workers // side_by_side), retries=host.retries, cap=False)
 
@@ -304,8 +310,9 @@ def _check_apart(job: _CheckApart, name: str) -> tuple[verify.CheckOutcome, floa
     """One promotion check in this (forked) process, its per-shard tasks on a pool of its
     own; the outcome and this process's CPU seconds for it."""
     start = own_cpu_s()
+    mapper = job.pool_of(name).map_light
     outcome = verify.run_check(
-        name, job.snap, job.config, mapper=job.executor.map_light, megatron_dir=job.megatron_dir
+        name, job.snap, job.config, mapper=mapper, megatron_dir=job.megatron_dir
     )
     end_light_pool()  # its workers reaped before the next check this process runs
     return outcome, own_cpu_s() - start
@@ -392,7 +399,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         failures = []
         outcomes: list[verify.CheckOutcome] = []
         exports = megatron_dir(ctx, read_manifest(build_dir).snapshot_id)
-        job = _CheckApart(build_dir, config, exports, _check_pool(host))
+        job = _CheckApart(build_dir, config, exports, _check_pool(host), longest=host)
         # the checks side by side, each in a worker of its own with its own tasks' pool,
         # the longest first so the last to start are short
         for outcome, cpu_s in host.map(_check_apart, job, _CHECK_ORDER):

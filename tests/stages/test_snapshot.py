@@ -18,9 +18,14 @@ from megacpp_pipeline.pipeline.registry import CheckOutcome
 from megacpp_pipeline.pipeline.runner import checks_of, run_all, run_stage
 from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.layout import MANIFEST
-from megacpp_pipeline.snapshot.promote import SINGLE_FILES
+from megacpp_pipeline.snapshot.promote import SINGLE_FILES, SnapshotConfig
 from megacpp_pipeline.stages import names
-from megacpp_pipeline.stages.snapshot import _CHECK_ORDER, _check_pool, snapshot_dir_of
+from megacpp_pipeline.stages.snapshot import (
+    _CHECK_ORDER,
+    _check_pool,
+    _CheckApart,
+    snapshot_dir_of,
+)
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.stage_runs import context
 
@@ -178,3 +183,7 @@ def test_the_promotion_checks_share_the_hosts_workers_the_longest_first() -> Non
     assert _check_pool(LocalExecutor(2, cap=False)).workers == 1
     assert sorted(_CHECK_ORDER) == sorted(verify.ALL_CHECKS)
     assert _CHECK_ORDER[0] == "megatron_read_back"
+    host = LocalExecutor(16, cap=False)
+    job = _CheckApart(Path("."), SnapshotConfig(), Path("."), _check_pool(host), longest=host)
+    assert job.pool_of("megatron_read_back") is host  # it runs on after the others
+    assert job.pool_of("round_trip_decode").workers == 2
