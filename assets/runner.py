@@ -34,7 +34,12 @@ from assets.factory import PARTITION_RANGE_END, PARTITION_RANGE_START
 from assets.interrupts import Interrupts, become_group_leader
 from megacpp_pipeline.pipeline import progress
 from megacpp_pipeline.pipeline.engine import Engine
-from megacpp_pipeline.pipeline.parallel import cpu_count, polars_threads_run, workers_from
+from megacpp_pipeline.pipeline.parallel import (
+    cpu_count,
+    end_with_parent,
+    polars_threads_run,
+    workers_from,
+)
 from megacpp_pipeline.pipeline.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -356,6 +361,9 @@ def _child_main(
     send: Connection,
 ) -> None:
     become_group_leader()
+    # a `megacpp run` killed outright takes its run with it (a process group of its own
+    # escapes the kill): not a run that goes on writing until it next reports
+    end_with_parent()
     try:
         with progress.sending_to(send.send):  # back to the parent, which shows them
             outcome = _materialize(defs, instance, keys, tags, run_config)

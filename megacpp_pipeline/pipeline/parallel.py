@@ -54,13 +54,14 @@ def worker_init() -> None:
     # terminating the pool really ends its workers.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    _end_with_parent()
+    end_with_parent()
 
 
-def _end_with_parent(every_s: float = 0.5) -> None:
+def end_with_parent(every_s: float = 0.5) -> None:
     """A worker whose parent is gone (killed, or ended without ending its pools: a process
-    pool's worker would wait on its task queue forever) ends too: a daemon thread watches
-    the parent's pid, which changes when the worker is handed to another parent."""
+    pool's worker would wait on its task queue forever) ends too, at once and with no
+    cleanup, as if killed with it: a daemon thread watches the parent's pid, which changes
+    when the worker is handed to another parent."""
     parent = os.getppid()
 
     def watch() -> None:
