@@ -753,9 +753,12 @@ class ShardStore:
         table = self._decode(vdir, shard, own, rows)
         if not wants_text or TEXT not in table.column_names:
             return table, TextPlaces.nowhere(table.num_rows)
-        me = TextHolder(dir=self.relative(vdir), **shard.model_dump(exclude={TEXT_FROM}))
         if not referred:
+            if not vdir.startswith(self.root.rstrip("/") + "/"):  # not a version of this store
+                return table, TextPlaces.nowhere(table.num_rows)
+            me = TextHolder(dir=self.relative(vdir), **shard.model_dump(exclude={TEXT_FROM}))
             return table, TextPlaces.rows_of(me, lo, lo + table.num_rows)
+        me = TextHolder(dir=self.relative(vdir), **shard.model_dump(exclude={TEXT_FROM}))
         holders = shard.text_from or []
         try:
             table, at = text_refs.resolve(table, holders, self._holder_text, f"{vdir}/{shard.path}")
