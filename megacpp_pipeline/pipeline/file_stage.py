@@ -177,15 +177,14 @@ def _write(
         shard: ShardInfo | None = None
         written: WrittenSchema | None = None
         if out.num_rows:
-            relpath = f"{'part' if name == layout.DATA else name.replace(':', '-')}-{index:05d}"
-            if name == output.table:
+            prefix = "part" if name == layout.DATA else name.replace(":", "-")
+            relpath = f"{prefix}-{index:05d}.parquet"
+            if name == output.table:  # the kept rows: their text named where it is held
                 shard, written, kept_places = uploader.write_kept(
-                    f"{relpath}.parquet", out, source, places, **PER_FILE_SHARDS
+                    relpath, out, source, places, **PER_FILE_SHARDS
                 )
             else:
-                shard, written = uploader.write_parquet(
-                    f"{relpath}.parquet", out, **PER_FILE_SHARDS
-                )
+                shard, written = uploader.write_parquet(relpath, out, **PER_FILE_SHARDS)
         tables[name] = (schema, shard, written)
     return tables, kept, kept_places
 

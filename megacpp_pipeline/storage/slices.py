@@ -164,10 +164,7 @@ def total_bytes(tables: Iterable[tuple[Manifest, str]]) -> int:
 
 def read(store: ShardStore, pieces: Sequence[Piece], columns: list[str] | None = None) -> pa.Table:
     """A slice's rows, read from the store by the task that works on them."""
-    tables = list(read_each(store, pieces, columns))
-    if not tables:
-        raise StoreError("a slice with no rows was planned")
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return read_located(store, pieces, columns)[0]
 
 
 def read_each(

@@ -256,3 +256,16 @@ def test_each_row_gets_its_text_from_wherever_it_is_held() -> None:
     assert ("d/a", 0, 4) in reads  # only the rows from the first to the last named are read
     with pytest.raises(ValueError, match="past its holders"):
         resolved([None], [7])
+
+
+def test_no_kept_rows_or_an_input_without_text_names_nothing() -> None:
+    holder = TextHolder(dir="assets/x/_/v", path="p", rows=30, bytes=1, sha256="0")
+    source = _files(TEXTS)
+    places = text_refs.TextPlaces.rows_of(holder, 0, source.num_rows)
+    out, holders, at = text_refs.by_reference(source.slice(0, 0), source, places)
+    assert out.num_rows == 0 and holders == [] and at.size == 0
+    assert out.column_names == [*SCHEMA.names, TEXT_AT]
+    # raw bytes in, text out (normalize): every row is written with its text
+    raw = source.drop_columns([TEXT])
+    out, holders, at = text_refs.by_reference(source, raw, text_refs.TextPlaces.nowhere(30))
+    assert holders == [] and (at == -1).all() and out[TEXT].null_count == 0
