@@ -58,6 +58,13 @@ class Slice:
         return sum(p.rows for p in self.pieces)
 
 
+def weight(shard: ShardInfo) -> int:
+    """What a task that reads a shard's rows reads: its bytes, and the bytes of the text it
+    names in earlier versions' shards (text written once), so a slice of a version that
+    holds little of its text is sized by the text it carries, not by its few columns."""
+    return shard.bytes + (shard.held_bytes or 0)
+
+
 def task_bytes_for(total_bytes: int, workers: int, ceiling: int) -> int:
     """Parquet bytes per task: `ceiling` (the engine's task_bytes), or less when the input
     is too small to give every worker SLICES_PER_WORKER tasks."""
@@ -103,13 +110,13 @@ def plan(
                 continue
             if not cut:
                 pieces.append(Piece(vdir, shard, 0, shard.rows))
-                size += shard.bytes
+                size += weight(shard)
                 row += shard.rows
                 if size >= task_bytes:
                     out.append(Slice(tuple(pieces), start))
                     pieces, size, start = [], 0.0, row
                 continue
-            row_bytes = max(1.0, shard.bytes / shard.rows)
+            row_bytes = max(1.0, weight(shard) / shard.rows)
             lo = 0
             while lo < shard.rows:
                 room = (
@@ -158,7 +165,7 @@ def plan_rows(
 
 def total_bytes(tables: Iterable[tuple[Manifest, str]]) -> int:
     return sum(
-        s.bytes for m, t in tables if (info := m.tables.get(t)) is not None for s in info.shards
+        weight(s) for m, t in tables if (info := m.tables.get(t)) is not None for s in info.shards
     )
 
 

@@ -67,7 +67,6 @@ from megacpp_pipeline.storage.versions import (
     MANIFEST,
     TEXT,
     TEXT_AT,
-    TEXT_FROM,
     UNPARTITIONED,
     Manifest,
     ShardInfo,
@@ -756,9 +755,9 @@ class ShardStore:
         if not referred:
             if not vdir.startswith(self.root.rstrip("/") + "/"):  # not a version of this store
                 return table, TextPlaces.nowhere(table.num_rows)
-            me = TextHolder(dir=self.relative(vdir), **shard.model_dump(exclude={TEXT_FROM}))
+            me = TextHolder.of(self.relative(vdir), shard)
             return table, TextPlaces.rows_of(me, lo, lo + table.num_rows)
-        me = TextHolder(dir=self.relative(vdir), **shard.model_dump(exclude={TEXT_FROM}))
+        me = TextHolder.of(self.relative(vdir), shard)
         holders = shard.text_from or []
         try:
             table, at = text_refs.resolve(table, holders, self._holder_text, f"{vdir}/{shard.path}")
@@ -1126,9 +1125,8 @@ class ShardUploader:
         out, holders, at = text_refs.by_reference(kept, source, places)
         shard, written = self.write_parquet(relpath, out, **kwargs)
         shard.text_from = holders
-        me = TextHolder(
-            dir=self.store.relative(self.dir), **shard.model_dump(exclude={"text_from"})
-        )
+        shard.held_bytes = text_refs.held_bytes(holders, at)
+        me = TextHolder.of(self.store.relative(self.dir), shard)
         return shard, written, text_refs.after_write(holders, at, me)
 
 

@@ -92,6 +92,19 @@ def compact(holders: Sequence[TextHolder], at: np.ndarray) -> tuple[list[TextHol
     return kept, out
 
 
+def held_bytes(holders: Sequence[TextHolder], at: np.ndarray) -> int:
+    """The holders' parquet bytes that the rows placed by `at` take, each holder's bytes
+    shared evenly among its rows (what a reader of their text reads besides the shard)."""
+    placed = at[at >= 0]
+    if not len(placed):
+        return 0
+    starts = np.cumsum([0, *(h.rows for h in holders)], dtype=np.int64)
+    k = np.searchsorted(starts, placed, side="right") - 1
+    counts = np.bincount(k, minlength=len(holders))
+    shares = (h.bytes * int(c) // max(1, h.rows) for h, c in zip(holders, counts, strict=True))
+    return int(sum(shares))
+
+
 def resolve(
     table: pa.Table,
     holders: Sequence[TextHolder],

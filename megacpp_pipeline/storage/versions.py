@@ -143,6 +143,7 @@ def pid_alive(pid: int) -> bool:
 TEXT = "text"
 TEXT_AT = "_text_at"
 TEXT_FROM = "text_from"
+HELD_BYTES = "held_bytes"
 
 
 class TextHolder(BaseModel):
@@ -157,6 +158,13 @@ class TextHolder(BaseModel):
     bytes: int
     sha256: str
 
+    @classmethod
+    def of(cls, dir: str, shard: ShardInfo) -> TextHolder:
+        """`shard` of the version in `dir` (relative to the store's root) as a holder."""
+        return cls(
+            dir=dir, path=shard.path, rows=shard.rows, bytes=shard.bytes, sha256=shard.sha256
+        )
+
     def shard(self) -> ShardInfo:
         return ShardInfo(path=self.path, rows=self.rows, bytes=self.bytes, sha256=self.sha256)
 
@@ -170,12 +178,17 @@ class ShardInfo(BaseModel):
     # set on a shard written with a `TEXT_AT` column: the shards its rows' text is read
     # from (empty when it holds every row's text); readers resolve it (ShardStore.read_shard)
     text_from: list[TextHolder] | None = None
+    # with text_from: the holders' parquet bytes its rows' text takes, apportioned by rows
+    # (an estimate, never verified): what a task that reads the text reads besides this
+    # shard, so slices are planned by the work they carry (slices.weight)
+    held_bytes: int | None = None
 
     @model_serializer(mode="wrap")
     def _without_unset_text(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get(TEXT_FROM) is None:
-            data.pop(TEXT_FROM, None)  # a shard that holds all its text reads as before
+        for key in (TEXT_FROM, HELD_BYTES):
+            if data.get(key) is None:
+                data.pop(key, None)  # a shard that holds all its text reads as before
         return data
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.versions import TEXT
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.stage_runs import context, run_through
@@ -105,3 +106,28 @@ def test_the_versions_that_keep_the_text_hold_almost_none_of_its_bytes(ran: Stag
         for stage in KEEPERS:
             kept = _text_bytes(ran, stage, source)
             assert kept < whole / 20, (stage, source, kept, whole)
+
+
+def _slice_text_bytes(ctx: StageContext, stage: str, source: str, task_bytes: int) -> list[int]:
+    per_source = ctx.registry.get(stage).per_source
+    m = ctx.store.latest(stage, source if per_source else None)
+    table = layout.data_table(None if per_source else source)
+    return [
+        pc.sum(pc.binary_length(slices.read(ctx.store, s.pieces, [TEXT])[TEXT])).as_py()
+        for s in slices.plan(ctx.store, [(m, table)], task_bytes)
+    ]
+
+
+def test_a_version_that_names_its_text_is_sliced_by_the_text_it_carries(
+    ran: StageContext,
+) -> None:
+    """A keeper's shards are a few small columns; planned by those bytes alone, one task
+    would get the whole text (a straggler, and memory that grows with the corpus)."""
+    for source in ran.sources():
+        norm = ran.store.latest("normalized_files", source)
+        task_bytes = max(1, slices.total_bytes([(norm, "data")]) // 8)
+        whole = _slice_text_bytes(ran, "normalized_files", source, task_bytes)
+        assert len(whole) >= 6, (source, whole)
+        for stage in (*KEEPERS, *AFTER_SCRUB):
+            each = _slice_text_bytes(ran, stage, source, task_bytes)
+            assert max(each) <= 1.5 * max(whole), (stage, source, each, whole)

@@ -224,6 +224,14 @@ def test_places_of_tables_read_one_after_another_name_one_list_of_holders() -> N
     assert holders == [b] and at.tolist() == [2, -1, 0]
 
 
+def test_a_shard_counts_the_bytes_of_the_text_it_names_by_rows() -> None:
+    a = TextHolder(dir="d/a", path="p", rows=4, bytes=400, sha256="0")
+    b = TextHolder(dir="d/b", path="p", rows=2, bytes=100, sha256="0")
+    assert text_refs.held_bytes([a, b], np.array([0, 1, 4, -1], np.int64)) == 250
+    assert text_refs.held_bytes([a, b], np.array([-1, -1], np.int64)) == 0
+    assert text_refs.held_bytes([], np.empty(0, np.int64)) == 0
+
+
 def test_each_row_gets_its_text_from_wherever_it_is_held() -> None:
     a = TextHolder(dir="d/a", path="p", rows=4, bytes=1, sha256="0")
     b = TextHolder(dir="d/b", path="p", rows=3, bytes=1, sha256="0")
