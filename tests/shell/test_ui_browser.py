@@ -192,8 +192,10 @@ def test_asset_graph_shows_every_gate_grouped_with_its_checks(
         for asset in assets:
             assert _drawn(asset, body), f"{asset} is not drawn in the asset graph"
 
-    # Each group's own graph, zoomed in far enough that every node shows its checks row.
-    page.set_viewport_size({"width": 2400, "height": 1000})
+    # Each group's own graph, zoomed in far enough that every node shows its checks row, in
+    # a viewport tall enough for the whole group (the gates group is nine nodes on six rows;
+    # a node outside the viewport is not drawn at all)
+    page.set_viewport_size({"width": 2400, "height": 2000})
     for i, (group, assets) in enumerate(GROUPS.items(), start=2):
         _open(page, dev, f"/locations/megacpp_pipeline/asset-groups/{group}/lineage", assets[0])
         page.locator("button:has([aria-label='zoom_in'])").first.click()
