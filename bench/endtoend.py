@@ -151,16 +151,6 @@ def tree_rss_bytes(root: int) -> int:
     return sum(_rss_bytes(pid) for pid in process_tree(root))
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of `pid` (all its threads) and of its waited-for children."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / _TICK
-
-
 def own_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of `pid` itself (all its threads), not of its children."""
     try:
@@ -177,11 +167,55 @@ def driver_pids(root: int) -> list[int]:
     return [root, *_children(root)]
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds the tree has used so far: every live process' own time plus what its
-    reaped children left in it. A child's time moves into its parent's count when it is
-    reaped, so the sum stays continuous while forked runs and workers come and go."""
-    return sum(cpu_seconds(pid) for pid in process_tree(root))
+def _times(pid: int) -> tuple[int, float, float] | None:
+    """(parent pid, own CPU seconds, CPU seconds of its reaped children) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    own = (int(fields[11]) + int(fields[12])) / _TICK
+    reaped = (int(fields[13]) + int(fields[14])) / _TICK
+    return int(fields[1]), own, reaped
+
+
+class TreeCPU:
+    """CPU seconds a process tree has used, kept per process between samples, so the time of
+    a process that dies where no process of the tree reaps it (Ray's workers and daemons,
+    ended with their raylet) stays counted, where a sum over the live tree would lose it. A
+    process' time counts as it is seen; when a parent reaps children, only what the samples
+    did not already see of them is added (each child's last sample is taken off the
+    parent's jump). What a process does between its last sample and its exit, unreaped, is
+    not seen."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.total = 0.0
+        self._seen: dict[int, tuple[int, float, float]] = {}  # pid -> its last _times
+        self._gone: dict[int, float] = {}  # parent pid -> seen seconds of its exited children
+
+    def sample(self) -> float:
+        live: dict[int, tuple[int, float, float]] = {}
+        for pid in process_tree(self.root):  # parents before their children
+            got = _times(pid)
+            if got is not None:
+                live[pid] = got
+        for pid, (parent, own, reaped) in self._seen.items():
+            if pid not in live:  # exited: reaped into its parent's count now or later
+                if parent in live:
+                    self._gone[parent] = self._gone.get(parent, 0.0) + own + reaped
+                self._gone.pop(pid, None)
+        for pid, (parent, own, reaped) in live.items():
+            _, was_own, was_reaped = self._seen.get(pid, (parent, 0.0, 0.0))
+            self.total += max(0.0, own - was_own)
+            jump = max(0.0, reaped - was_reaped)
+            if jump:
+                known = self._gone.pop(pid, 0.0)
+                self.total += max(0.0, jump - known)
+                if known > jump:
+                    self._gone[pid] = known - jump  # children it has not reaped yet
+        self._seen = live
+        return self.total
 
 
 def high_water_bytes(pid: int) -> int:
@@ -270,6 +304,7 @@ def run(
             t.start()
         peak_tree = hwm = samples = 0
         cpu = 0.0
+        tree_cpu = TreeCPU(proc.pid)
         driver_seen: dict[int, float] = {}  # own CPU seconds last seen per driver process
         returncode: int | None = None
         while True:
@@ -284,7 +319,7 @@ def run(
             rss = tree_rss_bytes(proc.pid)
             hwm = max(hwm, high_water_bytes(proc.pid))
             peak_tree = max(peak_tree, rss)
-            now_cpu = max(cpu, tree_cpu_seconds(proc.pid))
+            now_cpu = max(cpu, tree_cpu.sample())
             driver_delta = 0.0
             for pid in driver_pids(proc.pid):
                 own = own_cpu_seconds(pid)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -202,3 +204,44 @@ def test_one_measured_run_reports_stage_times_memory_and_tokens(tmp_path: Path) 
     per_source = next(g for g in run.stages if g.name.startswith("raw_files"))
     assert set(per_source.partitions) == {"2 sources"}  # both sources in one Dagster run
     assert all(g.seconds > 0 for g in run.stages)
+
+
+_BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+def _sampled(root: subprocess.Popen[bytes]) -> float:
+    tree = endtoend.TreeCPU(root.pid)
+    while root.poll() is None:
+        tree.sample()
+        time.sleep(0.02)
+    return tree.sample()
+
+
+def test_cpu_of_a_process_that_dies_unreaped_in_the_tree_stays_counted() -> None:
+    """Ray's workers outlive their raylet and are never reaped inside the run's tree: a
+    sum over the live tree would drop their seconds once they exit."""
+    # root -> middle -> burner: the burner burns 0.6 s and lingers; the middle process exits
+    # without reaping it (the burner leaves the tree, as Ray's workers do when their raylet
+    # ends); the root then burns 0.2 s of its own
+    burner = _BURN.format(s=0.6) + "time.sleep(1.0)\n"
+    middle = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {burner!r}])\n"
+        "time.sleep(0.9)\n"
+    )
+    script = (
+        "import subprocess, sys\n"
+        f"subprocess.run([sys.executable, '-c', {middle!r}])\n" + _BURN.format(s=0.2)
+    )
+    root = subprocess.Popen([sys.executable, "-c", script])
+    total = _sampled(root)
+    assert total >= 0.6 + 0.2, total
+
+
+def test_cpu_of_reaped_children_is_counted_once() -> None:
+    children = "\n".join(
+        f"subprocess.run([sys.executable, '-c', {_BURN.format(s=0.3)!r}])" for _ in range(3)
+    )
+    root = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys\n{children}\n"])
+    total = _sampled(root)
+    assert 0.9 <= total < 0.9 + 0.6, total  # the burns, plus three interpreters' start-up
