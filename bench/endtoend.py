@@ -182,17 +182,22 @@ def _times(pid: int) -> tuple[int, float, float] | None:
 class TreeCPU:
     """CPU seconds a process tree has used, kept per process between samples, so the time of
     a process that dies where no process of the tree reaps it (Ray's workers and daemons,
-    ended with their raylet) stays counted, where a sum over the live tree would lose it. A
-    process' time counts as it is seen; when a parent reaps children, only what the samples
-    did not already see of them is added (each child's last sample is taken off the
-    parent's jump). What a process does between its last sample and its exit, unreaped, is
-    not seen."""
+    ended with their raylet) stays counted, where a sum over the live tree would lose it.
+
+    A process' own time counts as it is seen. When a parent reaps children, its count of
+    reaped time jumps by theirs; only what the samples did not already see of them is added
+    (the last sample of every child that left since, descendants first so a process that
+    reaped its own children just before exiting hands their seen time on). A process that
+    leaves the tree but still runs (its parent died; it was adopted outside) is followed on
+    its own and never handed on. Not seen: what a process does between its last sample and
+    its exit where no process of the tree reaps it."""
 
     def __init__(self, root: int) -> None:
         self.root = root
         self.total = 0.0
         self._seen: dict[int, tuple[int, float, float]] = {}  # pid -> its last _times
-        self._gone: dict[int, float] = {}  # parent pid -> seen seconds of its exited children
+        self._adopted: dict[int, float] = {}  # left the tree alive: pid -> own seconds seen
+        self._carry: dict[int, float] = {}  # seen seconds of children reaped, not yet jumped
 
     def sample(self) -> float:
         live: dict[int, tuple[int, float, float]] = {}
@@ -200,20 +205,38 @@ class TreeCPU:
             got = _times(pid)
             if got is not None:
                 live[pid] = got
-        for pid, (parent, own, reaped) in self._seen.items():
-            if pid not in live:  # exited: reaped into its parent's count now or later
-                if parent in live:
-                    self._gone[parent] = self._gone.get(parent, 0.0) + own + reaped
-                self._gone.pop(pid, None)
+        for pid, was in list(self._adopted.items()):
+            got = _times(pid)
+            if got is None or pid in live:
+                del self._adopted[pid]
+            else:
+                self.total += max(0.0, got[1] - was)
+                self._adopted[pid] = max(was, got[1])
+        # children reaped since the last sample: their seen seconds, per the parent that
+        # reaped them (a parent's count may show the jump now or, reaped between reading the
+        # parent and the child, at the next sample: kept one sample, then dropped)
+        reaped_by: dict[int, float] = {}
+        for pid in reversed(self._seen):  # descendants before their ancestors
+            if pid in live:
+                continue
+            parent, own, reaped = self._seen[pid]
+            got = _times(pid)
+            if got is not None:  # alive outside the tree: followed on its own
+                self.total += max(0.0, got[1] - own)
+                self._adopted[pid] = max(own, got[1])
+                continue
+            seen = own + reaped + reaped_by.pop(pid, 0.0) + self._carry.pop(pid, 0.0)
+            reaped_by[parent] = reaped_by.get(parent, 0.0) + seen
+        carry, self._carry = self._carry, {}
         for pid, (parent, own, reaped) in live.items():
             _, was_own, was_reaped = self._seen.get(pid, (parent, 0.0, 0.0))
             self.total += max(0.0, own - was_own)
             jump = max(0.0, reaped - was_reaped)
-            if jump:
-                known = self._gone.pop(pid, 0.0)
-                self.total += max(0.0, jump - known)
-                if known > jump:
-                    self._gone[pid] = known - jump  # children it has not reaped yet
+            known, before = reaped_by.pop(pid, 0.0), carry.pop(pid, 0.0)
+            self.total += max(0.0, jump - before - known)
+            left = known - max(0.0, jump - before)  # of this sample's, not in the jump yet
+            if left > 0:
+                self._carry[pid] = left
         self._seen = live
         return self.total
 

@@ -239,9 +239,23 @@ def test_cpu_of_a_process_that_dies_unreaped_in_the_tree_stays_counted() -> None
 
 
 def test_cpu_of_reaped_children_is_counted_once() -> None:
+    """A pool's workers are reaped together by their group's process, which then exits at
+    once and is reaped by the run: their seconds reach the root's count twice over (their
+    own samples, then the jump of the root's reaped time) and count once."""
     children = "\n".join(
-        f"subprocess.run([sys.executable, '-c', {_BURN.format(s=0.3)!r}])" for _ in range(3)
+        f"subprocess.Popen([sys.executable, '-c', {_BURN.format(s=0.3)!r}])" for _ in range(3)
     )
-    root = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys\n{children}\n"])
+    # the middle process sleeps past its children's ends (zombies till then), reaps them
+    # all and exits: no sample falls between
+    middle = (
+        f"import os, subprocess, sys, time\n{children}\ntime.sleep(0.9)\n"
+        "while True:\n    try: os.wait()\n    except ChildProcessError: break\n"
+    )
+    script = (
+        "import subprocess, sys\n"
+        f"subprocess.run([sys.executable, '-c', {middle!r}])\n"
+        f"subprocess.run([sys.executable, '-c', {_BURN.format(s=0.3)!r}])\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", script])
     total = _sampled(root)
-    assert 0.9 <= total < 0.9 + 0.6, total  # the burns, plus three interpreters' start-up
+    assert 1.2 <= total < 1.2 + 0.5, total  # the burns, plus six interpreters' start-up
