@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
+from megacpp_pipeline.corpus import encoders
 from megacpp_pipeline.corpus.encoders import (
     SAMPLE,
     EncoderMode,
@@ -118,6 +119,24 @@ def test_token_byte_table_decodes_every_demo_file_as_tokenizers_does(
     decoded = demo_tokenizer.decode_batch(ids, skip_special_tokens=False)
     for i, text in enumerate(decoded):
         assert data[bounds[i] : bounds[i + 1]].tobytes() == text.encode("utf-8")
+
+
+@pytest.mark.parametrize("limit", [encoders.BINARY_OFFSETS_LIMIT, 1])
+def test_token_byte_table_decodes_edges_and_past_32_bit_offsets(
+    monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """No ids, only empty tokens, a slice of a larger array, and (the limit lowered) the
+    64-bit-offsets path that more than 2 GiB of decoded bytes take."""
+    monkeypatch.setattr(encoders, "BINARY_OFFSETS_LIMIT", limit)
+    table = TokenBytes([b"", b"a", b"bc", "é".encode(), b"\x00\xff"])
+    assert table.decode(np.array([], dtype=np.int64)).tobytes() == b""
+    assert table.decode(np.array([0, 0], dtype=np.int64)).tobytes() == b""
+    ids = np.array([4, 1, 0, 2, 3, 1], dtype=np.int64)
+    assert table.decode(ids).tobytes() == b"\x00\xffa" + b"bc" + "é".encode() + b"a"
+    assert table.decode(ids[2:5]).tobytes() == b"bc" + "é".encode()
+    assert table.decode(ids.astype(np.int32)).tobytes() == table.decode(ids).tobytes()
+    with pytest.raises(IndexError):
+        table.decode(np.array([5], dtype=np.int64))
 
 
 # --- the choice at load -------------------------------------------------------------------
