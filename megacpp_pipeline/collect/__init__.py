@@ -18,9 +18,12 @@ import pyarrow as pa
 from megacpp_pipeline.collect.archive import archive_listing, archive_source, fetch_archive
 from megacpp_pipeline.collect.directory import (
     ToRead,
+    WalkUnit,
     dir_listing,
     dir_slices,
     dir_source,
+    dir_units,
+    full_slice,
     read_entry,
     tree_lines,
 )
@@ -52,10 +55,12 @@ __all__ = [
     "PathFilter",
     "SourceFiles",
     "ToRead",
+    "WalkUnit",
     "collect_batches",
     "collect_slice",
     "commit_exists",
     "fetch_archive",
+    "full_slice",
     "glob_to_regex",
     "list_source",
     "open_source",
@@ -66,6 +71,7 @@ __all__ = [
     "sliced",
     "tree_lines",
     "unescape_name",
+    "walk_units_of",
 ]
 
 
@@ -103,19 +109,28 @@ def sliced(spec: SourceSpec) -> bool:
     return spec.kind == "dir"
 
 
+def walk_units_of(spec: SourceSpec, uri: str) -> list[WalkUnit] | None:
+    """A directory source's tree cut into units that tasks walk side by side (folders listed,
+    no file read); None for the kinds read as one stream (git, archives, JSONL)."""
+    if not sliced(spec):
+        return None
+    return dir_units(spec, uri, Scope(spec, None))
+
+
 def slice_source(
     spec: SourceSpec,
     uri: str,
     *,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     keep_also: Callable[[str], bool] | None = None,
+    unit: WalkUnit | None = None,
 ) -> list[tuple[Entry | ToRead, ...]] | None:
-    """A directory source's walk cut into slices that tasks read side by side (its revision
-    is then the sha256 of their `tree_lines` in order); None for the kinds read as one
-    stream (git, archives, JSONL)."""
+    """A directory source's walk (of one of its `walk_units_of`, or of the whole tree) cut
+    into slices that tasks read side by side (its revision is then the sha256 of their
+    `tree_lines` in order); None for the kinds read as one stream (git, archives, JSONL)."""
     if not sliced(spec):
         return None
-    return dir_slices(spec, uri, Scope(spec, keep_also), max_file_bytes)
+    return dir_slices(spec, uri, Scope(spec, keep_also), max_file_bytes, unit)
 
 
 def list_source(

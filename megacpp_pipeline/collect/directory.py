@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,11 +27,78 @@ from megacpp_pipeline.core.catalog import CollectLimits, SourceSpec
 from megacpp_pipeline.core.ledger import DropReason
 
 
-def _walk(root: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
+@dataclass(frozen=True)
+class WalkUnit:
+    """Consecutive entries of one folder's listing, keys `first`..`last` as the walk sorts
+    them (a folder as `name/`; `last` None: to the end), each walked whole. A tree's units
+    (`walk_units`), one after another, walk it exactly as one walk of the root does."""
+
+    dir: str = ""  # the folder, relative to the root as the walk names it ("": the root)
+    first: str = ""
+    last: str | None = None
+
+    def holds(self, key: str) -> bool:
+        return self.first <= key and (self.last is None or key <= self.last)
+
+
+# Units a directory source's walk is cut into, where its folders allow: the walk is one
+# task per unit (a stat per file: 17 us a file here, so a single 50M-file tree would take
+# one process about 14 minutes). Fixed, not the number of workers, so that the same tree
+# is cut the same way whatever walks it.
+WALK_UNITS = 64
+WALK_UNIT_DEPTH = 3  # folders below the root a unit may start in
+
+
+def walk_units(root: Path, want: int | None = None, depth: int | None = None) -> list[WalkUnit]:
+    """The tree under `root` cut into about `want` units in walk order (fewer where its
+    folders are few): a folder's listing in consecutive runs, each folder given a share of
+    `want` and cut again below, `depth` folders down at most (WALK_UNITS, WALK_UNIT_DEPTH
+    when not given). Lists folders, reads no file."""
+    want = WALK_UNITS if want is None else want
+    depth = WALK_UNIT_DEPTH if depth is None else depth
+    if want <= 1 or depth <= 0:
+        return [WalkUnit()]
+    return _units(root, "", want, depth)
+
+
+def _units(root: Path, rel_dir: str, want: int, depth: int) -> list[WalkUnit]:
+    listing = [(key, rel) for key, rel, _ in _listing(root, rel_dir)]
+    keys = [key for key, _ in listing]
+    if len(keys) >= want:  # runs of about len / want entries
+        step = -(-len(keys) // want)
+        return [
+            WalkUnit(rel_dir, keys[i], keys[min(i + step, len(keys)) - 1])
+            for i in range(0, len(keys), step)
+        ]
+    folders = [key for key in keys if key.endswith("/")]
+    share = want // max(1, len(folders))
+    out: list[WalkUnit] = []
+    files: list[str] = []  # a run of entries that are no folder: one unit
+    for key, rel in listing:
+        if not key.endswith("/"):
+            files.append(key)
+            continue
+        if files:
+            out.append(WalkUnit(rel_dir, files[0], files[-1]))
+            files = []
+        if share > 1 and depth > 1:
+            out += _units(root, rel, share, depth - 1)
+        else:
+            out.append(WalkUnit(rel_dir, key, key))
+    if files:
+        out.append(WalkUnit(rel_dir, files[0], files[-1]))
+    return out
+
+
+def _walk(root: Path, unit: WalkUnit | None = None) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """Files in canonical order (full ledger paths increasing, as git lists a tree): a folder
     sorts as `name/`, so `a.h` comes before everything in `a/`. Dedup relies on this order. A
-    stack of listings, not recursion: a hostile tree may be thousands of folders deep."""
-    stack = [_listing(root, "")]
+    stack of listings, not recursion: a hostile tree may be thousands of folders deep. With
+    `unit`, only its entries (each walked whole)."""
+    top = _listing(root, unit.dir if unit is not None else "")
+    if unit is not None and (unit.first or unit.last is not None):
+        top = (item for item in top if unit.holds(item[0]))
+    stack = [top]
     while stack:
         item = next(stack[-1], None)
         if item is None:
@@ -76,10 +144,13 @@ class ToRead(NamedTuple):
     size: int  # at the walk: what slices are cut by
 
 
-def _walked(root: Path, scope: Scope, max_file_bytes: int) -> Iterator[Entry | ToRead]:
-    """The tree in canonical order: a drop decided by the walk (names, links, special files,
-    the scope, the size policy) as its Entry, every other file as a ToRead."""
-    for raw, e in _walk(root):
+def _walked(
+    root: Path, scope: Scope, max_file_bytes: int, unit: WalkUnit | None = None
+) -> Iterator[Entry | ToRead]:
+    """The tree (or one unit of it) in canonical order: a drop decided by the walk (names,
+    links, special files, the scope, the size policy) as its Entry, every other file as a
+    ToRead."""
+    for raw, e in _walk(root, unit):
         rel = name_of(raw)  # os.scandir's name with its non-UTF-8 bytes escaped
         if not is_utf8(raw):
             yield Entry(rel, None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
@@ -146,26 +217,36 @@ SLICE_FILES = 5000
 
 
 def dir_slices(
-    spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int
+    spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int, unit: WalkUnit | None = None
 ) -> list[tuple[Entry | ToRead, ...]]:
-    """The walk cut into consecutive slices of about SLICE_BYTES (by the sizes the walk saw)
-    or SLICE_FILES items, for tasks to read side by side: the same slices whatever runs
-    them. Empty for an empty tree. The list holds every path of the source (about 100 bytes
-    a file in the process that plans them)."""
-    slice_bytes, slice_files = SLICE_BYTES, SLICE_FILES
+    """The walk (of `unit`, or of the whole tree) cut into consecutive slices of about
+    SLICE_BYTES (by the sizes the walk saw) or SLICE_FILES items: the same slices whatever
+    runs them. Empty for an empty tree. The list holds every path it walked (about 100
+    bytes a file in the process that plans them)."""
     root, scope = _rooted(spec, uri, scope)
     out: list[tuple[Entry | ToRead, ...]] = []
     items: list[Entry | ToRead] = []
     size = 0
-    for item in _walked(root, scope, max_file_bytes):
+    for item in _walked(root, scope, max_file_bytes, unit):
         items.append(item)
         size += item.size if isinstance(item, ToRead) else 0
-        if size >= slice_bytes or len(items) >= slice_files:
+        if full_slice(size, len(items)):
             out.append(tuple(items))
             items, size = [], 0
     if items:
         out.append(tuple(items))
     return out
+
+
+def full_slice(size: int, files: int) -> bool:
+    """Whether a slice of `files` walked items of `size` bytes is cut here."""
+    return size >= SLICE_BYTES or files >= SLICE_FILES
+
+
+def dir_units(spec: SourceSpec, uri: str, scope: Scope) -> list[WalkUnit]:
+    """A directory source's tree cut into walk units (`walk_units`)."""
+    root, _ = _rooted(spec, uri, scope)
+    return walk_units(root)
 
 
 def _link_target(path: str) -> str | None:

@@ -58,9 +58,10 @@ class _Source:
 @dataclass(frozen=True)
 class _Job:
     """What the tasks share (handed to forked workers of this host, never pickled). A walk
-    writes each slice's plan (its file list) into `plans`, a folder of this host's, and a
-    later task reads its own slice's back: the driver holds a count of slices per source,
-    never a file list (at demo 64x the lists were about 40 MB of the group's driver)."""
+    writes each chunk's plan (its file list) into `plans`, a folder of this host's, and a
+    later task reads its own slice's chunks back: the driver holds each chunk's count of
+    files and bytes, never a file list (at demo 64x the lists were about 40 MB of the
+    group's driver)."""
 
     ctx: StageContext
     stage: Stage
@@ -70,7 +71,12 @@ class _Job:
 
 @dataclass(frozen=True)
 class _Walk:
-    source: str  # a directory source walked and cut into slices by one task
+    """One unit of a directory source's tree (collect.walk_units_of), walked by one task and
+    cut into chunks of at most a slice each."""
+
+    source: str
+    number: int  # its place among the source's units
+    unit: collect.WalkUnit
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,8 @@ class _Planned:
 @dataclass(frozen=True)
 class _DirSlice:
     source: str
-    index: int  # in the source's slice plan (written by its walk: _plan)
+    index: int  # in the source's slices: names its shards
+    chunks: tuple[tuple[int, int], ...]  # (unit, chunk) plans its walks wrote, in order
     revision: str = ""  # the source's, once the digests are in
 
 
@@ -109,21 +116,27 @@ def _resolved(ctx: StageContext, source: str) -> _Source:
     return _Source(spec, cat.resolve_uri(spec), cat.file_limit(spec))
 
 
-def _plan_path(job: _Job, source: str, index: int) -> Path:
+def _plan_path(job: _Job, source: str, unit: int, chunk: int) -> Path:
     name = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    return Path(job.plans) / f"{name}-{index:06d}.pickle"
+    return Path(job.plans) / f"{name}-{unit:05d}-{chunk:06d}.pickle"
 
 
 def _plan(job: _Job, task: _DirSlice) -> _Planned:
-    """One slice's plan, as its source's walk wrote it."""
-    planned: _Planned = pickle.loads(_plan_path(job, task.source, task.index).read_bytes())
-    return planned
+    """One slice's plan: its chunks, as its source's walks wrote them, one after another."""
+    items: list[collect.Entry | collect.ToRead] = []
+    metadata: set[str] = set()
+    for unit, chunk in task.chunks:
+        planned: _Planned = pickle.loads(_plan_path(job, task.source, unit, chunk).read_bytes())
+        items += planned.items
+        metadata |= planned.metadata
+    return _Planned(tuple(items), frozenset(metadata))
 
 
-def _first_task(job: _Job, task: _Walk | _Whole) -> int | Materialized:
-    """A directory source walked (stat only) and cut into slices, each slice's plan written
-    for the tasks that read it (the number of slices comes back); or a source read as one
-    stream, collected into a version of its own and committed."""
+def _first_task(job: _Job, task: _Walk | _Whole) -> list[tuple[int, int]] | Materialized:
+    """A unit of a directory source walked (stat only) and cut into chunks of at most a
+    slice, each chunk's plan written for the tasks that read it (each chunk's files and
+    bytes come back); or a source read as one stream, collected into a version of its own
+    and committed."""
     source = job.sources[task.source]
     if isinstance(task, _Whole):
         messages: list[str] = []
@@ -131,19 +144,44 @@ def _first_task(job: _Job, task: _Walk | _Whole) -> int | Materialized:
         out = _one_stream(ctx, job.stage, source)
         return replace(out, messages=tuple(messages))
     is_metadata = partial(job.ctx.registry.is_metadata_file, source.spec)
-    slices = collect.slice_source(
-        source.spec, source.uri, max_file_bytes=source.max_file_bytes, keep_also=is_metadata
+    chunks = collect.slice_source(
+        source.spec,
+        source.uri,
+        max_file_bytes=source.max_file_bytes,
+        keep_also=is_metadata,
+        unit=task.unit,
     )
-    assert slices is not None
-    count = 0
-    for count, items in enumerate(slices, start=1):
+    assert chunks is not None
+    sizes: list[tuple[int, int]] = []
+    for chunk, items in enumerate(chunks):
         metadata = frozenset(
             x.path for x in items if isinstance(x, collect.ToRead) and is_metadata(x.path)
         )
-        _plan_path(job, task.source, count - 1).write_bytes(
+        _plan_path(job, task.source, task.number, chunk).write_bytes(
             pickle.dumps(_Planned(tuple(items), metadata), protocol=pickle.HIGHEST_PROTOCOL)
         )
-    return count
+        size = sum(x.size for x in items if isinstance(x, collect.ToRead))
+        sizes.append((len(items), size))
+    return sizes
+
+
+def _slices_of(source: str, walked: list[list[tuple[int, int]]]) -> list[_DirSlice]:
+    """A source's slices from its units' chunks in walk order: consecutive chunks joined
+    until a slice is full (collect.full_slice), so a unit's small last chunk shares a slice
+    with the next unit's first. The same units give the same slices, whatever walks them."""
+    out: list[_DirSlice] = []
+    chunks: list[tuple[int, int]] = []
+    files = size = 0
+    for unit, sizes in enumerate(walked):
+        for chunk, (n, b) in enumerate(sizes):
+            chunks.append((unit, chunk))
+            files, size = files + n, size + b
+            if collect.full_slice(size, files):
+                out.append(_DirSlice(source, len(out), tuple(chunks)))
+                chunks, files, size = [], 0, 0
+    if chunks:
+        out.append(_DirSlice(source, len(out), tuple(chunks)))
+    return out
 
 
 def _digest_task(job: _Job, task: _DirSlice) -> bytes:
@@ -247,7 +285,8 @@ def _sources_body(
     ctx: StageContext, stage: Stage, partitions: Sequence[str | None]
 ) -> Iterator[Materialized]:
     """Every source of the run collected by this host's workers (the files are on this host's
-    disk, whatever the engine). A directory source: walked and cut into slices by a task,
+    disk, whatever the engine). A directory source: its tree cut into units (folders listed
+    here), each walked and cut into chunks by a task, the chunks joined into slices here,
     then a slice to a task, twice (once for its revision, a tree hash that every row carries,
     then for its rows; the shards adopted in slice order, so the version is the one a single
     ordered read gives). Any other source: whole in one task, beside the walks. Each
@@ -264,15 +303,22 @@ def _sources_body(
                 sources[partition] = replace(source, version_dir=versions[partition].dir)
         job = _Job(replace(ctx, workers=1), stage, sources, plans)
         executor = ctx.host_executor()
-        first = [_Whole(s) if s not in versions else _Walk(s) for s in sources]
+        first: list[_Walk | _Whole] = []
+        for s in sources:
+            if s not in versions:
+                first.append(_Whole(s))
+                continue
+            units = collect.walk_units_of(sources[s].spec, sources[s].uri)
+            assert units is not None
+            first += [_Walk(s, n, unit) for n, unit in enumerate(units)]
         done: dict[str, Materialized] = {}
-        planned: dict[str, int] = {}  # a directory source's slices
+        walked: dict[str, list[list[tuple[int, int]]]] = {s: [] for s in versions}
         for task, out in zip(first, executor.map(_first_task, job, first), strict=True):
             if isinstance(out, Materialized):
                 done[task.source] = out
             else:
-                planned[task.source] = out
-        digests = [_DirSlice(s, i) for s, count in planned.items() for i in range(count)]
+                walked[task.source].append(out)  # in unit order: map keeps the items' order
+        digests = [d for s, units in walked.items() for d in _slices_of(s, units)]
         trees = {s: hashlib.sha256() for s in versions}
         for digest, lines in zip(digests, executor.map(_digest_task, job, digests), strict=True):
             trees[digest.source].update(lines)

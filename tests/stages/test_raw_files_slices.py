@@ -17,6 +17,7 @@ from megacpp_pipeline.collect.source import Scope
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
+from megacpp_pipeline.stages.collect import _slices_of
 from megacpp_pipeline.storage.store import Manifest, NoVersionError
 from tests.fixtures.stage_runs import context
 
@@ -68,10 +69,12 @@ def _raw(tmp: Path, catalog: Path, workers: int) -> tuple[dict[str, pa.Table], s
     return tables, str(m.extra["revision"])
 
 
+@pytest.mark.parametrize("units", [1, 2, 64])
 def test_slices_read_by_workers_give_the_version_and_revision_of_one_ordered_read(
-    tmp_path: Path, catalog: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, catalog: Path, monkeypatch: pytest.MonkeyPatch, units: int
 ) -> None:
     monkeypatch.setattr(directory, "SLICE_FILES", 3)  # many slices out of a small tree
+    monkeypatch.setattr(directory, "WALK_UNITS", units)  # the tree walked whole, in runs, cut
     spec_root = tmp_path / "tree"
     tables, revision = _raw(tmp_path / "a", catalog, workers=2)
     one, one_revision = _raw(tmp_path / "b", catalog, workers=1)
@@ -143,3 +146,25 @@ def test_a_source_that_cannot_be_collected_fails_the_stage_and_leaves_no_version
             ctx.store.latest("raw_files", source)
         folder = Path(ctx.store.partition_dir("raw_files", source))
         assert not folder.exists() or not [p for p in folder.iterdir() if p.is_dir()]
+
+
+def test_chunks_are_joined_into_slices_across_units_until_a_slice_is_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(directory, "SLICE_FILES", 10)
+    monkeypatch.setattr(directory, "SLICE_BYTES", 1000)
+    walked = [
+        [(10, 50), (3, 10)],  # a full chunk, then a unit's small last chunk
+        [(4, 20)],  # joined to it
+        [],  # a unit with nothing in it
+        [(2, 990), (9, 10)],  # 9 + 2 files, 20 + 990 bytes: full by bytes
+        [(1, 1)],
+    ]
+    got = _slices_of("src", walked)
+    assert [s.chunks for s in got] == [
+        ((0, 0),),
+        ((0, 1), (1, 0), (3, 0)),
+        ((3, 1), (4, 0)),
+    ]
+    assert [s.index for s in got] == [0, 1, 2]
+    assert _slices_of("src", []) == [] and _slices_of("src", [[], []]) == []

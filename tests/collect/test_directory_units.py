@@ -1,0 +1,71 @@
+"""A directory source's tree cut into walk units (collect/directory.py): the units, walked one
+after another, give exactly the walk of the whole tree, for trees of every shape."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from megacpp_pipeline.collect import directory
+from megacpp_pipeline.collect.directory import WalkUnit, walk_units
+
+
+def _files(root: Path, names: list[str]) -> None:
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"// {name}\n")
+
+
+def _wide(root: Path) -> None:
+    """More top-level entries than units wanted, files and folders interleaved."""
+    _files(root, [f"f{i:03d}.h" for i in range(90)] + [f"d{i:02d}/x.h" for i in range(40)])
+    _files(root, ["a.h", "a/b.h", "a.hpp", "a0/c.h"])  # `a.h` < `a.hpp` < `a/` < `a0/`
+
+
+def _deep(root: Path) -> None:
+    """One folder down a long chain, the files at the bottom and along the way."""
+    _files(root, ["only/one/two/three/four/leaf.h", "only/one/side.h", "only/top.h"])
+    _files(root, [f"only/one/two/many{i}.h" for i in range(20)])
+
+
+def _awkward(root: Path) -> None:
+    """Empty folders, a link, a fifo, a name that is not UTF-8, files beside folders."""
+    _files(root, ["z.h", "lib/a.h", "lib/sub/b.h", "lib/sub/c.h", "src/main.cc", "m.h"])
+    (root / "empty").mkdir()
+    (root / "lib" / "empty").mkdir()
+    (root / "lib" / "link.h").symlink_to("a.h")
+    os.mkfifo(root / "src" / "pipe.cc")
+    (root / "src" / os.fsdecode(b"bad\xff.h")).write_text("int bad;\n")
+
+
+@pytest.mark.parametrize("shape", [_wide, _deep, _awkward])
+@pytest.mark.parametrize(("want", "depth"), [(1, 3), (2, 3), (3, 1), (7, 2), (64, 3), (500, 5)])
+def test_the_units_walked_in_order_are_the_walk_of_the_whole_tree(
+    tmp_path: Path, shape: object, want: int, depth: int
+) -> None:
+    assert callable(shape)
+    shape(tmp_path)
+    whole = [rel for rel, _ in directory._walk(tmp_path)]
+    units = walk_units(tmp_path, want, depth)
+    assert units
+    assert [rel for u in units for rel, _ in directory._walk(tmp_path, u)] == whole
+    assert units == walk_units(tmp_path, want, depth)  # the tree alone decides them
+    if want > 1 and shape is _wide:
+        assert len(units) >= min(want, 10)  # a wide tree is cut as asked
+
+
+def test_a_wide_tree_is_cut_into_runs_of_its_listing_no_more_units_than_wanted(
+    tmp_path: Path,
+) -> None:
+    _wide(tmp_path)
+    units = walk_units(tmp_path, 8, 3)
+    assert len(units) == 8
+    assert all(u.dir == "" and u.last is not None for u in units)
+
+
+def test_an_empty_tree_has_no_units_to_walk(tmp_path: Path) -> None:
+    assert walk_units(tmp_path, 64, 3) == []
+    assert walk_units(tmp_path, 1, 3) == [WalkUnit()]  # one unit: the walk of nothing
