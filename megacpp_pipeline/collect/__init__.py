@@ -23,7 +23,7 @@ from megacpp_pipeline.collect.directory import (
     dir_slices,
     dir_source,
     dir_units,
-    full_slice,
+    fits_slice,
     read_entry,
     tree_lines,
 )
@@ -60,7 +60,7 @@ __all__ = [
     "collect_slice",
     "commit_exists",
     "fetch_archive",
-    "full_slice",
+    "fits_slice",
     "glob_to_regex",
     "list_source",
     "open_source",

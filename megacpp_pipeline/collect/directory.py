@@ -243,6 +243,11 @@ def full_slice(size: int, files: int) -> bool:
     return size >= SLICE_BYTES or files >= SLICE_FILES
 
 
+def fits_slice(size: int, files: int) -> bool:
+    """Whether `files` walked items of `size` bytes fit in one slice."""
+    return size <= SLICE_BYTES and files <= SLICE_FILES
+
+
 def dir_units(spec: SourceSpec, uri: str, scope: Scope) -> list[WalkUnit]:
     """A directory source's tree cut into walk units (`walk_units`)."""
     root, _ = _rooted(spec, uri, scope)

@@ -167,18 +167,20 @@ def _first_task(job: _Job, task: _Walk | _Whole) -> list[tuple[int, int]] | Mate
 
 def _slices_of(source: str, walked: list[list[tuple[int, int]]]) -> list[_DirSlice]:
     """A source's slices from its units' chunks in walk order: consecutive chunks joined
-    until a slice is full (collect.full_slice), so a unit's small last chunk shares a slice
-    with the next unit's first. The same units give the same slices, whatever walks them."""
+    while they fit in one slice (collect.fits_slice), so a unit's small last chunk shares a
+    slice with the next unit's first, and a slice holds more than a slice's worth only when
+    one chunk alone does (a walk cuts a chunk after the item that fills it). The same units
+    give the same slices, whatever walks them."""
     out: list[_DirSlice] = []
     chunks: list[tuple[int, int]] = []
     files = size = 0
     for unit, sizes in enumerate(walked):
         for chunk, (n, b) in enumerate(sizes):
-            chunks.append((unit, chunk))
-            files, size = files + n, size + b
-            if collect.full_slice(size, files):
+            if chunks and not collect.fits_slice(size + b, files + n):
                 out.append(_DirSlice(source, len(out), tuple(chunks)))
                 chunks, files, size = [], 0, 0
+            chunks.append((unit, chunk))
+            files, size = files + n, size + b
     if chunks:
         out.append(_DirSlice(source, len(out), tuple(chunks)))
     return out

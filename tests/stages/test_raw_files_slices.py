@@ -148,7 +148,7 @@ def test_a_source_that_cannot_be_collected_fails_the_stage_and_leaves_no_version
         assert not folder.exists() or not [p for p in folder.iterdir() if p.is_dir()]
 
 
-def test_chunks_are_joined_into_slices_across_units_until_a_slice_is_full(
+def test_chunks_are_joined_into_slices_across_units_while_they_fit_in_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(directory, "SLICE_FILES", 10)
@@ -157,14 +157,20 @@ def test_chunks_are_joined_into_slices_across_units_until_a_slice_is_full(
         [(10, 50), (3, 10)],  # a full chunk, then a unit's small last chunk
         [(4, 20)],  # joined to it
         [],  # a unit with nothing in it
-        [(2, 990), (9, 10)],  # 9 + 2 files, 20 + 990 bytes: full by bytes
+        [(2, 990), (9, 10)],
         [(1, 1)],
     ]
     got = _slices_of("src", walked)
     assert [s.chunks for s in got] == [
         ((0, 0),),
-        ((0, 1), (1, 0), (3, 0)),
+        ((0, 1), (1, 0)),  # with (3, 0) it would hold 1,020 bytes
+        ((3, 0),),  # with (3, 1), 11 files
         ((3, 1), (4, 0)),
     ]
-    assert [s.index for s in got] == [0, 1, 2]
+    sizes = {(u, c): nb for u, chunks in enumerate(walked) for c, nb in enumerate(chunks)}
+    for s in got:  # never over a slice's worth, but for one chunk alone
+        held = [sizes[c] for c in s.chunks]
+        n, b = sum(x for x, _ in held), sum(y for _, y in held)
+        assert len(held) == 1 or (n <= 10 and b <= 1000), (s.chunks, n, b)
+    assert [s.index for s in got] == [0, 1, 2, 3]
     assert _slices_of("src", []) == [] and _slices_of("src", [[], []]) == []
