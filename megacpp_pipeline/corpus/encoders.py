@@ -202,8 +202,8 @@ class TokenBytes:
         self.lengths = np.array([len(b) for b in token_bytes], dtype=np.int64)
         offsets = np.zeros(len(token_bytes) + 1, dtype=np.int32)
         np.cumsum(self.lengths, out=offsets[1:])
-        # over numpy's own buffers: no copy, and nothing held in Arrow's memory pool (where
-        # a packing test counts what a run holds) for as long as a tokenizer is cached
+        # over buffers numpy and Python own: nothing held in Arrow's memory pool (where a
+        # packing test counts what a run holds) for as long as a tokenizer is cached
         self.vocabulary = pa.Array.from_buffers(
             pa.binary(),
             len(token_bytes),
