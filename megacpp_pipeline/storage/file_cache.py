@@ -715,8 +715,17 @@ def _carried(kept: pa.Table, table: pa.Table, position: dict[tuple[str, str], in
     ]
     if not names or not kept.num_rows:
         return []
-    rows = _input_rows(kept, position)
-    return [c for c in names if kept[c].equals(table[c].take(rows))]
+    rows = _input_rows(kept, position).to_numpy()
+    if len(rows) == table.num_rows and np.array_equal(rows, np.arange(len(rows))):
+        # every row kept in order: a column the gate passed through is the input's own
+        # chunks, which Arrow compares by identity without reading them
+        return [c for c in names if kept[c].equals(table[c])]
+    if len(rows) < 2 or bool(np.all(rows[:-1] < rows[1:])):
+        chosen = np.zeros(table.num_rows, dtype=bool)  # a filter keeps the input's chunks
+        chosen[rows] = True
+        mask = pa.array(chosen)
+        return [c for c in names if kept[c].equals(table[c].filter(mask))]
+    return [c for c in names if kept[c].equals(table[c].take(pa.array(rows)))]
 
 
 def _from_input(

@@ -12,6 +12,7 @@ import string
 import pytest
 
 from megacpp_pipeline.gates.scrub import Finding, Kind, ScrubConfig, ScrubError, scrub_text
+from megacpp_pipeline.gates.scrub.credentials import ANCHORS, anchor_positions
 from tests.fixtures.scrub_eval import evaluate
 from tests.fixtures.scrub_outside import build_outside_set
 from tests.gates.test_scrub import licensed_table
@@ -251,3 +252,30 @@ def test_audit_and_residual_name_the_vendored_rule_that_found_a_token() -> None:
 def test_ledger_detail_of_a_file_that_still_trips_a_rule_names_the_rule() -> None:
     finding = Finding(Kind.API_KEY, "gitleaks:linear-api-key", 10, 58, "0" * 64)
     assert "gitleaks:linear-api-key" in str(ScrubError("src/a.cpp", finding))
+
+
+def _every_occurrence(lowered: str, anchor: str) -> list[int]:
+    return [i for i in range(len(lowered)) if lowered.startswith(anchor, i)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_anchor_positions_are_every_occurrence_of_every_anchor(seed: int) -> None:
+    """The one-pass anchor scan against a brute force, on text woven from anchors that
+    overlap one another (`passecretoken`, `mysqlogin`), anchors' pieces and code: ASCII takes
+    RE2's pass, the rest str.find."""
+    rnd = random.Random(seed)
+    pieces = [*ANCHORS, "p", "s", "ss", "sshpass", "t", "oken", "ecret", "ogin", " ", "_", "="]
+    pieces.append("\n")
+    if seed % 4 == 0:
+        pieces.append("é")
+    text = "".join(rnd.choice(pieces) for _ in range(rnd.randrange(0, 400)))
+    found = anchor_positions(text)
+    assert list(found) == list(ANCHORS)
+    for anchor in ANCHORS:
+        assert found[anchor] == _every_occurrence(text, anchor), anchor
+
+
+def test_the_anchor_scan_finds_anchors_that_overlap_the_match_before_them() -> None:
+    found = anchor_positions("passecretoken mysqlogin")
+    assert (found["pass"], found["secret"], found["token"]) == ([0], [3], [8])
+    assert (found["mysql"], found["login"]) == ([14], [18])

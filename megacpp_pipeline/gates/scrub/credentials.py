@@ -21,6 +21,7 @@ from megacpp_pipeline.gates.scrub.plausibility import (
     plausible_secret,
     random_looking,
 )
+from megacpp_pipeline.gates.scrub.re2_bytes import BytesRegex
 
 if TYPE_CHECKING:
     from megacpp_pipeline.gates.scrub.config import ScrubConfig
@@ -281,13 +282,41 @@ def _define_value(text: str, start: int, end: int) -> tuple[int, int] | None:
     return m.span("value") if m else None
 
 
+# One RE2 pass finds every anchor of an ASCII text (fourteen str.find passes cost 3-4x more):
+# leftmost matches skip what overlaps them, so each match is also read for anchors that start
+# inside it (`passecret`, `secretoken`, `mysqlogin`); no anchor contains another.
+_ANCHOR_SCAN = BytesRegex("|".join(ANCHORS))
+_ANCHORS_BY_FIRST = {c: tuple(a for a in ANCHORS if a[0] == c) for c in {a[0] for a in ANCHORS}}
+
+
+def anchor_positions(lowered: str) -> dict[str, list[int]]:
+    """Every occurrence of every anchor in `lowered` (folded text), ascending per anchor."""
+    found: dict[str, list[int]] = {anchor: [] for anchor in ANCHORS}
+    if not lowered.isascii():  # byte offsets would not be character offsets
+        for anchor in ANCHORS:
+            pos = lowered.find(anchor)
+            while pos >= 0:
+                found[anchor].append(pos)
+                pos = lowered.find(anchor, pos + len(anchor))
+        return found
+    for (start, end), *_ in _ANCHOR_SCAN.spans(lowered.encode("ascii")):
+        found[lowered[start:end]].append(start)
+        for inner in range(start + 1, end):
+            for anchor in _ANCHORS_BY_FIRST.get(lowered[inner], ()):
+                if lowered.startswith(anchor, inner):
+                    found[anchor].append(inner)
+    for positions in found.values():
+        positions.sort()
+    return found
+
+
 def find_assigned_secret(text: str, config: ScrubConfig) -> Iterator[Hit]:
     lowered = folded(text)
     names: set[int] = set()
     flags_read_to = 0  # `-p` flags after `mysql` are read once, however many `mysql`s a line has
+    found = anchor_positions(lowered)
     for anchor in ANCHORS:
-        pos = lowered.find(anchor)
-        while pos >= 0:
+        for pos in found[anchor]:
             if anchor == "pass" and lowered.startswith("sshpass", pos - 3):
                 yield from _sshpass_password(text, pos - 3, config)
             elif anchor == "mysql":
@@ -306,7 +335,6 @@ def find_assigned_secret(text: str, config: ScrubConfig) -> Iterator[Hit]:
                 if start not in names:
                     names.add(start)
                     yield from _named_value(text, start, end, config)
-            pos = lowered.find(anchor, pos + len(anchor))
 
 
 def _named_value(text: str, start: int, end: int, config: ScrubConfig) -> Iterator[Hit]:
