@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from megacpp_pipeline.collect.source import (
     CollectError,
@@ -36,6 +37,10 @@ class WalkUnit:
     dir: str = ""  # the folder, relative to the root as the walk names it ("": the root)
     first: str = ""
     last: str | None = None
+    # a run of a folder too large for one unit: its entries' names as the folder listed
+    # them, so the unit's task looks up its own entries instead of listing the whole folder
+    # again (a folder cut into 64 runs would be listed and sorted 64 times)
+    names: tuple[str, ...] | None = None
 
     def holds(self, key: str) -> bool:
         return self.first <= key and (self.last is None or key <= self.last)
@@ -62,12 +67,18 @@ def walk_units(root: Path, want: int | None = None, depth: int | None = None) ->
 
 
 def _units(root: Path, rel_dir: str, want: int, depth: int) -> list[WalkUnit]:
-    listing = [(key, rel) for key, rel, _ in _listing(root, rel_dir)]
+    listed = list(_listing(root, rel_dir))
+    listing = [(key, rel) for key, rel, _ in listed]
     keys = [key for key, _ in listing]
     if len(keys) >= want:  # runs of about len / want entries
         step = -(-len(keys) // want)
         return [
-            WalkUnit(rel_dir, keys[i], keys[min(i + step, len(keys)) - 1])
+            WalkUnit(
+                rel_dir,
+                keys[i],
+                keys[min(i + step, len(keys)) - 1],
+                tuple(e.name for _, _, e in listed[i : i + step]),
+            )
             for i in range(0, len(keys), step)
         ]
     folders = [key for key in keys if key.endswith("/")]
@@ -95,9 +106,12 @@ def _walk(root: Path, unit: WalkUnit | None = None) -> Iterator[tuple[str, os.Di
     sorts as `name/`, so `a.h` comes before everything in `a/`. Dedup relies on this order. A
     stack of listings, not recursion: a hostile tree may be thousands of folders deep. With
     `unit`, only its entries (each walked whole)."""
-    top = _listing(root, unit.dir if unit is not None else "")
-    if unit is not None and (unit.first or unit.last is not None):
-        top = (item for item in top if unit.holds(item[0]))
+    if unit is not None and unit.names is not None:
+        top = _named(root, unit.dir, unit.names)
+    else:
+        top = _listing(root, unit.dir if unit is not None else "")
+        if unit is not None and (unit.first or unit.last is not None):
+            top = (item for item in top if unit.holds(item[0]))
     stack = [top]
     while stack:
         item = next(stack[-1], None)
@@ -121,6 +135,52 @@ def _listing(root: Path, rel_dir: str) -> Iterator[tuple[str, str, os.DirEntry[s
         return iter(())
     return (
         (key, f"{rel_dir}/{e.name}" if rel_dir else e.name, e)
+        for key, e in sorted(items, key=lambda item: item[0])
+    )
+
+
+class _NamedEntry:
+    """What the walk asks of an os.DirEntry, for an entry known by name: one lstat."""
+
+    __slots__ = ("_stat", "name", "path")
+
+    def __init__(self, folder: str, name: str, st: os.stat_result) -> None:
+        self.name = name
+        self.path = os.path.join(folder, name)
+        self._stat = st
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        assert not follow_symlinks
+        return stat.S_ISDIR(self._stat.st_mode)
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        assert not follow_symlinks
+        return stat.S_ISREG(self._stat.st_mode)
+
+    def is_symlink(self) -> bool:
+        return stat.S_ISLNK(self._stat.st_mode)
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        assert not follow_symlinks
+        return self._stat
+
+
+def _named(
+    root: Path, rel_dir: str, names: Iterable[str]
+) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+    """`_listing` of the entries of a folder named in `names` (one lstat each; a name gone
+    since the units were planned is left out, as a listing made now would)."""
+    folder = str(root / rel_dir if rel_dir else root)
+    items = []
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(folder, name))
+        except OSError:
+            continue
+        entry = _NamedEntry(folder, name, st)
+        items.append((name_of(name) + ("/" if entry.is_dir(follow_symlinks=False) else ""), entry))
+    return (
+        (key, f"{rel_dir}/{e.name}" if rel_dir else e.name, cast("os.DirEntry[str]", e))
         for key, e in sorted(items, key=lambda item: item[0])
     )
 

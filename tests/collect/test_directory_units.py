@@ -10,6 +10,7 @@ import pytest
 
 from megacpp_pipeline.collect import directory
 from megacpp_pipeline.collect.directory import WalkUnit, walk_units
+from megacpp_pipeline.core.catalog import SourceSpec
 
 
 def _files(root: Path, names: list[str]) -> None:
@@ -69,3 +70,56 @@ def test_a_wide_tree_is_cut_into_runs_of_its_listing_no_more_units_than_wanted(
 def test_an_empty_tree_has_no_units_to_walk(tmp_path: Path) -> None:
     assert walk_units(tmp_path, 64, 3) == []
     assert walk_units(tmp_path, 1, 3) == [WalkUnit()]  # one unit: the walk of nothing
+
+
+def _flat_and_awkward(root: Path) -> None:
+    """One folder of files, a link, a fifo, a file not UTF-8 by name, a subfolder, a file over
+    the size limit: more entries than units wanted, so its units carry their runs' names."""
+    _files(root, [f"f{i:02d}.h" for i in range(30)] + ["sub/x.h", "sub/y.h"])
+    (root / "big.h").write_text("x" * 5000)
+    (root / "link.h").symlink_to("f00.h")
+    os.mkfifo(root / "pipe.h")
+    (root / os.fsdecode(b"bad\xff.h")).write_text("int bad;\n")
+
+
+@pytest.mark.parametrize("want", [2, 5, 30])
+def test_named_units_walk_a_folder_exactly_as_its_listing(tmp_path: Path, want: int) -> None:
+    """Every decision the walk makes (drops, sizes, the links and special files it refuses)
+    is the same through a unit's names as through the folder's listing."""
+    _flat_and_awkward(tmp_path)
+    scope = directory.Scope(SourceSpec(id="s", kind="dir", uri=str(tmp_path)), None)
+    whole = list(directory._walked(tmp_path, scope, 1000))
+    units = walk_units(tmp_path, want, 3)
+    assert any(u.names for u in units)
+    assert [item for u in units for item in directory._walked(tmp_path, scope, 1000, u)] == whole
+    kinds = {type(item).__name__ for item in whole}
+    assert kinds == {"Entry", "ToRead"}  # drops and reads both went through the names
+
+
+def test_a_unit_of_a_large_folder_does_not_list_the_folder_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder cut into runs is listed once, when the units are planned: each unit's walk
+    looks up its own entries (it lists only the subfolders it holds)."""
+    _files(tmp_path, [f"f{i:03d}.h" for i in range(200)] + ["sub/x.h"])
+    units = walk_units(tmp_path, 64, 3)
+    assert len(units) == 51  # runs of 4 of the 201 entries
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path: object) -> object:
+        listed.append(os.fspath(path))  # type: ignore[arg-type]
+        return real(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(directory.os, "scandir", counting)
+    walked = [rel for u in units for rel, _ in directory._walk(tmp_path, u)]
+    assert len(walked) == 201
+    assert listed == [str(tmp_path / "sub")]
+
+
+def test_a_named_entry_gone_before_its_unit_is_walked_is_left_out(tmp_path: Path) -> None:
+    _files(tmp_path, [f"f{i}.h" for i in range(10)])
+    units = walk_units(tmp_path, 3, 3)
+    (tmp_path / "f3.h").unlink()
+    walked = [rel for u in units for rel, _ in directory._walk(tmp_path, u)]
+    assert walked == [f"f{i}.h" for i in range(10) if i != 3]
