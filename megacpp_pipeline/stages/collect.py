@@ -71,12 +71,11 @@ class _Job:
 
 @dataclass(frozen=True)
 class _Walk:
-    """One unit of a directory source's tree (collect.walk_units_of), walked by one task and
-    cut into chunks of at most a slice each."""
+    """One unit of a directory source's tree (collect.walk_units_of, written to the plans
+    folder by `_units_task`), walked by one task and cut into chunks of at most a slice."""
 
     source: str
     number: int  # its place among the source's units
-    unit: collect.WalkUnit
 
 
 @dataclass(frozen=True)
@@ -117,8 +116,31 @@ def _resolved(ctx: StageContext, source: str) -> _Source:
 
 
 def _plan_path(job: _Job, source: str, unit: int, chunk: int) -> Path:
-    name = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    return Path(job.plans) / f"{name}-{unit:05d}-{chunk:06d}.pickle"
+    return Path(job.plans) / f"{_plan_name(source)}-{unit:05d}-{chunk:06d}.pickle"
+
+
+def _unit_path(job: _Job, source: str, unit: int) -> Path:
+    return Path(job.plans) / f"{_plan_name(source)}-{unit:05d}.unit.pickle"
+
+
+def _plan_name(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _units_task(job: _Job, sources: tuple[str, ...]) -> list[int]:
+    """The directory sources' trees cut into walk units (their folders listed), each unit
+    written for the task that walks it; how many units each source has. A run of a large
+    folder carries its entries' names, so the listing stays out of the driver."""
+    counts = []
+    for s in sources:
+        units = collect.walk_units_of(job.sources[s].spec, job.sources[s].uri)
+        assert units is not None
+        for number, unit in enumerate(units):
+            _unit_path(job, s, number).write_bytes(
+                pickle.dumps(unit, protocol=pickle.HIGHEST_PROTOCOL)
+            )
+        counts.append(len(units))
+    return counts
 
 
 def _plan(job: _Job, task: _DirSlice) -> _Planned:
@@ -149,7 +171,7 @@ def _first_task(job: _Job, task: _Walk | _Whole) -> list[tuple[int, int]] | Mate
         source.uri,
         max_file_bytes=source.max_file_bytes,
         keep_also=is_metadata,
-        unit=task.unit,
+        unit=pickle.loads(_unit_path(job, task.source, task.number).read_bytes()),
     )
     assert chunks is not None
     sizes: list[tuple[int, int]] = []
@@ -288,11 +310,11 @@ def _sources_body(
 ) -> Iterator[Materialized]:
     """Every source of the run collected by this host's workers (the files are on this host's
     disk, whatever the engine). A directory source: its tree cut into units (folders listed
-    here), each walked and cut into chunks by a task, the chunks joined into slices here,
-    then a slice to a task, twice (once for its revision, a tree hash that every row carries,
-    then for its rows; the shards adopted in slice order, so the version is the one a single
-    ordered read gives). Any other source: whole in one task, beside the walks. Each
-    source's version in partition order."""
+    by a worker of its own), each walked and cut into chunks by a task, the chunks joined
+    into slices here, then a slice to a task, twice (once for its revision, a tree hash that
+    every row carries, then for its rows; the shards adopted in slice order, so the version
+    is the one a single ordered read gives). Any other source: whole in one task, beside the
+    walks. Each source's version in partition order."""
     sources: dict[str, _Source] = {}
     with ExitStack() as begun:  # a failure drops the directory versions begun here
         plans = begun.enter_context(tempfile.TemporaryDirectory(prefix="megacpp-walks-"))
@@ -305,14 +327,15 @@ def _sources_body(
                 sources[partition] = replace(source, version_dir=versions[partition].dir)
         job = _Job(replace(ctx, workers=1), stage, sources, plans)
         executor = ctx.host_executor()
+        dirs = tuple(versions)
+        counts = executor.run_apart(_units_task, job, dirs) if dirs else []
+        units = dict(zip(dirs, counts, strict=True))
         first: list[_Walk | _Whole] = []
         for s in sources:
             if s not in versions:
                 first.append(_Whole(s))
-                continue
-            units = collect.walk_units_of(sources[s].spec, sources[s].uri)
-            assert units is not None
-            first += [_Walk(s, n, unit) for n, unit in enumerate(units)]
+            else:
+                first += [_Walk(s, n) for n in range(units[s])]
         done: dict[str, Materialized] = {}
         walked: dict[str, list[list[tuple[int, int]]]] = {s: [] for s in versions}
         for task, out in zip(first, executor.map(_first_task, job, first), strict=True):

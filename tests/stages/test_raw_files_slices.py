@@ -108,6 +108,27 @@ def test_slices_read_by_workers_give_the_version_and_revision_of_one_ordered_rea
         assert content == contents[path], path
 
 
+def test_the_tree_is_cut_into_units_by_a_worker_not_the_driver(
+    tmp_path: Path, catalog: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The units of a large folder carry its entries' names: the folder is listed in a
+    forked worker, and the driver holds only how many units each source has."""
+    monkeypatch.setattr(directory, "WALK_UNITS", 4)
+    where = tmp_path / "planned-in"
+    real = collect.walk_units_of
+
+    def recording(spec: object, uri: str) -> object:
+        with where.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(spec, uri)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(collect, "walk_units_of", recording)
+    tables, _ = _raw(tmp_path / "a", catalog, workers=2)
+    planned_in = [int(line) for line in where.read_text().split()]
+    assert planned_in and os.getpid() not in planned_in
+    assert tables["data"].num_rows == 10
+
+
 def test_an_empty_tree_gives_an_empty_version_with_a_revision(tmp_path: Path) -> None:
     (tmp_path / "tree").mkdir()
     catalog = tmp_path / "sources.yaml"
