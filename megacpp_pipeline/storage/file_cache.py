@@ -29,7 +29,7 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 # The entry format; part of every namespace, so entries of an older format are never read
 # (they sit in namespaces nothing uses any more, which `megacpp cache prune` removes).
-FORMAT = "5"
+FORMAT = "6"
 # Columns a cached row takes from the live input row instead of the entry: where the file was
 # collected from, which no gate reads. A refresh that moves a source to a new commit reuses
 # every unchanged file's results, stamped with the new revision.
@@ -56,6 +56,10 @@ _META_FORMAT = b"megacpp.cache.format"
 _META_CODE = b"megacpp.cache.code_version"
 _META_PARTS = b"megacpp.cache.parts"
 _META_CARRIED = b"megacpp.cache.carried"  # a kept part's columns left to the live input
+# a kept part's columns whose rows are left to the live input where its mask column
+# (`_PARTLY` + name) is true: the text of a gate that changes a few files' text
+_META_PARTLY = b"megacpp.cache.partly"
+_PARTLY = "_carried:"
 _MATERIAL = "material"  # what each key is the hash of
 
 
@@ -323,11 +327,17 @@ class FileResultCache:
                 if kind in tables:
                     t = tables[kind]
                     t = t.filter(pc.is_in(t[KEY], value_set=chosen))
-                    carried = json.loads((t.schema.metadata or {}).get(_META_CARRIED, b"[]"))
-                    if carried:
+                    meta = t.schema.metadata or {}
+                    carried = json.loads(meta.get(_META_CARRIED, b"[]"))
+                    partly = json.loads(meta.get(_META_PARTLY, b"[]"))
+                    if carried or partly:
                         if carry is None:
                             raise ValueError(f"{self.dir}/{entry}: its rows need the input's")
-                        t = carry(t.replace_schema_metadata(None), carried)
+                        t = t.replace_schema_metadata(None)
+                        if carried:
+                            t = carry(t, carried)
+                        if partly:
+                            t = _filled(t, partly, carry)
                     parts[kind].append(t)
         # entries that left different columns to the input hold them in another order, and
         # a column from the input may differ in nullability (the caller casts to its schema)
@@ -364,13 +374,15 @@ class FileResultCache:
         identities: Sequence[tuple[str, str]] | None = None,
         material: Sequence[str] | None = None,
         carried: Sequence[str] = (),
+        partly: Mapping[str, pa.ChunkedArray] | None = None,
     ) -> None:
         """Store one gate call's outputs; `table_keys[kind]` aligns keys with that table;
         `identities`: each key's (source, path) (default: from the kept and dropped rows);
         `material`: what each key is the hash of (RowKeys.material; without it the entry
         proves its files' identities but not its keys' preimages); `carried`: columns of
         the kept rows that hold their input rows' values, left out of the entry (a hit takes
-        them from the input row, whose key covers them)."""
+        them from the input row, whose key covers them); `partly`: columns where the rows a
+        mask marks hold their input rows' values, left null in the entry beside the mask."""
         if identities is None:
             ident_of = {
                 k: ident
@@ -390,10 +402,8 @@ class FileResultCache:
         tables = {"kept": result.kept, "dropped": result.dropped, **result.extra}
         recorded: dict[str, dict[str, object]] = {}
         for kind, table in tables.items():
-            if kind == "kept" and carried:
-                table = table.drop_columns(list(carried)).replace_schema_metadata(
-                    {_META_CARRIED: json.dumps(list(carried)).encode()}
-                )
+            if kind == "kept" and (carried or partly):
+                table = _leave_to_input(table, carried, partly or {})
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
             size, sha256 = self._write_table(keyed, f"{self.dir}/{entry}.{kind}{ENTRY_SUFFIX}")
             recorded[kind] = {"bytes": size, "sha256": sha256, "rows": keyed.num_rows}
@@ -640,13 +650,15 @@ def cached_gate_call(
     if fresh is not None:
         fresh_tables = {"kept": fresh.kept, "dropped": fresh.dropped, **fresh.extra}
         material = getattr(keys, "material", None)
+        carried, partly = _carried(fresh.kept, table, position)
         cache.put(
             [keys[i] for i in misses],
             {k: _keys(t, key_of) for k, t in fresh_tables.items()},
             fresh,
             identities=[identity[i] for i in misses],
             material=[material[i] for i in misses] if material is not None else None,
-            carried=_carried(fresh.kept, table, position),
+            carried=carried,
+            partly=partly,
         )
     live = {c: table[c].to_pylist() for c in CARRIED_LIVE if c in table.column_names}
     out: dict[str, pa.Table] = {}
@@ -701,10 +713,48 @@ def _input_rows(rows: pa.Table, position: dict[tuple[str, str], int]) -> pa.Arra
     )
 
 
-def _carried(kept: pa.Table, table: pa.Table, position: dict[tuple[str, str], int]) -> list[str]:
+def _leave_to_input(
+    table: pa.Table, carried: Sequence[str], partly: Mapping[str, pa.ChunkedArray]
+) -> pa.Table:
+    """A kept part without the values its rows' inputs hold: `carried` columns dropped,
+    `partly` columns null where their mask is true, the mask beside them."""
+    table = table.drop_columns(list(carried))
+    for name, mask in partly.items():
+        i = table.schema.get_field_index(name)
+        field = table.schema.field(i).with_nullable(True)
+        left = pc.if_else(mask, pa.scalar(None, field.type), table[name])
+        # if_else keeps the whole values buffer under the nulls: a take writes only the
+        # values left in the entry
+        left = left.take(pa.array(np.arange(len(left))))
+        table = table.set_column(i, field, left).append_column(_PARTLY + name, mask)
+    return table.replace_schema_metadata(
+        {
+            _META_CARRIED: json.dumps(list(carried)).encode(),
+            _META_PARTLY: json.dumps(list(partly)).encode(),
+        }
+    )
+
+
+def _filled(
+    t: pa.Table, names: list[str], carry: Callable[[pa.Table, list[str]], pa.Table]
+) -> pa.Table:
+    """Cached rows with the input's values where each `names` column's mask says so."""
+    live = carry(t.select(["source_id", "path"]), names)
+    for name in names:
+        i = t.schema.get_field_index(name)
+        column = pc.if_else(t[_PARTLY + name], live[name], t[name])
+        t = t.set_column(i, t.schema.field(i), column).drop_columns([_PARTLY + name])
+    return t
+
+
+def _carried(
+    kept: pa.Table, table: pa.Table, position: dict[tuple[str, str], int]
+) -> tuple[list[str], dict[str, pa.ChunkedArray]]:
     """The text and binary columns whose every kept row holds its input row's value (the
-    text a gate only looked at): its entry need not hold a second copy of them. The rows'
-    identity stays, to prove the entry, and CARRIED_LIVE columns are the input's anyway."""
+    text a gate only looked at): its entry need not hold a second copy of them; and those
+    where at least half the rows do (the text of a gate that rewrites a few files), with
+    the mask of those rows. The rows' identity stays, to prove the entry, and CARRIED_LIVE
+    columns are the input's anyway."""
     names = [
         c
         for c in kept.column_names
@@ -714,18 +764,37 @@ def _carried(kept: pa.Table, table: pa.Table, position: dict[tuple[str, str], in
         and kept.schema.field(c).type == table.schema.field(c).type
     ]
     if not names or not kept.num_rows:
-        return []
+        return [], {}
     rows = _input_rows(kept, position).to_numpy()
     if len(rows) == table.num_rows and np.array_equal(rows, np.arange(len(rows))):
         # every row kept in order: a column the gate passed through is the input's own
         # chunks, which Arrow compares by identity without reading them
-        return [c for c in names if kept[c].equals(table[c])]
-    if len(rows) < 2 or bool(np.all(rows[:-1] < rows[1:])):
+        def live(c: str) -> pa.ChunkedArray:
+            return table[c]
+    elif len(rows) < 2 or bool(np.all(rows[:-1] < rows[1:])):
         chosen = np.zeros(table.num_rows, dtype=bool)  # a filter keeps the input's chunks
         chosen[rows] = True
         mask = pa.array(chosen)
-        return [c for c in names if kept[c].equals(table[c].filter(mask))]
-    return [c for c in names if kept[c].equals(table[c].take(pa.array(rows)))]
+
+        def live(c: str) -> pa.ChunkedArray:
+            return table[c].filter(mask)
+    else:
+        taken = pa.array(rows)
+
+        def live(c: str) -> pa.ChunkedArray:
+            return table[c].take(taken)
+
+    whole: list[str] = []
+    partly: dict[str, pa.ChunkedArray] = {}
+    for c in names:
+        values = live(c)
+        if kept[c].equals(values):
+            whole.append(c)
+            continue
+        same = pc.fill_null(pc.equal(kept[c], values), False)
+        if 2 * (pc.sum(same).as_py() or 0) >= kept.num_rows:
+            partly[c] = same
+    return whole, partly
 
 
 def _from_input(

@@ -280,11 +280,15 @@ def _classified(table: pa.Table, *, change: str | None = None) -> GateResult:
     )
 
 
-def _kept_part_columns(cache: FileResultCache) -> list[list[str]]:
+def _kept_parts(cache: FileResultCache) -> list[pa.Table]:
     return [
-        pa.ipc.open_file(pa.memory_map(str(p))).read_all().column_names
+        pa.ipc.open_file(pa.memory_map(str(p))).read_all()
         for p in sorted(Path(cache.dir).glob("e-*.kept.arrow"))
     ]
+
+
+def _kept_part_columns(cache: FileResultCache) -> list[list[str]]:
+    return [part.column_names for part in _kept_parts(cache)]
 
 
 @pytest.mark.parametrize("change", [None, "include/m5.hpp"])
@@ -305,9 +309,15 @@ def test_text_a_gate_only_read_is_not_copied_into_its_entry_and_a_hit_takes_the_
         FileResultCache(tmp_path, "classify", "c", ""), normalized, keys, gate, schemas
     )
     (columns,) = _kept_part_columns(FileResultCache(tmp_path, "classify", "c", ""))
-    # the text stays in the entry only when the gate changed it; the identity always stays
+    # the text stays in the entry only when the gate changed it, and then only the text of
+    # the file it changed (the others' left to the input, as the mask beside it says)
     assert ("text" in columns) == (change is not None)
     assert {"source_id", "path", "lines"} <= set(columns)
+    if change is not None:
+        (part,) = _kept_parts(FileResultCache(tmp_path, "classify", "c", ""))
+        held = part.filter(pc.is_valid(part["text"]))
+        assert held["path"].to_pylist() == [change]
+        assert part["_carried:text"].to_pylist() == [p != change for p in part["path"].to_pylist()]
     warm, hits = cached_gate_call(
         FileResultCache(tmp_path, "classify", "c", ""), normalized, keys, gate, schemas
     )
@@ -456,3 +466,26 @@ def test_scalar_columns_are_keyed_by_value_null_and_type_of_layout() -> None:
         rows.schema.get_field_index("a"), "a", pc.dictionary_encode(rows["a"])
     )
     assert row_keys(encoded, "content_sha256") == keys
+
+
+def test_a_gate_that_rewrites_most_files_keeps_their_text_in_its_entry(tmp_path: Path) -> None:
+    """Under half the rows as the input holds them: the column is stored whole, no mask."""
+    normalized = normalize.run(_raw(_corpus()), normalize.NormalizeConfig()).kept
+    schemas = {"kept": NORMALIZED_FILES, "dropped": LEDGER_SCHEMA}
+    keys = row_keys(normalized, "content_sha256")
+
+    def gate(table: pa.Table) -> GateResult:
+        text = [t + "// seen\n" if i % 3 else t for i, t in enumerate(table["text"].to_pylist())]
+        kept = table.set_column(table.schema.get_field_index("text"), "text", pa.array(text))
+        return GateResult(kept=kept, dropped=LEDGER_SCHEMA.empty_table())
+
+    cold, _ = cached_gate_call(
+        FileResultCache(tmp_path, "mark", "c", ""), normalized, keys, gate, schemas
+    )
+    (part,) = _kept_parts(FileResultCache(tmp_path, "mark", "c", ""))
+    assert "_carried:text" not in part.column_names
+    assert part["text"].null_count == 0
+    warm, hits = cached_gate_call(
+        FileResultCache(tmp_path, "mark", "c", ""), normalized, keys, gate, schemas
+    )
+    assert hits == normalized.num_rows and warm.kept.equals(cold.kept)
