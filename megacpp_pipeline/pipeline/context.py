@@ -22,6 +22,7 @@ from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
 from megacpp_pipeline.pipeline.parallel import cpu_count
 from megacpp_pipeline.pipeline.registry import Registry, Stage
+from megacpp_pipeline.pipeline.reuse import INPUTS
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore, VersionWriter
@@ -54,6 +55,9 @@ class StageContext:
     # the one before: a per-file gate runs those of them it can in its own pass over the
     # files, and their steps commit what it wrote (pipeline/file_stage.py)
     ahead: frozenset[str] = frozenset()
+    # partition -> what the reading stage's version of it is computed from, recorded in the
+    # version `begin` opens (pipeline/reuse.py; a per-file gate records its own at commit)
+    inputs: Mapping[str | None, str] = field(default_factory=dict)
 
     def for_stage(self, stage: Stage) -> StageContext:
         """This context for `stage`'s body or checks."""
@@ -107,7 +111,7 @@ class StageContext:
         """A new version of `stage` (this run's, at its code version); the latest version of
         the partition, verified first, is re-hashed by this host's forked workers when it is
         large (ShardStore.verify_objects), not by this process."""
-        return self.store.begin(
+        version = self.store.begin(
             stage.name,
             partition,
             code_version=self.code_version(stage),
@@ -115,6 +119,9 @@ class StageContext:
             run_id=self.run_id,
             mapper=self.host_executor().map_light,
         )
+        if self.reader is not None and self.reader.name == stage.name and partition in self.inputs:
+            version.manifest.extra[INPUTS] = self.inputs[partition]
+        return version
 
     def file_cache(
         self, stage: Stage, code_version: str, salt: str, source: str

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.pipeline import reuse
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.executor import Executor, MapStats
 from megacpp_pipeline.pipeline.metadata import file_stage_metadata
@@ -50,7 +51,7 @@ from megacpp_pipeline.storage.store import (
     conform,
 )
 from megacpp_pipeline.storage.text_refs import TextPlaces
-from megacpp_pipeline.storage.versions import config_hash
+from megacpp_pipeline.storage.versions import config_hash, content_id
 
 # Counters every per-file version carries, zero included: a check never has to guess.
 ACCOUNTING_STATS = ("input_files", "kept_files", "dropped_files", "cached_files")
@@ -197,6 +198,7 @@ class _Pending:
     sources: list[str]
     upstream: list[Manifest]
     extra: dict[str, Any]
+    salts: list[str] = field(default_factory=list)  # its gates' (one per source it holds)
     stats: Counter[str] = field(default_factory=Counter)
     tasks_left: int = 0
     nodes: MapStats = field(default_factory=MapStats)  # where this version's tasks ran
@@ -239,6 +241,32 @@ def run_gate_stage(
         if not left and sources:
             return
         sources = left
+    # the head gate of each source, built in the driver: its reads and salt say whether the
+    # latest version still stands (pipeline/reuse.py); if not, the map below uses it
+    heads: dict[str, tuple[SourceInputs, PreparedGate]] = {}
+    for source in sources:
+        reading = SourceInputs(ctx, stage, ctx.catalog.source(source), ctx.config(stage))
+        heads[source] = (reading, stage.gate(reading))
+    for partition in list(sources) if stage.per_source else [None]:
+        mine = [partition] if partition else sources
+        reads = [ctx.latest(stage.input, s) for s in mine]
+        reads += [m for s in mine for m in heads[s][0].read]
+        salts = [heads[s][1].salt for s in mine]
+        standing = reuse.standing(
+            ctx, stage, partition, reuse.inputs_id(ctx, stage, partition, reads, salts)
+        )
+        if standing is None:
+            continue
+        where = f" [{partition}]" if partition else ""
+        ctx.log(f"{stage.name}{where}: its inputs are those of {standing.version}, which stands")
+        yield Materialized(
+            partition,
+            {**file_stage_metadata(ctx, standing, stage, standing.stats), "reused": True},
+            standing.stats,
+        )
+        sources = [s for s in sources if s not in mine]
+    if not sources:
+        return
     stages = [stage]
     for name in ctx.registry.pass_after(stage):  # the gates ahead this pass runs too
         if name not in ctx.ahead:
@@ -258,9 +286,12 @@ def run_gate_stage(
             config = s_ctx.config(s)
             outputs: list[Output] = []
             for source in sources:
-                reading = SourceInputs(s_ctx, s, ctx.catalog.source(source), config)
-                assert s.gate is not None
-                gate = s.gate(reading)  # the driver's copy: what it reads, salt and extras
+                if k == 0:
+                    reading, gate = heads[source]
+                else:
+                    reading = SourceInputs(s_ctx, s, ctx.catalog.source(source), config)
+                    assert s.gate is not None
+                    gate = s.gate(reading)  # the driver's copy: what it reads, salt, extras
                 versions = pending[k]
                 if s.per_source or not versions:
                     partition = source if s.per_source else None
@@ -272,6 +303,7 @@ def run_gate_stage(
                     token = token or versions[-1].version.dir
                 current = versions[-1]
                 current.sources.append(source)
+                current.salts.append(gate.salt)
                 read = list(reading.read)
                 if k == 0:
                     upstream = ctx.latest(stage.input, source)
@@ -388,8 +420,10 @@ def _take_staged(ctx: StageContext, stage: Stage, source: str) -> _Staged | None
         config_hash(ctx.config(stage)),
     ):
         why = "the stage's code or config changed"
-    elif any(ctx.store.latest(m.asset, m.partition).version != m.version for m in p.upstream):
-        why = "a version its gate read has a newer one"
+    elif any(
+        content_id(ctx.store.latest(m.asset, m.partition)) != content_id(m) for m in p.upstream
+    ):
+        why = "a version its gate read has a newer one"  # newer and not the same content
     if why is not None:
         ctx.log(f"{stage.name} [{source}]: the version written ahead is dropped: {why}")
         _drop_staged(key)
@@ -414,12 +448,18 @@ def _commit(ctx: StageContext, stage: Stage, p: _Pending, executor: Executor) ->
     for source in p.sources:  # every table exists even when no slice wrote a row
         p.version.table(layout.data_table(None if stage.per_source else source), stage.schema)
     p.version.table("ledger", ledger.LEDGER_SCHEMA)
+    partition = p.sources[0] if stage.per_source else None
+    inputs = reuse.inputs_id(ctx, stage, partition, p.upstream, p.salts)
     manifest = p.version.commit(
         upstream=ctx.upstream_hashes(p.upstream),
         stats=stats,
-        extra={**p.extra, **executor.describe(), "engine_nodes": p.nodes.figures()},
+        extra={
+            **p.extra,
+            **executor.describe(),
+            "engine_nodes": p.nodes.figures(),
+            reuse.INPUTS: inputs,
+        },
     )
-    partition = p.sources[0] if stage.per_source else None
     where = f" [{partition}]" if partition else ""
     ctx.log(
         f"{stage.name}{where}: {stats['input_files']} files in, {stats['kept_files']} kept,"

@@ -138,6 +138,10 @@ class Stage:
     # rows included, since a gate's own stats only cover the files it saw
     summarize: Callable[[GateResult], Counter[str]] | None = None
     body: Body | None = None  # any other stage: its work for one partition
+    # its body's whole output is its version (no snapshot or export folder beside it): a
+    # latest version computed from the same inputs stands and the body is not run
+    # (pipeline/reuse.py; a per-file gate's always may)
+    reusable: bool = False
     # or, for a per-source stage, its work over all its partitions at once, spreading its
     # own tasks across them (collection: a large source's slices beside the small sources)
     sources_body: SourcesBody | None = None

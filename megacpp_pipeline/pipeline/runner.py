@@ -12,11 +12,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from megacpp_pipeline.pipeline import progress
+from megacpp_pipeline.pipeline import progress, reuse
 from megacpp_pipeline.pipeline.checks import CheckFailed, checks_of
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.file_stage import run_gate_stage
 from megacpp_pipeline.pipeline.memory import bound_malloc
+from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Body, Materialized, Stage
 
 __all__ = ["CheckFailed", "checks_of", "run_all", "run_stage"]
@@ -44,14 +45,31 @@ def run_stage(
         job = _BodyJob(replace(ctx, workers=1), stage)
         done = ctx.host_executor().map(_run_body, job, partitions)
     else:
-        assert stage.body is not None
-        done = (stage.body(ctx, stage, partition) for partition in partitions)
+        done = (_body_or_standing(ctx, stage, partition) for partition in partitions)
     for out in done:
         for message in out.messages:
             ctx.log(message)
         progress.emit(progress.partition_done(stage.name, out.partition, out.stats))
         yield out
     progress.emit(progress.StageDone(stage.name, time.monotonic() - started))
+
+
+def _body_or_standing(ctx: StageContext, stage: Stage, partition: str | None) -> Materialized:
+    """The stage's body for `partition`, unless it may be reused and its latest version was
+    computed from the inputs it would read now (pipeline/reuse.py)."""
+    assert stage.body is not None
+    if not stage.reusable:
+        return stage.body(ctx, stage, partition)
+    inputs = reuse.body_inputs(ctx, stage, partition)
+    if inputs is None:
+        return stage.body(ctx, stage, partition)
+    standing = reuse.standing(ctx, stage, partition, inputs)
+    if standing is None:
+        return stage.body(replace(ctx, inputs={partition: inputs}), stage, partition)
+    where = f" [{partition}]" if partition else ""
+    ctx.log(f"{stage.name}{where}: its inputs are those of {standing.version}, which stands")
+    metadata = {**summary_metadata(ctx.store, standing), "reused": True}
+    return Materialized(partition, metadata, standing.stats)
 
 
 @dataclass(frozen=True)

@@ -238,6 +238,7 @@ STAGE = Stage(
     drop_reasons=(DropReason.EXACT_DUPLICATE, DropReason.NEAR_DUPLICATE),
     writes_ledger=True,
     body=_body,
+    reusable=True,
     checks=(
         SOME_FILE_IS_LEFT,
         Check(

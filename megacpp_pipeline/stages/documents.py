@@ -531,6 +531,7 @@ STAGE = Stage(
     schema=DOCUMENT_TOKENS,
     side_tables={"document_files": DOCUMENT_FILES},
     body=_body,
+    reusable=True,
     checks=(
         Check(
             "every_kept_file_in_one_document",

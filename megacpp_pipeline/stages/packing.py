@@ -326,6 +326,7 @@ STAGE = Stage(
     },
     code=(packing.__name__, rows_contract.__name__, __name__),
     body=_body,
+    reusable=True,
     checks=(
         Check(
             "every_row_is_exactly_seq_len",

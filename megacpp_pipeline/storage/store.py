@@ -212,6 +212,8 @@ class ShardStore:
         self._local = is_local(self.fs)
         self._dirs = needs_directories(self.fs)
         self._manifests: dict[str, Manifest] = {}
+        # text holders this process hashed whole for a version that stands (verify_reused)
+        self._hashed_holders: set[tuple[str, str]] = set()
 
     # paths -------------------------------------------------------------------------------
     def join(self, *parts: str) -> str:
@@ -923,13 +925,19 @@ class ShardStore:
         problems.extend(self._verify_holders(manifest))
         return problems
 
-    def _verify_holders(self, manifest: Manifest) -> list[str]:
+    def _verify_holders(self, manifest: Manifest, check_sha256: bool = False) -> list[str]:
         """The shards of other versions that hold text this version's rows name: each there
-        at its recorded size (its sha256 is checked whenever the text is read)."""
+        at its recorded size (its sha256 is checked whenever the text is read, and here with
+        `check_sha256`)."""
         held = {(h.dir, h.path): h for s in manifest.all_shards() for h in s.text_from or []}
         problems: list[str] = []
         for h in held.values():
-            found = self._verify_file(f"{self.join(h.dir)}/{h.path}", h.shard(), False)
+            path = f"{self.join(h.dir)}/{h.path}"
+            if check_sha256 and (path, h.sha256) in self._hashed_holders:
+                continue  # every stage after it holds text there too: hashed once a run
+            found = self._verify_file(path, h.shard(), check_sha256)
+            if check_sha256 and not found:
+                self._hashed_holders.add((path, h.sha256))
             problems.extend(f"{p} (it holds text of {self.version_dir(manifest)})" for p in found)
         return problems
 
@@ -949,6 +957,12 @@ class ShardStore:
         if schema_fingerprint(schema) != fingerprint:
             problems.append(f"{path}: schema differs from the manifest's table {name!r}")
         return meta.num_rows, problems
+
+    def verify_reused(self, manifest: Manifest, mapper: Mapper | None = None) -> list[str]:
+        """`verify_objects`, and the sha256 of every shard of another version that holds
+        text it names: a version that stands instead of being computed again is read by
+        nobody in that run, so nothing else would check the text it keeps by reference."""
+        return self.verify_objects(manifest, mapper) or self._verify_holders(manifest, True)
 
     def verify_objects(self, manifest: Manifest, mapper: Mapper | None = None) -> list[str]:
         """Every object the version lists that is missing, of another size or another

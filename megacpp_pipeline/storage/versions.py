@@ -230,6 +230,34 @@ class Manifest(BaseModel):
         return [s for t in self.tables.values() for s in t.shards] + list(self.files)
 
 
+def content_id(manifest: Manifest, table: str | None = None) -> str:
+    """What a version holds, whichever folder holds it and whenever it was written: its
+    stage's code version and config, and each table's and file's shards by path, rows and
+    sha256, with the sha256 of every shard holding text it keeps by reference (with
+    `table`, that table's alone). Two versions with one content_id read as the same data
+    (pipeline/reuse.py)."""
+    tables = {
+        name: [
+            info.schema_fingerprint,
+            [
+                [s.path, s.rows, s.sha256, [h.sha256 for h in s.text_from or ()]]
+                for s in info.shards
+            ],
+        ]
+        for name, info in sorted(manifest.tables.items())
+        if table is None or name == table
+    }
+    data = {
+        "asset": manifest.asset,
+        "partition": manifest.partition,
+        "code_version": manifest.code_version,
+        "config_hash": manifest.config_hash,
+        "tables": tables,
+        "files": [[f.path, f.sha256] for f in manifest.files] if table is None else [],
+    }
+    return hashlib.sha256(canonical_json(data)).hexdigest()[:32]
+
+
 def schema_fingerprint(schema: pa.Schema) -> str:
     """Types and names only: metadata (e.g. pandas) does not change the contract."""
     text = ";".join(f"{f.name}:{f.type}:{f.nullable}" for f in schema)

@@ -104,23 +104,29 @@ def test_a_version_written_ahead_is_committed_only_by_its_own_step(
 
 
 def test_a_version_written_ahead_of_an_input_that_moved_on_is_dropped_and_run_again(
-    tmp_path: Path, catalog: Path
+    tmp_path: Path,
 ) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")  # its own: one file changes below
     ctx = run_through(context(tmp_path, catalog, "run"), "raw_files")
     ctx, lines = _logged(replace(ctx, ahead=frozenset(AHEAD)))
     _materialize(ctx, HEAD)
-    _materialize(replace(ctx, ahead=frozenset()), HEAD)  # a newer input, by itself
-    _materialize(replace(ctx, ahead=frozenset()), AHEAD[0])
+    # a newer input for the directory source, by itself; the git source's input stands
+    changed = tmp_path / "corpus" / "corpus_dir" / "src" / "lib1.cc"
+    changed.write_text(changed.read_text() + "\nint refreshed_once() { return 1; }\n")
+    alone = replace(ctx, ahead=frozenset())
+    _materialize(alone, "raw_files")
+    _materialize(alone, HEAD)
+    _materialize(alone, AHEAD[0])
+    assert (
+        f"{AHEAD[0]} [tree]: the version written ahead is dropped: its input has a newer version"
+    ) in lines
+    assert f"{AHEAD[0]} [tree]: {HEAD}'s pass wrote this version" not in lines
+    assert f"{AHEAD[0]} [repo]: {HEAD}'s pass wrote this version" in lines
     for source in ctx.sources():
-        assert (
-            f"{AHEAD[0]} [{source}]: the version written ahead is dropped:"
-            " its input has a newer version"
-        ) in lines
-        assert f"{AHEAD[0]} [{source}]: {HEAD}'s pass wrote this version" not in lines
         head = ctx.store.latest(HEAD, source)
         m = ctx.store.latest(AHEAD[0], source)
         assert m.upstream[f"{HEAD}/{source}"] == ctx.store.manifest_sha256(head)
-        # the dropped version's folder is gone; the committed one is the only version
+        # a dropped version's folder is gone; the committed one is the only version
         assert [v.name for v in _versions(ctx, AHEAD[0], source)] == [m.version]
 
 

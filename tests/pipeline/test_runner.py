@@ -5,6 +5,7 @@ results; the standard checks prove the version from disk."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import PreparedGate
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.stages import default_registry
-from megacpp_pipeline.storage.store import ShardStore
+from megacpp_pipeline.storage.store import Manifest, ShardStore
+from megacpp_pipeline.storage.versions import content_id
 from tests.fixtures.catalogs import load_catalog
 
 HEADER = """\
@@ -121,17 +123,52 @@ def test_a_gate_dropping_with_an_undeclared_reason_fails_naming_stage_and_reason
         list(run_stage(ctx, broken, ["tree"]))
 
 
-def test_a_second_run_takes_every_file_from_the_cache_with_identical_output(tmp_path: Path) -> None:
+def test_a_second_run_with_unchanged_inputs_keeps_the_version_and_reads_nothing(
+    tmp_path: Path,
+) -> None:
     ctx = _context(tmp_path, {f"h{i}.hpp": HEADER.replace("twice", f"f{i}") for i in range(5)})
+    lines: list[str] = []
+    ctx = replace(ctx, log=lines.append)
     _run(ctx, "source_catalog", "raw_files", "normalized_files")
     first = ctx.store.latest("normalized_files", "tree")
-    _run(ctx, "normalized_files")
+    raw = ctx.store.latest("raw_files", "tree")
+    cache = tmp_path / "cache" / "file-results" / "normalized_files"
+    shutil.rmtree(cache)  # a gate that ran would miss every file and fill it again
+    # collection runs again (it reads the tree) and writes a version of the same content
+    out = _run(ctx, "raw_files", "normalized_files")
+    again = ctx.store.latest("raw_files", "tree")
+    assert again.version != raw.version and content_id(again) == content_id(raw)
+    second = ctx.store.latest("normalized_files", "tree")
+    assert second == first
+    assert out["normalized_files"][0]["reused"] is True
+    assert f"normalized_files [tree]: its inputs are those of {first.version}, which stands" in (
+        lines
+    )
+    assert not cache.exists()
+    assert all(_checks(ctx, "normalized_files").values())
+
+
+def test_a_second_run_takes_every_unchanged_file_from_the_cache_with_identical_output(
+    tmp_path: Path,
+) -> None:
+    files = {f"h{i}.hpp": HEADER.replace("twice", f"f{i}") for i in range(5)}
+    ctx = _context(tmp_path, files)
+    _run(ctx, "source_catalog", "raw_files", "normalized_files")
+    first = ctx.store.latest("normalized_files", "tree")
+    (tmp_path / "tree" / "h0.hpp").write_text(files["h0.hpp"] + "// changed\n")
+    _run(ctx, "raw_files", "normalized_files")
     second = ctx.store.latest("normalized_files", "tree")
     assert second.version != first.version
-    assert second.stats["cached_files"] == second.stats["input_files"] == 5
-    assert [s.sha256 for s in second.tables["data"].shards] == [
-        s.sha256 for s in first.tables["data"].shards
+    assert second.stats["input_files"] == 5 and second.stats["cached_files"] == 4
+
+    def rows(m: Manifest) -> list[dict[str, object]]:  # the tree's revision moved on
+        return [{**r, "revision": None} for r in ctx.store.read_table(m, "data").to_pylist()]
+
+    before, after = rows(first), rows(second)
+    assert [r for r in after if r["path"] != "h0.hpp"] == [
+        r for r in before if r["path"] != "h0.hpp"
     ]
+    assert next(r["text"] for r in after if r["path"] == "h0.hpp").endswith("// changed\n")
 
 
 def test_many_sources_on_forked_workers_write_the_same_versions_as_one_by_one(

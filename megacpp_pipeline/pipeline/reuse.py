@@ -1,0 +1,97 @@
+"""A version whose inputs did not change is the answer again: the stage is not run.
+
+Every version a per-file gate commits records what it was computed from (`inputs_id`, in
+its manifest's extra under `inputs`): the stage's code version and config, what else its
+gate read (the gate's salt), the catalog as the partition sees it, and the content of
+every upstream version it read (`versions.content_id`: the sha256 of each shard and of
+each shard holding its text, never the folder or the time it was written in). Before a
+stage computes a partition it works out that identity for the inputs it would read now;
+when the partition's latest version records the same one, that version stands and
+nothing is read, keyed, gated or written. A re-collected source whose files did not
+change gives a new version with the same content, so everything after it is reused.
+
+A stage that is not a per-file gate takes part when its body's whole output is its version
+(`Stage.reusable`: dedup, documents, packing); its identity is taken from the latest
+version of everything it declares it reads, and recorded by `StageContext.begin`. The
+stages that make the snapshot, its Megatron export and the report write folders beside
+their versions, and always run.
+
+The blocking checks still run on the version that stands, as after any materialization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from megacpp_pipeline.snapshot import layout
+from megacpp_pipeline.storage.store import Manifest, NoVersionError
+from megacpp_pipeline.storage.versions import canonical_json, config_hash, content_id
+
+if TYPE_CHECKING:
+    from megacpp_pipeline.pipeline.context import StageContext
+    from megacpp_pipeline.pipeline.registry import Stage
+
+INPUTS = "inputs"  # the manifest's extra key holding its inputs_id
+
+
+def inputs_id(
+    ctx: StageContext,
+    stage: Stage,
+    partition: str | None,
+    upstream: Iterable[Manifest],
+    salts: Iterable[str] = (),
+) -> str:
+    """What a version of `stage` for `partition` computed from `upstream` is a function of.
+    The same inputs in any order (or read twice) give the same id. A per-source stage
+    whose input is corpus-wide reads only its source's table of it, so only that table
+    counts (a change in another source leaves its version standing)."""
+    h = hashlib.sha256(b"inputs\0")
+    h.update(ctx.code_version(stage).encode() + b"\0")
+    h.update(config_hash(ctx.config(stage)).encode() + b"\0")
+    catalog = ctx.catalog.model_dump(mode="json")
+    del catalog["stages"]  # a stage's config is in its code version, with those it reads
+    if stage.per_source:  # a source's partition sees the catalog's settings and its own entry
+        catalog["sources"] = [s for s in catalog["sources"] if s["id"] == partition]
+    h.update(canonical_json(catalog) + b"\0")
+    h.update(canonical_json(sorted(set(salts))) + b"\0")
+    only = None
+    if stage.per_source and stage.input and not ctx.registry.get(stage.input).per_source:
+        only = layout.data_table(partition)
+    read = {
+        f"{m.asset}/{m.partition}": content_id(m, only if m.asset == stage.input else None)
+        for m in upstream
+    }
+    h.update(canonical_json(sorted(read.items())))
+    return h.hexdigest()[:32]
+
+
+def standing(
+    ctx: StageContext, stage: Stage, partition: str | None, inputs: str
+) -> Manifest | None:
+    """The partition's latest version when it was computed from exactly `inputs` and its
+    objects are still the bytes it committed (one that does not verify is computed again,
+    and the new version says what it replaced: ShardStore.begin)."""
+    try:
+        latest = ctx.store.latest(stage.name, partition)
+    except NoVersionError:
+        return None
+    if latest.extra.get(INPUTS) != inputs:
+        return None
+    if ctx.store.verify_reused(latest, ctx.host_executor().map_light):
+        return None
+    return latest
+
+
+def body_inputs(ctx: StageContext, stage: Stage, partition: str | None) -> str | None:
+    """`inputs_id` of a body stage's partition from the latest version of every partition
+    of every stage it reads (Registry.reads_of); None while one of them has none."""
+    upstream: list[Manifest] = []
+    for name in ctx.registry.reads_of(stage):
+        for source in ctx.sources() if ctx.registry.get(name).per_source else [None]:
+            try:
+                upstream.append(ctx.store.latest(name, source))
+            except NoVersionError:
+                return None
+    return inputs_id(ctx, stage, partition, upstream)

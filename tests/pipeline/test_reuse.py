@@ -1,0 +1,144 @@
+"""A version whose inputs did not change stands (pipeline/reuse.py): a second run over the
+same files computes no per-file gate, dedup, documents or packing again, a run after one
+file of one source changed recomputes that source's versions and what reads them, and
+either way the snapshot is the one a run from nothing gives."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.reuse import INPUTS
+from megacpp_pipeline.pipeline.runner import run_all
+from megacpp_pipeline.storage.store import NoVersionError
+from megacpp_pipeline.storage.versions import content_id
+from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.run_helpers import snapshot_files
+from tests.fixtures.stage_runs import context
+
+STANDING = "which stands"
+
+
+def _logged(ctx: StageContext, run_id: str) -> tuple[StageContext, list[str]]:
+    lines: list[str] = []
+    return replace(ctx, log=lines.append, run_id=run_id), lines
+
+
+def _latest(ctx: StageContext) -> dict[tuple[str, str | None], str]:
+    """Every stage's latest version, by (stage, partition); a stage that keeps none (the
+    Megatron export and the report live in the snapshot's folder) is left out."""
+    out: dict[tuple[str, str | None], str] = {}
+    for stage in ctx.registry:
+        for p in ctx.partitions(stage):
+            try:
+                out[stage.name, p] = ctx.store.latest(stage.name, p).version
+            except NoVersionError:
+                assert stage.name in ("megatron_dataset", "quality_report")
+    return out
+
+
+def _snapshot(ctx: StageContext) -> Path:
+    return Path(ctx.store.latest("snapshot").extra["snapshot_dir"])
+
+
+def _pinned(catalog: Path, snapshot: Path) -> Path:
+    tokenizer = catalog.with_name("tokenizer.json")
+    shutil.copyfile(snapshot / "tokenizer.json", tokenizer)
+    data = yaml.safe_load(catalog.read_text())
+    sha = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+    data["stages"]["tokenizer"] = {"path": str(tokenizer), "sha256": sha}
+    out = catalog.with_name("pinned.yaml")
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def test_a_run_over_unchanged_sources_keeps_every_version_and_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    first = context(tmp_path, catalog, "first", workers=2)
+    run_all(first)
+    before = _latest(first)
+    cache = tmp_path / "cache" / "file-results"
+    shutil.rmtree(cache)  # a gate that ran would fill it again
+    again, lines = _logged(first, "again")
+    run_all(again)
+    after = _latest(again)
+    reusable = [s.name for s in again.registry if s.gate is not None or s.reusable]
+    assert {"normalized_files", "scrubbed_files", "deduped_files", "packed_rows"} <= set(reusable)
+    for (stage, partition), version in before.items():
+        where = f" [{partition}]" if partition else ""
+        if stage in reusable:
+            assert after[stage, partition] == version, (stage, partition)
+            assert f"{stage}{where}: its inputs are those of {version}, {STANDING}" in lines
+        else:  # collection reads the sources; the snapshot and what follows it always run
+            assert not any(
+                line.startswith(f"{stage}{where}:") and STANDING in line for line in lines
+            )
+    for source in again.sources():  # collection wrote a new version with the same content
+        a, b = first.store.latest("raw_files", source), again.store.latest("raw_files", source)
+        assert before["raw_files", source] != b.version or a.version == b.version
+        assert content_id(a) == content_id(b)
+    assert not cache.exists() or not any(cache.rglob("*.arrow"))
+    assert snapshot_files(_snapshot(again)) == snapshot_files(_snapshot(first))
+
+
+def test_a_change_to_one_source_recomputes_its_versions_and_gives_a_fresh_runs_snapshot(
+    tmp_path: Path,
+) -> None:
+    trained, _ = write_catalog(tmp_path / "corpus")
+    run_all(context(tmp_path / "train", trained, "train"))
+    # the tokenizer pinned: a refresh would otherwise keep the last snapshot's (mode reuse)
+    # where a run from nothing trains its own
+    catalog = _pinned(trained, _snapshot(context(tmp_path / "train", trained, "t")))
+    ctx = context(tmp_path / "refreshed", catalog, "first", workers=2)
+    run_all(ctx)
+    before = _latest(ctx)
+    changed = tmp_path / "corpus" / "corpus_dir" / "src" / "lib2.cc"
+    changed.write_text(changed.read_text() + "\nint refreshed_once() { return 2; }\n")
+    again, lines = _logged(ctx, "again")
+    run_all(again)
+    after = _latest(again)
+    for stage in ("normalized_files", "scrubbed_files", "enriched_files", "tokenized_docs"):
+        assert after[stage, "repo"] == before[stage, "repo"], stage  # the git source stands
+        assert f"{stage} [repo]: its inputs are those of {before[stage, 'repo']}, {STANDING}" in (
+            lines
+        )
+        assert after[stage, "tree"] != before[stage, "tree"], stage
+        m = again.store.latest(stage, "tree")
+        assert m.run_id == "again" and m.extra[INPUTS]
+    for stage in ("deduped_files", "documents", "packed_rows"):  # they read every source
+        assert after[stage, None] != before[stage, None], stage
+    fresh = context(tmp_path / "fresh", catalog, "fresh", workers=2)
+    run_all(fresh)
+    got, want = snapshot_files(_snapshot(again)), snapshot_files(_snapshot(fresh))
+    assert got.pop("README.md") != want.pop("README.md")  # the card: what changed since
+    assert got == want
+    assert (
+        again.store.latest("snapshot").extra["snapshot_id"]
+        == (fresh.store.latest("snapshot").extra["snapshot_id"])
+    )
+
+
+def test_a_stage_whose_config_changed_is_computed_again(tmp_path: Path) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = context(tmp_path, catalog, "first")
+    run_all(ctx)
+    before = _latest(ctx)
+    text = catalog.read_text()
+    edited = text.replace("    packing_telemetry: true\n", "    packing_telemetry: false\n", 1)
+    assert edited != text
+    catalog.write_text(edited)
+    again, lines = _logged(context(tmp_path, catalog, "again"), "again")
+    run_all(again)
+    after = _latest(again)
+    for stage in ("scrubbed_files", "tokenized_docs"):
+        assert after[stage, "tree"] == before[stage, "tree"], stage
+    assert after["documents", None] == before["documents", None]
+    assert after["packed_rows", None] != before["packed_rows", None]
+    assert not any(line.startswith("packed_rows:") and STANDING in line for line in lines)
