@@ -9,6 +9,7 @@ what. Stage code reads other stages through `latest`, never `store.latest`."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
 from megacpp_pipeline.pipeline.parallel import cpu_count
 from megacpp_pipeline.pipeline.registry import Registry, Stage
-from megacpp_pipeline.pipeline.reuse import INPUTS
+from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore, VersionWriter
@@ -58,6 +59,9 @@ class StageContext:
     # partition -> what the reading stage's version of it is computed from, recorded in the
     # version `begin` opens (pipeline/reuse.py; a per-file gate records its own at commit)
     inputs: Mapping[str | None, str] = field(default_factory=dict)
+    # False: every version is computed again even where its inputs did not change (the
+    # per-file result cache still serves); MEGACPP_RECOMPUTE=1 sets it for a whole run
+    reuse: bool = field(default_factory=lambda: os.environ.get(RECOMPUTE_ENV, "") in ("", "0"))
 
     def for_stage(self, stage: Stage) -> StageContext:
         """This context for `stage`'s body or checks."""

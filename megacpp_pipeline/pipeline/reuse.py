@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from megacpp_pipeline.pipeline.registry import Stage
 
 INPUTS = "inputs"  # the manifest's extra key holding its inputs_id
+RECOMPUTE_ENV = "MEGACPP_RECOMPUTE"  # set (not 0): no version stands (StageContext.reuse)
 
 
 def inputs_id(
@@ -73,6 +74,8 @@ def standing(
     """The partition's latest version when it was computed from exactly `inputs` and its
     objects are still the bytes it committed (one that does not verify is computed again,
     and the new version says what it replaced: ShardStore.begin)."""
+    if not ctx.reuse:
+        return None
     try:
         latest = ctx.store.latest(stage.name, partition)
     except NoVersionError:

@@ -478,7 +478,8 @@ def test_dedup_on_ray_with_an_empty_source_or_no_file_at_all_matches_the_local_e
     dedup_stage = registry.get("deduped_files")
     list(run_stage(local, dedup_stage, [None]))
     by_local = store.latest("deduped_files")
-    on_ray = replace(local, engine=Engine(EngineKind.RAY, cluster.address))
+    # reuse off: the local version's inputs are the ray run's, so it would stand
+    on_ray = replace(local, engine=Engine(EngineKind.RAY, cluster.address), reuse=False)
     connect(on_ray.engine, 1)
     try:
         list(run_stage(on_ray, dedup_stage, [None]))

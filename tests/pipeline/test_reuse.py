@@ -10,16 +10,17 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import yaml
 
 from megacpp_pipeline.pipeline.context import StageContext
-from megacpp_pipeline.pipeline.reuse import INPUTS
+from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV
 from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.storage.store import NoVersionError
 from megacpp_pipeline.storage.versions import content_id
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.run_helpers import snapshot_files
-from tests.fixtures.stage_runs import context
+from tests.fixtures.stage_runs import context, run_through
 
 STANDING = "which stands"
 
@@ -142,3 +143,20 @@ def test_a_stage_whose_config_changed_is_computed_again(tmp_path: Path) -> None:
     assert after["documents", None] == before["documents", None]
     assert after["packed_rows", None] != before["packed_rows", None]
     assert not any(line.startswith("packed_rows:") and STANDING in line for line in lines)
+
+
+def test_with_reuse_off_every_version_is_computed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = context(tmp_path, catalog, "first")
+    run_through(ctx, "normalized_files")
+    before = ctx.store.latest("normalized_files", "tree")
+    monkeypatch.setenv(RECOMPUTE_ENV, "1")  # as `MEGACPP_RECOMPUTE=1 megacpp run` sets it
+    again, lines = _logged(context(tmp_path, catalog, "again"), "again")
+    assert again.reuse is False
+    run_through(again, "normalized_files")
+    after = again.store.latest("normalized_files", "tree")
+    assert after.version != before.version and after.run_id == "again"
+    assert after.stats["cached_files"] == after.stats["input_files"] > 0
+    assert not any(STANDING in line for line in lines)
