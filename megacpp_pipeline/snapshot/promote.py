@@ -44,7 +44,7 @@ from megacpp_pipeline.snapshot.layout import (
     SplitEntry,
 )
 from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA, with_copy_column
-from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
+from megacpp_pipeline.snapshot.shard_checks import Mapper, file_facts, inline
 from megacpp_pipeline.snapshot.streams import (
     Cursor,
     StreamWriter,
@@ -599,9 +599,12 @@ def build_snapshot(
                 raise SnapshotError("promotion refused: " + "; ".join(failures))
         final = snapshots / snapshot_id
         if (final / COMPLETE).exists():
-            # the same content is already promoted: keep the existing one, drop ours
-            _discard_build(work)
-            return final
+            if _holds(final, files, mapper):
+                # the same content is already promoted: keep the existing one, drop ours
+                _discard_build(work)
+                return final
+            # a folder of this id whose files are no longer those bytes: ours replaces it
+            _discard_build(final)
         if final.exists() and not (final / COMPLETE).exists():
             shutil.rmtree(final)  # an unfinished leftover without _COMPLETE
         try:
@@ -617,6 +620,15 @@ def build_snapshot(
     except BaseException:
         _discard_build(work)
         raise
+
+
+def _holds(folder: Path, files: Sequence[FileEntry], mapper: Mapper) -> bool:
+    """Every file of `files` is in `folder` with its size and sha256."""
+    want = {f.path: f for f in files}
+    return all(
+        got.exists and (got.bytes, got.sha256) == (want[got.rel].bytes, want[got.rel].sha256)
+        for got in mapper(file_facts, folder, list(want))
+    )
 
 
 def _discard_build(work: Path) -> None:
