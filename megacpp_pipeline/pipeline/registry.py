@@ -138,10 +138,14 @@ class Stage:
     # rows included, since a gate's own stats only cover the files it saw
     summarize: Callable[[GateResult], Counter[str]] | None = None
     body: Body | None = None  # any other stage: its work for one partition
-    # its body's whole output is its version (no snapshot or export folder beside it): a
-    # latest version computed from the same inputs stands and the body is not run
-    # (pipeline/reuse.py; a per-file gate's always may)
+    # a latest version computed from the same inputs stands and the body is not run
+    # (pipeline/reuse.py; a per-file gate's always may): its body's whole output is its
+    # version, or what else it writes is checked by `still_whole`
     reusable: bool = False
+    # a reusable stage whose version names a folder beside it (the snapshot): what its
+    # standing version reports when that folder is still whole, None when it is not (the
+    # body runs again)
+    still_whole: Callable[[StageContext, Manifest], Mapping[str, Any] | None] | None = None
     # or, for a per-source stage, its work over all its partitions at once, spreading its
     # own tasks across them (collection: a large source's slices beside the small sources)
     sources_body: SourcesBody | None = None

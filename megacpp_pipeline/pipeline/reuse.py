@@ -10,11 +10,12 @@ when the partition's latest version records the same one, that version stands an
 nothing is read, keyed, gated or written. A re-collected source whose files did not
 change gives a new version with the same content, so everything after it is reused.
 
-A stage that is not a per-file gate takes part when its body's whole output is its version
-(`Stage.reusable`: dedup, documents, packing); its identity is taken from the latest
-version of everything it declares it reads, and recorded by `StageContext.begin`. The
-stages that make the snapshot, its Megatron export and the report write folders beside
-their versions, and always run.
+A stage that is not a per-file gate takes part when it says so (`Stage.reusable`: dedup,
+documents, packing, the snapshot); its identity is taken from the latest version of
+everything it declares it reads, and recorded by `StageContext.begin`. The snapshot's
+version names a folder beside it: it stands only while that folder is still whole, every
+file it lists with its sha256 (`Stage.still_whole`). The Megatron export takes the export
+the promotion made when it is there; the report is always rendered again.
 
 The blocking checks still run on the version that stands, as after any materialization.
 """

@@ -9,8 +9,9 @@ whose stats say 0 files in, 0 kept, 0 dropped, and its checks pass.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from megacpp_pipeline.pipeline import progress, reuse
 from megacpp_pipeline.pipeline.checks import CheckFailed, checks_of
@@ -66,9 +67,16 @@ def _body_or_standing(ctx: StageContext, stage: Stage, partition: str | None) ->
     standing = reuse.standing(ctx, stage, partition, inputs)
     if standing is None:
         return stage.body(replace(ctx, inputs={partition: inputs}), stage, partition)
+    beside: Mapping[str, Any] = {}
+    if stage.still_whole is not None:
+        whole = stage.still_whole(ctx, standing)
+        if whole is None:
+            ctx.log(f"{stage.name}: what {standing.version} promoted is not whole; made again")
+            return stage.body(replace(ctx, inputs={partition: inputs}), stage, partition)
+        beside = whole
     where = f" [{partition}]" if partition else ""
     ctx.log(f"{stage.name}{where}: its inputs are those of {standing.version}, which stands")
-    metadata = {**summary_metadata(ctx.store, standing), "reused": True}
+    metadata = {**summary_metadata(ctx.store, standing), **beside, "reused": True}
     return Materialized(partition, metadata, standing.stats)
 
 

@@ -45,10 +45,12 @@ from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA
 from megacpp_pipeline.snapshot.promote import (
     ShardSource,
     SnapshotConfig,
+    SnapshotError,
     SnapshotParts,
     SourceLedgers,
     build_snapshot,
     final_ledger_chunks,
+    not_a_snapshot,
     own_cpu_s,
     promoted_in_store,
     read_manifest,
@@ -456,17 +458,48 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
     return Materialized(
         None,
         {
-            "snapshot_dir": PathValue(str(snap)),
-            "snapshot_id": manifest.snapshot_id,
-            "documents": manifest.documents,
-            "rows": sum(s.rows for s in manifest.splits.values()),
-            "card": PathValue(str(snap / CARD)),
-            "quality_report": PathValue(str(snap / REPORT_DIR / "quality_report.html")),
+            **_described(snap, manifest),
             "changes": Markdown(changes[0] if changes else "no previous snapshot of other content"),
-            **{f"{k}_rows": v.rows for k, v in manifest.splits.items()},
-            **{f"{k}_tokens": v.tokens for k, v in manifest.splits.items()},
         },
     )
+
+
+def _described(snap: Path, manifest: SnapshotManifest) -> dict[str, Any]:
+    return {
+        "snapshot_dir": PathValue(str(snap)),
+        "snapshot_id": manifest.snapshot_id,
+        "documents": manifest.documents,
+        "rows": sum(s.rows for s in manifest.splits.values()),
+        "card": PathValue(str(snap / CARD)),
+        "quality_report": PathValue(str(snap / REPORT_DIR / "quality_report.html")),
+        **{f"{k}_rows": v.rows for k, v in manifest.splits.items()},
+        **{f"{k}_tokens": v.tokens for k, v in manifest.splits.items()},
+    }
+
+
+def _still_whole(ctx: StageContext, version: Manifest) -> dict[str, Any] | None:
+    """The snapshot a standing `snapshot` version promoted, described, when it is still
+    there byte for byte (its manifest, marker and card, every file it lists with its sha256,
+    and on an object store its uploaded copy's marker); None when it is not, so it is built
+    again. A snapshot that stands is the one a new build would give: the same inputs, code
+    and config make the same files and the same id (build_snapshot keeps the promoted one)."""
+    snap = Path(str(version.extra.get("snapshot_dir", "")))
+    if not_a_snapshot(snap) is not None or not (snap / CARD).is_file():
+        return None
+    try:
+        manifest = read_manifest(snap)
+    except SnapshotError:
+        return None
+    if manifest.snapshot_id != version.extra.get("snapshot_id"):
+        return None
+    if not verify.check_files(snap, manifest, ctx.host_executor().map_light).passed:
+        return None
+    store = ctx.store
+    if not store.is_local and not store.exists(
+        store.join("snapshots", manifest.snapshot_id, COMPLETE)
+    ):
+        return None
+    return {**_described(snap, manifest), "changes": Markdown("none: its inputs did not change")}
 
 
 _DESCRIPTIONS = {
@@ -619,6 +652,8 @@ STAGE = Stage(
         __name__,
     ),
     body=_body,
+    reusable=True,
+    still_whole=_still_whole,
     checks=(
         *(_promotion_check(name) for name in verify.ALL_CHECKS),
         Check(

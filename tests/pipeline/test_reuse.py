@@ -161,3 +161,32 @@ def test_with_reuse_off_every_version_is_computed_again(
     assert after.version != before.version and after.run_id == "again"
     assert after.stats["cached_files"] == after.stats["input_files"] > 0
     assert not any(STANDING in line for line in lines)
+
+
+def test_a_snapshot_stands_only_while_its_folder_is_whole(tmp_path: Path) -> None:
+    """Nothing changed, but a shard of the promoted snapshot was altered: the snapshot is
+    built again, replaces the altered folder of the same id, and holds the files the first
+    run promoted."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    first = context(tmp_path, catalog, "first", workers=2)
+    run_all(first)
+    promoted = first.store.latest("snapshot")
+    snap = _snapshot(first)
+    want = snapshot_files(snap)
+    again, lines = _logged(first, "again")
+    run_all(again)
+    assert again.store.latest("snapshot").version == promoted.version
+    assert f"snapshot: its inputs are those of {promoted.version}, {STANDING}" in lines
+    shard = next((snap / "train").glob("*.parquet"))
+    shard.chmod(0o644)
+    shard.write_bytes(shard.read_bytes()[:-8] + b"tampered")
+    third, lines = _logged(first, "third")
+    run_all(third)
+    rebuilt = third.store.latest("snapshot")
+    assert rebuilt.version != promoted.version and rebuilt.run_id == "third"
+    assert f"snapshot: what {promoted.version} promoted is not whole; made again" in lines
+    assert rebuilt.extra["snapshot_id"] == promoted.extra["snapshot_id"]
+    got = snapshot_files(_snapshot(third))
+    # the card says where the tokenizer came from: trained by the first run, kept since
+    assert got.pop("README.md") and want.pop("README.md")
+    assert got == want
