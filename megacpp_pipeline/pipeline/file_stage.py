@@ -42,7 +42,6 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.storage.store import (
-    PER_FILE_SHARDS,
     Manifest,
     ShardInfo,
     ShardUploader,
@@ -181,11 +180,9 @@ def _write(
             prefix = "part" if name == layout.DATA else name.replace(":", "-")
             relpath = f"{prefix}-{index:05d}.parquet"
             if name == output.table:  # the kept rows: their text named where it is held
-                shard, written, kept_places = uploader.write_kept(
-                    relpath, out, source, places, **PER_FILE_SHARDS
-                )
+                shard, written, kept_places = uploader.write_kept(relpath, out, source, places)
             else:
-                shard, written = uploader.write_parquet(relpath, out, **PER_FILE_SHARDS)
+                shard, written = uploader.write_parquet(relpath, out)
         tables[name] = (schema, shard, written)
     return tables, kept, kept_places
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from megacpp_pipeline.storage.versions import TMP_SUFFIX, tmp_name
+from megacpp_pipeline.storage.versions import PARQUET_OPTIONS, TMP_SUFFIX, tmp_name
 
 # rows per row group of a snapshot's metadata files (documents, pieces, ledger, files)
 ROW_GROUP_ROWS = 64 * 1024
@@ -142,7 +142,8 @@ def remove_temps(path: Path) -> None:
 
 class StreamWriter:
     """A parquet file written chunk by chunk in row groups of exactly `rows` rows (the last
-    shorter), zstd, to a temp name renamed into place by `close()`."""
+    shorter), as every parquet file is (PARQUET_OPTIONS), to a temp name renamed into place
+    by `close()`."""
 
     def __init__(self, path: Path, schema: pa.Schema, rows: int = ROW_GROUP_ROWS) -> None:
         self.path = path
@@ -150,7 +151,7 @@ class StreamWriter:
         self.rows = rows
         self.written = 0
         self._tmp = path.with_name(tmp_name(path.name, _OWNER))
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+        self._writer = pq.ParquetWriter(self._tmp, schema, **PARQUET_OPTIONS)
         self._pending: list[pa.Table] = []
         self._count = 0
 

@@ -28,7 +28,6 @@ from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Mater
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import (
-    PER_FILE_SHARDS,
     ShardInfo,
     ShardUploader,
     VersionWriter,
@@ -234,9 +233,7 @@ def _collect_task(job: _Job, task: _DirSlice) -> _SliceOut:
     ):
         if table.num_rows:
             prefix = "part" if name == layout.DATA else name
-            shard, written = uploader.write_parquet(
-                f"{prefix}-{task.index:05d}.parquet", table, **PER_FILE_SHARDS
-            )
+            shard, written = uploader.write_parquet(f"{prefix}-{task.index:05d}.parquet", table)
             result.shards.append((name, shard, written))
     return result
 

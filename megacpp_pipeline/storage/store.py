@@ -65,6 +65,7 @@ from megacpp_pipeline.storage.versions import (
     LATEST,
     LEASE_SUFFIX,
     MANIFEST,
+    PARQUET_OPTIONS,
     TEXT,
     TEXT_AT,
     UNPARTITIONED,
@@ -135,11 +136,6 @@ HASH_IN_TASKS_BYTES = 64 << 20
 # says otherwise: a task given a few rows of a large shard (slices cut shards larger than a
 # task) decodes only the groups those rows are in, not the whole shard once per task.
 ROW_GROUP_BYTES = 1 << 20
-# How the per-file stages write their shards (collect, the gates, dedup): with no
-# dictionary pages. Their large columns (text, token ids, chunk lists) never fit a
-# dictionary, so parquet built one and gave it up for every page; measured on the demo's
-# shards, writing was 8-23% cheaper and no shard larger (bench: docs/scaling.md).
-PER_FILE_SHARDS: dict[str, Any] = {"use_dictionary": False}
 # (task, job, items) -> each item's result, in order: an executor's map.
 Mapper = Callable[[Callable[[Any, Any], Any], Any, list[Any]], Iterator[Any]]
 # Manifests of committed versions read for verifying `read_bytes` of their files; a version
@@ -1108,7 +1104,7 @@ class ShardUploader:
         back: a shard is listed only once the store holds exactly the checked bytes. Returns
         the shard and what parquet holds of its schema."""
         final = f"{self.dir}/{relpath}"
-        options: dict[str, Any] = {"compression": self.store.compression}
+        options: dict[str, Any] = {**PARQUET_OPTIONS, "compression": self.store.compression}
         if table.num_rows:
             row_bytes = max(1, table.nbytes // table.num_rows)
             options["row_group_size"] = max(1, ROW_GROUP_BYTES // row_bytes)

@@ -48,7 +48,6 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage import slices
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
 from megacpp_pipeline.storage.store import (
-    PER_FILE_SHARDS,
     ShardInfo,
     ShardStore,
     ShardUploader,
@@ -388,11 +387,9 @@ def apply_task(job: DedupJob, task: ApplyTask) -> ApplyResult:
         if out.num_rows:
             relpath = f"{name.replace(':', '-')}-{piece.index:05d}.parquet"
             if schema is DEDUPED_FILES:  # the kept files' text stays where it is held
-                shard, written, _ = uploader.write_kept(
-                    relpath, out, table, places, **PER_FILE_SHARDS
-                )
+                shard, written, _ = uploader.write_kept(relpath, out, table, places)
             else:
-                shard, written = uploader.write_parquet(relpath, out, **PER_FILE_SHARDS)
+                shard, written = uploader.write_parquet(relpath, out)
             shards[name] = (schema, shard, written)
     keys = pc.binary_join_element_wise(rows["source_id"], rows["path"], ":")
     local = task.named - piece.first_doc
