@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 
@@ -22,12 +23,14 @@ from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.catalog import Catalog, SourceSpec
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, DropReason
 from megacpp_pipeline.core.schemas import RAW_FILES
+from megacpp_pipeline.pipeline import reuse
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import (
+    Manifest,
     ShardInfo,
     ShardUploader,
     VersionWriter,
@@ -283,23 +286,52 @@ def _committed(
     version: VersionWriter,
     stats: Counter[str],
     revision: str,
+    inputs: str | None = None,
 ) -> Materialized:
     spec = source.spec
-    manifest = version.commit(
-        stats=stats, extra={"revision": revision, "kind": spec.kind, "uri": source.uri}
-    )
+    extra = {"revision": revision, "kind": spec.kind, "uri": source.uri}
+    if inputs is not None:
+        extra[reuse.INPUTS] = inputs
+    manifest = version.commit(stats=stats, extra=extra)
     ctx.log(
         f"{stage.name} [{spec.id}]: {stats['files_seen']} files seen, {stats['kept_files']} kept"
     )
-    meta_out = summary_metadata(
+    return Materialized(spec.id, _metadata(ctx, manifest), stats)
+
+
+def _metadata(ctx: StageContext, manifest: Manifest, **more: Any) -> dict[str, Any]:
+    stats = manifest.stats
+    return summary_metadata(
         ctx.store,
         manifest,
-        revision=revision,
-        files_seen=stats["files_seen"],
-        kept_bytes=stats["kept_bytes"],
+        revision=str(manifest.extra.get("revision", "")),
+        files_seen=int(stats.get("files_seen", 0)),
+        kept_bytes=int(stats.get("kept_bytes", 0)),
         drop_reasons=drop_reasons_table(stats),
+        **more,
     )
-    return Materialized(spec.id, meta_out, stats)
+
+
+def _inputs(ctx: StageContext, stage: Stage, source: str, revision: str) -> str:
+    """What a directory source's version is a function of: its revision (the tree hash of
+    every path and content hash), its catalog entry and the size policy, this stage's code,
+    and what the stages that ask for metadata files would keep (pipeline/reuse.py)."""
+    asks = sorted(
+        f"{s.name}:{ctx.registry.code_version(s, ctx.catalog)}"
+        for s in ctx.registry
+        if s.metadata_files is not None
+    )
+    return reuse.inputs_id(ctx, stage, source, (), salts=(f"revision:{revision}", *asks))
+
+
+def _standing(ctx: StageContext, stage: Stage, manifest: Manifest) -> Materialized:
+    ctx.log(
+        f"{stage.name} [{manifest.partition}]: its inputs are those of {manifest.version}, "
+        "which stands"
+    )
+    return Materialized(
+        manifest.partition, _metadata(ctx, manifest, reused=True), Counter(manifest.stats)
+    )
 
 
 def _sources_body(
@@ -310,42 +342,53 @@ def _sources_body(
     by a worker of its own), each walked and cut into chunks by a task, the chunks joined
     into slices here, then a slice to a task, twice (once for its revision, a tree hash that
     every row carries, then for its rows; the shards adopted in slice order, so the version
-    is the one a single ordered read gives). Any other source: whole in one task, beside the
-    walks. Each source's version in partition order."""
+    is the one a single ordered read gives), unless the version collected from the same
+    revision with the same code and config still verifies: that one stands. Any other
+    source: whole in one task, beside the walks. Each source's version in partition order."""
     sources: dict[str, _Source] = {}
     with ExitStack() as begun:  # a failure drops the directory versions begun here
         plans = begun.enter_context(tempfile.TemporaryDirectory(prefix="megacpp-walks-"))
-        versions: dict[str, VersionWriter] = {}
         for partition in partitions:
             assert partition is not None
-            sources[partition] = source = _resolved(ctx, partition)
-            if collect.sliced(source.spec):
-                versions[partition] = begun.enter_context(_begin(ctx, stage, source.spec))
-                sources[partition] = replace(source, version_dir=versions[partition].dir)
+            sources[partition] = _resolved(ctx, partition)
+        dirs = tuple(s for s in sources if collect.sliced(sources[s].spec))
         job = _Job(replace(ctx, workers=1), stage, sources, plans)
         executor = ctx.host_executor()
-        dirs = tuple(versions)
         counts = executor.run_apart(_units_task, job, dirs) if dirs else []
         units = dict(zip(dirs, counts, strict=True))
         first: list[_Walk | _Whole] = []
         for s in sources:
-            if s not in versions:
+            if s not in units:
                 first.append(_Whole(s))
             else:
                 first += [_Walk(s, n) for n in range(units[s])]
         done: dict[str, Materialized] = {}
-        walked: dict[str, list[list[tuple[int, int]]]] = {s: [] for s in versions}
+        walked: dict[str, list[list[tuple[int, int]]]] = {s: [] for s in dirs}
         for task, out in zip(first, executor.map(_first_task, job, first), strict=True):
             if isinstance(out, Materialized):
                 done[task.source] = out
             else:
                 walked[task.source].append(out)  # in unit order: map keeps the items' order
         digests = [d for s, units in walked.items() for d in _slices_of(s, units)]
-        trees = {s: hashlib.sha256() for s in versions}
+        trees = {s: hashlib.sha256() for s in dirs}
         for digest, lines in zip(digests, executor.map(_digest_task, job, digests), strict=True):
             trees[digest.source].update(lines)
-        slices_todo = [replace(d, revision=trees[d.source].hexdigest()) for d in digests]
+        revisions = {s: tree.hexdigest() for s, tree in trees.items()}
+        # a tree whose revision (every path and content hash) was collected before by this
+        # code and config: that version stands, and its files are not read again
+        inputs = {s: _inputs(ctx, stage, s, revisions[s]) for s in dirs}
+        versions: dict[str, VersionWriter] = {}
+        for s in dirs:
+            if (kept := reuse.standing(ctx, stage, s, inputs[s])) is not None:
+                done[s] = _standing(ctx, stage, kept)
+                continue
+            versions[s] = begun.enter_context(_begin(ctx, stage, sources[s].spec))
+            sources[s] = replace(sources[s], version_dir=versions[s].dir)
+        slices_todo = [
+            replace(d, revision=revisions[d.source]) for d in digests if d.source in versions
+        ]
         stats = {s: _new_stats() for s in versions}
+        job = replace(job, sources=dict(sources))
         for task2, out2 in zip(
             slices_todo, executor.map(_collect_task, job, slices_todo), strict=True
         ):
@@ -353,7 +396,9 @@ def _sources_body(
                 versions[task2.source].table(name, _TABLES[name]).adopt(shard, written)
             stats[task2.source].update(out2.stats)
         for s, version in versions.items():
-            done[s] = _committed(ctx, stage, sources[s], version, stats[s], trees[s].hexdigest())
+            done[s] = _committed(
+                ctx, stage, sources[s], version, stats[s], revisions[s], inputs=inputs[s]
+            )
     for partition in partitions:
         assert partition is not None
         yield done[partition]

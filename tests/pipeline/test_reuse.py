@@ -1,5 +1,6 @@
 """A version whose inputs did not change stands (pipeline/reuse.py): a second run over the
-same files computes no per-file gate, dedup, documents or packing again, a run after one
+same files collects no directory source and computes no per-file gate, dedup, documents,
+packing or snapshot again, a run after one
 file of one source changed recomputes that source's versions and what reads them, and
 either way the snapshot is the one a run from nothing gives."""
 
@@ -73,19 +74,21 @@ def test_a_run_over_unchanged_sources_keeps_every_version_and_the_snapshot(
     after = _latest(again)
     reusable = [s.name for s in again.registry if s.gate is not None or s.reusable]
     assert {"normalized_files", "scrubbed_files", "deduped_files", "packed_rows"} <= set(reusable)
+    reusable.append("raw_files")  # a directory source whose tree hash did not move
     for (stage, partition), version in before.items():
         where = f" [{partition}]" if partition else ""
-        if stage in reusable:
+        if stage in reusable and (stage, partition) != ("raw_files", "repo"):
             assert after[stage, partition] == version, (stage, partition)
             assert f"{stage}{where}: its inputs are those of {version}, {STANDING}" in lines
-        else:  # collection reads the sources; the snapshot and what follows it always run
+        else:  # the git source is read again; the catalog stage always runs
             assert not any(
                 line.startswith(f"{stage}{where}:") and STANDING in line for line in lines
             )
-    for source in again.sources():  # collection wrote a new version with the same content
-        new = again.store.latest("raw_files", source)
-        assert new.version != raw[source].version and new.run_id == "again"
-        assert content_id(new) == content_id(raw[source])
+    # the git source was collected again into a new version of the same content
+    new = again.store.latest("raw_files", "repo")
+    assert new.version != raw["repo"].version and new.run_id == "again"
+    assert content_id(new) == content_id(raw["repo"])
+    assert again.store.latest("raw_files", "tree").version == raw["tree"].version
     assert not cache.exists() or not any(cache.rglob("*.arrow"))
     assert snapshot_files(_snapshot(again)) == snapshot_files(_snapshot(first))
 
@@ -114,6 +117,8 @@ def test_a_change_to_one_source_recomputes_its_versions_and_gives_a_fresh_runs_s
         assert after[stage, "tree"] != before[stage, "tree"], stage
         m = again.store.latest(stage, "tree")
         assert m.run_id == "again" and m.extra[INPUTS]
+    raw = again.store.latest("raw_files", "tree")  # its tree hash moved: collected again
+    assert raw.version != before["raw_files", "tree"] and raw.run_id == "again"
     for stage in ("deduped_files", "documents", "packed_rows"):  # they read every source
         assert after[stage, None] != before[stage, None], stage
     fresh = context(tmp_path / "fresh", catalog, "fresh", workers=2)
