@@ -55,6 +55,7 @@ class _Source:
     uri: str
     max_file_bytes: int
     version_dir: str = ""  # where a directory source's slices write their shards
+    inputs: str | None = None  # what its version is a function of, where known (reuse)
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ def _one_stream(ctx: StageContext, stage: Stage, source: _Source) -> Materialize
         version.table("ledger", LEDGER_SCHEMA).write(ledger.stamp(batch.ledger, stage.name))
         version.table("metadata", collect.METADATA_FILES).write(batch.metadata)
         _count(stats, batch)
-    return _committed(ctx, stage, source, version, stats, files.revision)
+    return _committed(ctx, stage, source, version, stats, files.revision, source.inputs)
 
 
 def _committed(
@@ -312,10 +313,22 @@ def _metadata(ctx: StageContext, manifest: Manifest, **more: Any) -> dict[str, A
     )
 
 
+def _pinned_revision(spec: SourceSpec) -> str | None:
+    """What names a source's content before anything of it is read: a git source's commit
+    (a tracked branch as the run resolved it) or an archive's sha256 (verified when it is
+    fetched). None for a directory (its tree hash needs every file) or a JSONL export."""
+    if spec.kind == "git":
+        return spec.revision
+    if spec.kind == "archive":
+        return spec.sha256
+    return None
+
+
 def _inputs(ctx: StageContext, stage: Stage, source: str, revision: str) -> str:
-    """What a directory source's version is a function of: its revision (the tree hash of
-    every path and content hash), its catalog entry and the size policy, this stage's code,
-    and what the stages that ask for metadata files would keep (pipeline/reuse.py)."""
+    """What a source's version is a function of: its revision (a commit, an archive's
+    sha256, a directory's tree hash of every path and content hash), its catalog entry and
+    the size policy, this stage's code, and what the stages that ask for metadata files
+    would keep (pipeline/reuse.py)."""
     asks = sorted(
         f"{s.name}:{ctx.registry.code_version(s, ctx.catalog)}"
         for s in ctx.registry
@@ -344,13 +357,24 @@ def _sources_body(
     every row carries, then for its rows; the shards adopted in slice order, so the version
     is the one a single ordered read gives), unless the version collected from the same
     revision with the same code and config still verifies: that one stands. Any other
-    source: whole in one task, beside the walks. Each source's version in partition order."""
+    source: whole in one task, beside the walks, unless its commit or archive sha256 names
+    the content of a version that stands (nothing fetched or read). Each source's version in
+    partition order."""
     sources: dict[str, _Source] = {}
     with ExitStack() as begun:  # a failure drops the directory versions begun here
         plans = begun.enter_context(tempfile.TemporaryDirectory(prefix="megacpp-walks-"))
+        done: dict[str, Materialized] = {}
         for partition in partitions:
             assert partition is not None
-            sources[partition] = _resolved(ctx, partition)
+            source = _resolved(ctx, partition)
+            pinned = _pinned_revision(source.spec)
+            if pinned is not None:  # a commit or an archive's sha256 names the content
+                inputs = _inputs(ctx, stage, partition, pinned)
+                source = replace(source, inputs=inputs)
+                if (kept := reuse.standing(ctx, stage, partition, inputs)) is not None:
+                    done[partition] = _standing(ctx, stage, kept)
+                    continue
+            sources[partition] = source
         dirs = tuple(s for s in sources if collect.sliced(sources[s].spec))
         job = _Job(replace(ctx, workers=1), stage, sources, plans)
         executor = ctx.host_executor()
@@ -362,7 +386,6 @@ def _sources_body(
                 first.append(_Whole(s))
             else:
                 first += [_Walk(s, n) for n in range(units[s])]
-        done: dict[str, Materialized] = {}
         walked: dict[str, list[list[tuple[int, int]]]] = {s: [] for s in dirs}
         for task, out in zip(first, executor.map(_first_task, job, first), strict=True):
             if isinstance(out, Materialized):
@@ -376,10 +399,10 @@ def _sources_body(
         revisions = {s: tree.hexdigest() for s, tree in trees.items()}
         # a tree whose revision (every path and content hash) was collected before by this
         # code and config: that version stands, and its files are not read again
-        inputs = {s: _inputs(ctx, stage, s, revisions[s]) for s in dirs}
+        trees_inputs = {s: _inputs(ctx, stage, s, revisions[s]) for s in dirs}
         versions: dict[str, VersionWriter] = {}
         for s in dirs:
-            if (kept := reuse.standing(ctx, stage, s, inputs[s])) is not None:
+            if (kept := reuse.standing(ctx, stage, s, trees_inputs[s])) is not None:
                 done[s] = _standing(ctx, stage, kept)
                 continue
             versions[s] = begun.enter_context(_begin(ctx, stage, sources[s].spec))
@@ -397,7 +420,7 @@ def _sources_body(
             stats[task2.source].update(out2.stats)
         for s, version in versions.items():
             done[s] = _committed(
-                ctx, stage, sources[s], version, stats[s], revisions[s], inputs=inputs[s]
+                ctx, stage, sources[s], version, stats[s], revisions[s], trees_inputs[s]
             )
     for partition in partitions:
         assert partition is not None

@@ -1,6 +1,6 @@
 """A version whose inputs did not change stands (pipeline/reuse.py): a second run over the
-same files collects no directory source and computes no per-file gate, dedup, documents,
-packing or snapshot again, a run after one
+same files collects no source (a directory's tree hash, a git commit) and computes no per-file
+gate, dedup, documents, packing or snapshot again, a run after one
 file of one source changed recomputes that source's versions and what reads them, and
 either way the snapshot is the one a run from nothing gives."""
 
@@ -19,6 +19,7 @@ from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV
 from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.storage.store import NoVersionError
 from megacpp_pipeline.storage.versions import content_id
+from tests.fixtures.git_repo import git
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.run_helpers import snapshot_files
 from tests.fixtures.stage_runs import context, run_through
@@ -74,21 +75,18 @@ def test_a_run_over_unchanged_sources_keeps_every_version_and_the_snapshot(
     after = _latest(again)
     reusable = [s.name for s in again.registry if s.gate is not None or s.reusable]
     assert {"normalized_files", "scrubbed_files", "deduped_files", "packed_rows"} <= set(reusable)
-    reusable.append("raw_files")  # a directory source whose tree hash did not move
+    # collection too: the directory's tree hash did not move, the git source's commit is pinned
+    reusable.append("raw_files")
     for (stage, partition), version in before.items():
         where = f" [{partition}]" if partition else ""
-        if stage in reusable and (stage, partition) != ("raw_files", "repo"):
+        if stage in reusable:
             assert after[stage, partition] == version, (stage, partition)
             assert f"{stage}{where}: its inputs are those of {version}, {STANDING}" in lines
-        else:  # the git source is read again; the catalog stage always runs
+        else:  # the catalog stage always runs
             assert not any(
                 line.startswith(f"{stage}{where}:") and STANDING in line for line in lines
             )
-    # the git source was collected again into a new version of the same content
-    new = again.store.latest("raw_files", "repo")
-    assert new.version != raw["repo"].version and new.run_id == "again"
-    assert content_id(new) == content_id(raw["repo"])
-    assert again.store.latest("raw_files", "tree").version == raw["tree"].version
+    assert {s: again.store.latest("raw_files", s) for s in again.sources()} == raw
     assert not cache.exists() or not any(cache.rglob("*.arrow"))
     assert snapshot_files(_snapshot(again)) == snapshot_files(_snapshot(first))
 
@@ -195,3 +193,22 @@ def test_a_snapshot_stands_only_while_its_folder_is_whole(tmp_path: Path) -> Non
     # the card says where the tokenizer came from: trained by the first run, kept since
     assert got.pop("README.md") and want.pop("README.md")
     assert got == want
+
+
+def test_a_git_source_pinned_to_another_commit_is_collected_again(tmp_path: Path) -> None:
+    """Collection stands for a commit it collected before and reads the source again for any
+    other, without reading the directory source's files twice."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    first = context(tmp_path, catalog, "first")
+    run_through(first, "raw_files")
+    raw = {s: first.store.latest("raw_files", s) for s in first.sources()}
+    head = git(tmp_path / "corpus" / "corpus_git", "rev-parse", "HEAD")  # after the pin
+    assert head != raw["repo"].extra["revision"]
+    catalog.write_text(catalog.read_text().replace(raw["repo"].extra["revision"], head))
+    again, lines = _logged(context(tmp_path, catalog, "again"), "again")
+    run_through(again, "raw_files")
+    assert again.store.latest("raw_files", "tree") == raw["tree"]
+    moved = again.store.latest("raw_files", "repo")
+    assert moved.run_id == "again" and moved.extra["revision"] == head
+    assert content_id(moved) != content_id(raw["repo"])
+    assert not any(line.startswith("raw_files [repo]:") and STANDING in line for line in lines)

@@ -31,7 +31,6 @@ from megacpp_pipeline.loader import PackedRowsLoader
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.stages.snapshot import prune_store_snapshots
 from megacpp_pipeline.storage.store import COMPLETE, ShardStore
-from megacpp_pipeline.storage.versions import content_id
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
 
@@ -150,16 +149,13 @@ def test_a_second_run_over_the_bucket_keeps_every_version_whose_inputs_did_not_c
         ("packed_rows", None),
         ("snapshot", None),
     ]
-    before = {k: store.latest(*k) for k in [("raw_files", "tree"), *kept]}
-    raw = store.latest("raw_files", "repo")
+    before = {k: store.latest(*k) for k in [("raw_files", "tree"), ("raw_files", "repo"), *kept]}
     again = megacpp_run(runs["catalog"], store.uri, runs["root"], "cache-s3")
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.strip().splitlines()[-1] == runs["remote"]
-    # the git source was read again into a new version of the same content
-    new_raw = store.latest("raw_files", "repo")
-    assert new_raw.version != raw.version and content_id(new_raw) == content_id(raw)
-    # the directory source's tree hash did not move: it stands, and so does everything after
-    # it, each version's objects verified in the bucket
+    # the directory's tree hash did not move and the git source's commit is pinned: their
+    # collected versions stand, and so does everything after them, each version's objects
+    # verified in the bucket
     for k, m in before.items():
         assert store.latest(*k).version == m.version, k
         assert store.verify(m) == [], k
