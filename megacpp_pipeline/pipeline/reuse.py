@@ -7,8 +7,9 @@ every upstream version it read (`versions.content_id`: the sha256 of each shard 
 each shard holding its text, never the folder or the time it was written in). Before a
 stage computes a partition it works out that identity for the inputs it would read now;
 when the partition's latest version records the same one, that version stands and
-nothing is read, keyed, gated or written. A re-collected source whose files did not
-change gives a new version with the same content, so everything after it is reused.
+nothing is read, keyed, gated or written. Collection takes part by a source's revision
+(a git commit or an archive's sha256 before anything is read, a directory's tree hash once
+its files are hashed: stages/collect.py), so everything after an unchanged source stands.
 
 A stage that is not a per-file gate takes part when it says so (`Stage.reusable`: dedup,
 documents, packing, the snapshot); its identity is taken from the latest version of

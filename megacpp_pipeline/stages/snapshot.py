@@ -484,22 +484,35 @@ def _still_whole(ctx: StageContext, version: Manifest) -> dict[str, Any] | None:
     again. A snapshot that stands is the one a new build would give: the same inputs, code
     and config make the same files and the same id (build_snapshot keeps the promoted one)."""
     snap = Path(str(version.extra.get("snapshot_dir", "")))
-    if not_a_snapshot(snap) is not None or not (snap / CARD).is_file():
-        return None
-    try:
-        manifest = read_manifest(snap)
-    except SnapshotError:
-        return None
-    if manifest.snapshot_id != version.extra.get("snapshot_id"):
-        return None
-    if not verify.check_files(snap, manifest, ctx.host_executor().map_light).passed:
-        return None
-    store = ctx.store
-    if not store.is_local and not store.exists(
-        store.join("snapshots", manifest.snapshot_id, COMPLETE)
-    ):
+    why, manifest = _not_whole(ctx, version, snap)
+    if why is not None or manifest is None:
+        ctx.log(f"snapshot: {snap}: {why}; it is built again")
         return None
     return {**_described(snap, manifest), "changes": Markdown("none: its inputs did not change")}
+
+
+def _not_whole(
+    ctx: StageContext, version: Manifest, snap: Path
+) -> tuple[str | None, SnapshotManifest | None]:
+    """(why the folder `version` promoted is not whole, None when it is; its manifest)."""
+    if (why := not_a_snapshot(snap)) is not None:
+        return why, None
+    if not (snap / CARD).is_file():
+        return f"{CARD} is missing", None
+    try:
+        manifest = read_manifest(snap)
+    except SnapshotError as e:
+        return str(e), None
+    if manifest.snapshot_id != version.extra.get("snapshot_id"):
+        return f"its manifest names {manifest.snapshot_id}", None
+    files = verify.check_files(snap, manifest, ctx.host_executor().map_light)
+    if not files.passed:
+        return files.problems[0], None
+    store = ctx.store
+    uploaded = store.join("snapshots", manifest.snapshot_id, COMPLETE)
+    if not store.is_local and not store.exists(uploaded):
+        return f"{store.uri_of(uploaded)} is missing", None
+    return None, manifest
 
 
 _DESCRIPTIONS = {

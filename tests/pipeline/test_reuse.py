@@ -188,6 +188,10 @@ def test_a_snapshot_stands_only_while_its_folder_is_whole(tmp_path: Path) -> Non
     rebuilt = third.store.latest("snapshot")
     assert rebuilt.version != promoted.version and rebuilt.run_id == "third"
     assert f"snapshot: what {promoted.version} promoted is not whole; made again" in lines
+    assert any(
+        line.startswith("snapshot: ") and "sha256 mismatch; it is built again" in line
+        for line in lines
+    )
     assert rebuilt.extra["snapshot_id"] == promoted.extra["snapshot_id"]
     got = snapshot_files(_snapshot(third))
     # the card says where the tokenizer came from: trained by the first run, kept since
