@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -216,3 +217,51 @@ def test_a_git_source_pinned_to_another_commit_is_collected_again(tmp_path: Path
     assert moved.run_id == "again" and moved.extra["revision"] == head
     assert content_id(moved) != content_id(raw["repo"])
     assert not any(line.startswith("raw_files [repo]:") and STANDING in line for line in lines)
+
+
+def _tarball(path: Path, files: dict[str, str]) -> str:
+    """A gzipped tar of `files` at `path`; its sha256."""
+    src = path.with_suffix(".d")
+    for name, text in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    with tarfile.open(path, "w:gz") as tf:
+        tf.add(src, arcname="pkg")
+    shutil.rmtree(src)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_archive_collected_before_stands_by_its_sha256_without_being_read(
+    tmp_path: Path,
+) -> None:
+    """An archive source names its content by the pinned sha256, so a second run collects
+    nothing, even with the archive gone from its address; a new sha256 collects again."""
+    header = "// SPDX-License-Identifier: MIT\n#pragma once\nnamespace ring {\n"
+    files = {
+        "include/ring.hpp": header + "inline int capacity() { return 64; }\n}\n",
+        "src/ring.cc": '#include "ring.hpp"\nint main() { return ring::capacity() - 64; }\n',
+    }
+    archive = tmp_path / "ring.tar.gz"
+    sha = _tarball(archive, files)
+    catalog = tmp_path / "sources.yaml"
+    entry = "snapshot: t\nsources:\n  - {{id: ring, kind: archive, uri: {uri}, sha256: {sha}}}\n"
+    catalog.write_text(entry.format(uri=archive, sha=sha))
+    first = run_through(context(tmp_path, catalog, "first"), "raw_files")
+    collected = first.store.latest("raw_files", "ring")
+    assert collected.rows == 2 and collected.extra["revision"] == sha
+
+    archive.rename(tmp_path / "moved.tar.gz")  # reading it now would fail
+    again, lines = _logged(context(tmp_path, catalog, "again"), "again")
+    run_through(again, "raw_files")
+    assert again.store.latest("raw_files", "ring") == collected
+    assert any(line.startswith("raw_files [ring]:") and STANDING in line for line in lines)
+
+    files["src/ring.cc"] += "// a second release\n"
+    new_sha = _tarball(archive, files)
+    catalog.write_text(entry.format(uri=archive, sha=new_sha))
+    third, lines = _logged(context(tmp_path, catalog, "third"), "third")
+    run_through(third, "raw_files")
+    moved = third.store.latest("raw_files", "ring")
+    assert moved.run_id == "third" and moved.extra["revision"] == new_sha
+    assert content_id(moved) != content_id(collected)
+    assert not any(line.startswith("raw_files [ring]:") and STANDING in line for line in lines)
