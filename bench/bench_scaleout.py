@@ -10,12 +10,15 @@ memory high-water mark per group.
     .venv/bin/python -m bench.bench_scaleout serial --scale 16 [--engines local,ray]
     .venv/bin/python -m bench.bench_scaleout memory --scales 16,64
     .venv/bin/python -m bench.bench_scaleout refresh --scale 16 [--changed 0.01]
+    .venv/bin/python -m bench.bench_scaleout groups --scales 1,4,16 [--engines local,ray]
 
 Targets (issue 25): at 16 workers on a 16-core host at least 5x faster wall than at 2, every
 per-file stage at least 4x (on fewer cores: no stage slower at 16 workers than at 2); the
 driver processes at most 5% of a run's CPU at 16x; the driver's peak at 64x within 1.1x of
 its peak at 16x; a refresh after 1% of the files changed (tokenizer pinned) at most 15% of a
-full run's CPU. A missed target is reported, not raised. Results go to
+full run's CPU. `groups` (issue 29) gives each stage group's MB per CPU second at each scale
+on each engine, beside the bare libraries' rates measured in the same process on the demo's
+files. A missed target is reported, not raised. Results go to
 bench/results/<date>-scaleout-<what>.json.
 """
 
@@ -200,6 +203,119 @@ def memory(scales: list[int], work: Path) -> dict[str, Any]:
     }
 
 
+def _bare_rates(corpus: scaleup.ScaledCorpus, tokenizer_json: Path) -> dict[str, float]:
+    """MB per CPU second of what each group cannot do without, on the corpus's files in this
+    process, one thread: read and sha256 each file (collection's floor), write the text as
+    one parquet table with the store's options (a version's), a bare tree-sitter parse
+    (enrichment's) and a bare tiktoken encode with the run's own vocabulary (tokenization's;
+    `corpus.encoders` builds it exactly as the stage does, its ids checked there)."""
+    import hashlib
+    import io
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import tree_sitter
+    import tree_sitter_cpp
+    from tokenizers import Tokenizer
+
+    from megacpp_pipeline.corpus.encoders import FastEncoder, select_encoder
+    from megacpp_pipeline.storage.versions import PARQUET_OPTIONS
+
+    data = yaml.safe_load(corpus.catalog.read_text())
+    files = sorted(p for s in data["sources"] for p in scaleup.cpp_files(Path(s["uri"])))
+
+    def cpu(fn: Any) -> float:
+        started = time.process_time()
+        fn()
+        return time.process_time() - started
+
+    datas: list[bytes] = []
+
+    def read() -> None:
+        for path in files:
+            datas.append(path.read_bytes())
+            hashlib.sha256(datas[-1]).digest()
+
+    read_s = cpu(read)
+    mb = sum(map(len, datas)) / 1e6
+    texts = [d.decode("utf-8", "replace") for d in datas]
+    table = pa.table({"path": [str(p) for p in files], "text": texts})
+    write_s = cpu(lambda: pq.write_table(table, io.BytesIO(), **PARQUET_OPTIONS))
+    parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_cpp.language()))
+    parse_s = cpu(lambda: [parser.parse(d) for d in datas])
+    fast = select_encoder(Tokenizer.from_file(str(tokenizer_json)), "fast", threads=1)
+    assert isinstance(fast, FastEncoder), "tiktoken did not match this vocabulary"
+    encode_s = cpu(lambda: fast.encoding.encode_ordinary_batch(texts, num_threads=1))
+    return {
+        "mb": round(mb, 1),
+        "read_sha256": round(mb / read_s, 1),
+        "parquet_write": round(mb / write_s, 1),
+        "tree_sitter_parse": round(mb / parse_s, 2),
+        "tiktoken_encode": round(mb / encode_s, 2),
+    }
+
+
+# Each group's floor: the bare work of `_bare_rates` it cannot do without, per MB of what its
+# first stage reads (the whole corpus for collection; what dedup and decontamination kept for
+# enrichment, `input_bytes` of its versions).
+_FLOORS = {
+    "raw_files": ("read_sha256", "parquet_write"),
+    "enriched_files": ("tree_sitter_parse", "tiktoken_encode"),
+}
+
+
+def _input_mb(data: Path, stage: str) -> float:
+    """The MB of text a per-file stage's latest versions read (their `input_bytes`)."""
+    from megacpp_pipeline.storage.store import ShardStore
+
+    store = ShardStore(str(data))
+    parts = sorted(p.name for p in (data / "assets" / stage).iterdir() if p.is_dir())
+    return sum(store.latest(stage, p).stats.get("input_bytes", 0) for p in parts) / 1e6
+
+
+def groups(scales: list[int], engines: list[str], work: Path) -> dict[str, Any]:
+    """Every stage group's MB per CPU second at each scale on each engine (issue 29), and
+    for the groups with a library floor, the same per MB of what the group reads beside
+    that floor."""
+    runs: dict[int, dict[str, Any]] = {}
+    bare: dict[str, float] = {}
+    table: dict[str, dict[str, dict[str, float | None]]] = {}
+    for scale in scales:
+        runs[scale] = result = serial(scale, engines, work / f"{scale}x")
+        if not bare:  # the smallest scale's files, the run's own vocabulary
+            corpus = scaleup.build(scale, REPO / ".cache" / "bench")
+            data = work / f"{scale}x" / engines[0] / "data"
+            bare = _bare_rates(corpus, next(data.rglob("snapshots/*/tokenizer.json")))
+        for engine, run in result["runs"].items():
+            data = work / f"{scale}x" / engine / "data"
+            for name, g in run["groups"].items():
+                row = table.setdefault(name, {}).setdefault(f"{scale}x {engine}", {})
+                row["mb_per_cpu_s"] = g["mb_per_cpu_s"]
+                first = name.split(",")[0]
+                if first not in _FLOORS or not g["cpu_s"]:
+                    continue
+                read_mb = run["mb_in"] if first == "raw_files" else _input_mb(data, first)
+                floor = 1 / sum(1 / bare[b] for b in _FLOORS[first])
+                row["read_mb"] = round(read_mb, 1)
+                row["read_mb_per_cpu_s"] = round(read_mb / g["cpu_s"], 3)
+                row["floor_mb_per_cpu_s"] = round(floor, 3)
+                row["of_floor"] = round(read_mb / g["cpu_s"] / floor, 3)
+    return {
+        "commit": _commit_of(REPO),
+        "scales": scales,
+        "engines": engines,
+        "cpus": len(os.sched_getaffinity(0)),
+        "bare_mb_per_cpu_s": bare,
+        "floors": {g: list(parts) for g, parts in _FLOORS.items()},
+        "groups": table,
+        "snapshots": {
+            f"{s}x {e}": r["snapshot"] for s, res in runs.items() for e, r in res["runs"].items()
+        },
+        "runs": runs,
+    }
+
+
 def _pinned_catalog(catalog: Path, tokenizer_json: Path, into: Path) -> Path:
     import hashlib
 
@@ -310,7 +426,7 @@ def _retokenized(data: Path, before: dict[str, str]) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=["workers", "serial", "memory", "refresh"])
+    parser.add_argument("what", choices=["workers", "serial", "memory", "refresh", "groups"])
     parser.add_argument("--scale", type=int, default=4)
     parser.add_argument("--scales", default="16,64")
     parser.add_argument("--workers", default="2,16")
@@ -335,6 +451,9 @@ def main() -> None:
             result = serial(args.scale, [e for e in args.engines.split(",") if e], work)
         elif args.what == "memory":
             result = memory([int(n) for n in args.scales.split(",")], work)
+        elif args.what == "groups":
+            engines = [e for e in args.engines.split(",") if e]
+            result = groups([int(n) for n in args.scales.split(",")], engines, work)
         else:
             result = refresh(args.scale, args.changed, work)
     finally:
