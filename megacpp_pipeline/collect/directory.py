@@ -246,11 +246,16 @@ def read_entry(item: Entry | ToRead, max_file_bytes: int) -> Entry:
 
 def tree_lines(entries: Iterable[Entry]) -> bytes:
     """What the revision hashes of these entries, in order: a directory's revision is the
-    sha256 of the concatenation of every slice's lines, the same however it is sliced."""
+    sha256 of the concatenation of every slice's lines, the same however it is sliced. A
+    file read is its content's sha256; one not read, why (the reason and the detail its
+    ledger row gives, a size over the limit say), so the revision moves with the ledger."""
     lines = []
     for e in entries:
-        digest = hashlib.sha256(e.content).hexdigest() if e.content is not None else "-"
-        lines.append(f"{e.path}\x00{digest}\n".encode("utf-8", "backslashreplace"))
+        if e.content is not None:
+            what = hashlib.sha256(e.content).hexdigest()
+        else:
+            what = f"-{e.reason or ''}\x00{e.detail or ''}"
+        lines.append(f"{e.path}\x00{what}\n".encode("utf-8", "backslashreplace"))
     return b"".join(lines)
 
 

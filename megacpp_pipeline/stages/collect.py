@@ -95,6 +95,7 @@ class _DirSlice:
     index: int  # in the source's slices: names its shards
     chunks: tuple[tuple[int, int], ...]  # (unit, chunk) plans its walks wrote, in order
     revision: str = ""  # the source's, once the digests are in
+    lines_sha: str = ""  # the sha256 of this slice's share of the revision (tree_lines)
 
 
 @dataclass(frozen=True)
@@ -211,19 +212,44 @@ def _slices_of(source: str, walked: list[list[tuple[int, int]]]) -> list[_DirSli
     return out
 
 
+def _lines_path(job: _Job, task: _DirSlice) -> Path:
+    return Path(job.plans) / f"{_plan_name(task.source)}-slice-{task.index:06d}.lines"
+
+
 def _digest_task(job: _Job, task: _DirSlice) -> bytes:
-    """A directory slice's share of its revision: its files read and hashed."""
+    """A directory slice's share of its revision: its files read and hashed (the lines also
+    kept beside the plans, to name a file that changes before the slice is collected)."""
     limit = job.sources[task.source].max_file_bytes
     items = _plan(job, task).items
-    return collect.tree_lines(collect.read_entry(item, limit) for item in items)
+    lines = collect.tree_lines(collect.read_entry(item, limit) for item in items)
+    _lines_path(job, task).write_bytes(lines)
+    return lines
+
+
+def _changed_while_read(job: _Job, task: _DirSlice, lines: bytes) -> str:
+    """Which file of the slice the collect pass read otherwise than the digest pass did."""
+    before = _lines_path(job, task).read_bytes().split(b"\n")
+    for old, new in zip(before, lines.split(b"\n"), strict=False):
+        if old != new:
+            path = new.split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
+            return f"source {task.source!r}: {path} changed while this run collected it"
+    return f"source {task.source!r}: its files changed while this run collected them"
 
 
 def _collect_task(job: _Job, task: _DirSlice) -> _SliceOut:
     """A directory's slice read again and written as one shard per table into its source's
-    version."""
+    version. What it read must be what the revision was taken from: a file that changed
+    between the two reads fails the source's collection (run again), so a version never
+    holds other content than its revision names."""
     source = job.sources[task.source]
     planned = _plan(job, task)
     entries = [collect.read_entry(item, source.max_file_bytes) for item in planned.items]
+    lines = collect.tree_lines(entries)
+    if hashlib.sha256(lines).hexdigest() != task.lines_sha:
+        raise collect.CollectError(
+            _changed_while_read(job, task, lines) + " (the revision was taken from other "
+            "content than was read); nothing of it is committed: run again"
+        )
     batch = collect.collect_slice(
         source.spec, task.revision, entries, planned.metadata.__contains__
     )
@@ -394,8 +420,10 @@ def _sources_body(
                 walked[task.source].append(out)  # in unit order: map keeps the items' order
         digests = [d for s, units in walked.items() for d in _slices_of(s, units)]
         trees = {s: hashlib.sha256() for s in dirs}
+        shares: list[str] = []  # each slice's lines, by their sha256: the driver keeps no list
         for digest, lines in zip(digests, executor.map(_digest_task, job, digests), strict=True):
             trees[digest.source].update(lines)
+            shares.append(hashlib.sha256(lines).hexdigest())
         revisions = {s: tree.hexdigest() for s, tree in trees.items()}
         # a tree whose revision (every path and content hash) was collected before by this
         # code and config: that version stands, and its files are not read again
@@ -408,7 +436,9 @@ def _sources_body(
             versions[s] = begun.enter_context(_begin(ctx, stage, sources[s].spec))
             sources[s] = replace(sources[s], version_dir=versions[s].dir)
         slices_todo = [
-            replace(d, revision=revisions[d.source]) for d in digests if d.source in versions
+            replace(d, revision=revisions[d.source], lines_sha=share)
+            for d, share in zip(digests, shares, strict=True)
+            if d.source in versions
         ]
         stats = {s: _new_stats() for s in versions}
         job = replace(job, sources=dict(sources))

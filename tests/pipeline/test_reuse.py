@@ -11,13 +11,17 @@ import shutil
 import tarfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from megacpp_pipeline.collect import CollectError
+from megacpp_pipeline.pipeline import reuse
 from megacpp_pipeline.pipeline.context import StageContext
-from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV
+from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV, fingerprint
 from megacpp_pipeline.pipeline.runner import run_all
+from megacpp_pipeline.stages import collect as collect_stage
 from megacpp_pipeline.storage.store import NoVersionError
 from megacpp_pipeline.storage.versions import content_id
 from tests.fixtures.git_repo import git
@@ -265,3 +269,100 @@ def test_an_archive_collected_before_stands_by_its_sha256_without_being_read(
     assert moved.run_id == "third" and moved.extra["revision"] == new_sha
     assert content_id(moved) != content_id(collected)
     assert not any(line.startswith("raw_files [ring]:") and STANDING in line for line in lines)
+
+
+def _tree_catalog(tmp: Path) -> Path:
+    src = tmp / "corpus" / "d" / "src"
+    src.mkdir(parents=True)
+    (src / "a.cc").write_text("int a() { return 1; }\n")
+    (src / "big.cc").write_text("// x\n" * 400)  # 2,000 bytes, over the limit
+    catalog = tmp / "corpus" / "sources.yaml"
+    catalog.write_text(
+        "snapshot: t\nmax_file_bytes: 1000\nsources:\n  - {id: tree, kind: dir, uri: d}\n"
+    )
+    return catalog
+
+
+def _ledger_details(ctx: StageContext) -> dict[str, str | None]:
+    m = ctx.store.latest("raw_files", "tree")
+    return {
+        r["path"]: r["detail"] for t in ctx.store.iter_tables(m, "ledger") for r in t.to_pylist()
+    }
+
+
+def test_a_file_over_the_limit_that_grew_moves_the_revision(tmp_path: Path) -> None:
+    """A file collection does not read still counts in the tree hash by why it was not
+    read (its ledger detail gives its size), so the ledger never stands stale."""
+    catalog = _tree_catalog(tmp_path)
+    first = run_through(context(tmp_path / "run", catalog, "first"), "raw_files")
+    collected = first.store.latest("raw_files", "tree")
+    (tmp_path / "corpus" / "d" / "src" / "big.cc").write_text("// x\n" * 800)
+    again = run_through(context(tmp_path / "run", catalog, "again"), "raw_files")
+    fresh = run_through(context(tmp_path / "fresh", catalog, "fresh"), "raw_files")
+    moved = again.store.latest("raw_files", "tree")
+    assert moved.run_id == "again" and moved.extra["revision"] != collected.extra["revision"]
+    assert _ledger_details(again) == _ledger_details(fresh)
+    assert "4000" in str(_ledger_details(again)["src/big.cc"])
+
+
+def test_a_file_changed_between_the_two_reads_is_named_and_nothing_is_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory's revision is taken from a first read of every file: an edit that lands
+    before the second read (the one collected) fails the source, naming the file, instead
+    of a version that holds other content than its revision names."""
+    catalog = _tree_catalog(tmp_path)
+    a = tmp_path / "corpus" / "d" / "src" / "a.cc"
+    collecting = collect_stage._collect_task
+
+    def racing(job: Any, task: Any) -> Any:
+        a.write_text("int a() { return 2; }\n")  # lands after the digest pass
+        return collecting(job, task)
+
+    monkeypatch.setattr(collect_stage, "_collect_task", racing)
+    with pytest.raises(CollectError, match=r"src/a\.cc changed while this run collected it"):
+        run_through(context(tmp_path / "run", catalog, "first"), "raw_files")
+    monkeypatch.setattr(collect_stage, "_collect_task", collecting)
+    ctx = context(tmp_path / "run", catalog, "again")
+    with pytest.raises(NoVersionError):
+        ctx.store.latest("raw_files", "tree")
+    run_through(ctx, "raw_files")
+    m = ctx.store.latest("raw_files", "tree")
+    texts = {r["path"]: r["content"] for t in ctx.store.iter_tables(m) for r in t.to_pylist()}
+    assert texts["src/a.cc"] == b"int a() { return 2; }\n"
+
+
+def test_the_fingerprint_moves_with_any_file_of_the_library_and_a_library_version(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "gates").mkdir()
+    (tmp_path / "gates" / "rules.toml").write_text("a = 1\n")
+    (tmp_path / "versions.py").write_text("OPTIONS = {'use_dictionary': False}\n")
+    before = fingerprint(tmp_path, ["pyarrow"])
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "versions.cpython-311.pyc").write_bytes(b"\0compiled")
+    assert fingerprint(tmp_path, ["pyarrow"]) == before  # compiled files do not count
+    (tmp_path / "versions.py").write_text("OPTIONS = {'use_dictionary': True}\n")
+    edited = fingerprint(tmp_path, ["pyarrow"])
+    assert edited != before
+    (tmp_path / "gates" / "rules.toml").write_text("a = 2\n")
+    assert fingerprint(tmp_path, ["pyarrow"]) != edited
+    assert fingerprint(tmp_path, ["pyarrow", "no-such-library"]) != fingerprint(
+        tmp_path, ["pyarrow"]
+    )
+
+
+def test_no_version_stands_for_other_code_than_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code outside a stage's own modules (the parquet options, the snapshot's writers) or
+    a library upgrade can change what it writes: the whole library's fingerprint is in
+    every inputs id, so after such a change nothing stands."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    first = run_through(context(tmp_path, catalog, "first"), "raw_files")
+    assert {first.store.latest("raw_files", s).run_id for s in first.sources()} == {"first"}
+    monkeypatch.setattr(reuse, "pipeline_fingerprint", lambda: "another build")
+    again, lines = _logged(context(tmp_path, catalog, "again"), "again")
+    run_through(again, "raw_files")
+    assert {again.store.latest("raw_files", s).run_id for s in again.sources()} == {"again"}
+    assert not any(STANDING in line for line in lines)
