@@ -600,7 +600,9 @@ def build_snapshot(
         final = snapshots / snapshot_id
         if (final / COMPLETE).exists():
             if _holds(final, files, mapper):
-                # the same content is already promoted: keep the existing one, drop ours
+                # the same rows are already promoted: keep their files (a trainer may be
+                # reading them), take this build's manifest, card and text release
+                _take_descriptions(final, work, {f.path for f in files}, mapper)
                 _discard_build(work)
                 return final
             # a folder of this id whose files are no longer those bytes: ours replaces it
@@ -622,6 +624,24 @@ def build_snapshot(
         raise
 
 
+def folder_files(folder: Path) -> set[str]:
+    """Every file of a snapshot folder by its relative path, the report aside (it is
+    rendered again after every promotion)."""
+    out = set()
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and not rel.startswith(f"{layout.REPORT_DIR}/"):
+            out.add(rel)
+    return out
+
+
+def unlisted_facts(folder: Path, listed: Iterable[str], mapper: Mapper) -> dict[str, str]:
+    """rel -> sha256 of the folder's files its manifest does not list, the report aside:
+    the manifest, its marker, the card and the text release."""
+    rest = sorted(folder_files(folder) - set(listed))
+    return {f.rel: f.sha256 for f in mapper(file_facts, folder, rest)}
+
+
 def _holds(folder: Path, files: Sequence[FileEntry], mapper: Mapper) -> bool:
     """Every file of `files` is in `folder` with its size and sha256."""
     want = {f.path: f for f in files}
@@ -629,6 +649,27 @@ def _holds(folder: Path, files: Sequence[FileEntry], mapper: Mapper) -> bool:
         got.exists and (got.bytes, got.sha256) == (want[got.rel].bytes, want[got.rel].sha256)
         for got in mapper(file_facts, folder, list(want))
     )
+
+
+def _take_descriptions(final: Path, build: Path, listed: set[str], mapper: Mapper) -> None:
+    """The promoted folder `final`, whose listed files hold, made to say what `build` says:
+    its other files (the manifest, the card, the text release) replaced where their bytes
+    differ and removed where the build has none, the marker taken away first and written
+    last, so the folder is never whole with a manifest its marker does not name."""
+    theirs = unlisted_facts(final, listed, mapper)
+    ours = unlisted_facts(build, listed, mapper)
+    if theirs == ours:
+        return
+    (final / COMPLETE).unlink(missing_ok=True)
+    for rel in sorted(set(theirs) - set(ours)):
+        (final / rel).unlink(missing_ok=True)
+    for rel, sha in sorted(ours.items()):
+        if rel != COMPLETE and theirs.get(rel) != sha:
+            (final / rel).parent.mkdir(parents=True, exist_ok=True)
+            temporary = final / f"{rel}.{uuid.uuid4().hex}.tmp"
+            shutil.copyfile(build / rel, temporary)
+            os.replace(temporary, final / rel)
+    shutil.copyfile(build / COMPLETE, final / COMPLETE)
 
 
 def _discard_build(work: Path) -> None:

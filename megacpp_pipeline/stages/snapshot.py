@@ -54,6 +54,7 @@ from megacpp_pipeline.snapshot.promote import (
     own_cpu_s,
     promoted_in_store,
     read_manifest,
+    unlisted_facts,
 )
 from megacpp_pipeline.snapshot.streams import coalesce, merge
 from megacpp_pipeline.snapshot.text_release import TEXT_DIR, write_release
@@ -441,11 +442,14 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         if pruned:
             ctx.log(f"snapshot: removed {len(pruned)} older snapshot(s) from the store")
     version = ctx.begin(stage, None, config)
+    listed = [f.path for f in manifest.files]
     version.commit(
         upstream=parts.inputs,
         extra={
             "snapshot_dir": str(snap),
             "snapshot_id": manifest.snapshot_id,
+            # what a later run that keeps this folder checks beside the listed files
+            UNLISTED: unlisted_facts(snap, listed, host.map_light),
             **uploaded,
             # for the report: what the card says of benchmarks and removals
             "benchmarks": list(inputs.benchmarks),
@@ -491,27 +495,48 @@ def _still_whole(ctx: StageContext, version: Manifest) -> dict[str, Any] | None:
     return {**_described(snap, manifest), "changes": Markdown("none: its inputs did not change")}
 
 
+UNLISTED = "unlisted_files"  # the version's extra: rel -> sha256 of the folder's other files
+
+
 def _not_whole(
     ctx: StageContext, version: Manifest, snap: Path
 ) -> tuple[str | None, SnapshotManifest | None]:
-    """(why the folder `version` promoted is not whole, None when it is; its manifest)."""
+    """(why the folder `version` promoted is not whole, None when it is; its manifest).
+    Whole: every file its manifest lists at its size and sha256, nothing else but the
+    manifest, its marker, the card and the text release, each the bytes the version
+    recorded (the report aside, rendered again); on an object store, the uploaded copy the
+    same bytes too."""
     if (why := not_a_snapshot(snap)) is not None:
         return why, None
-    if not (snap / CARD).is_file():
-        return f"{CARD} is missing", None
     try:
         manifest = read_manifest(snap)
     except SnapshotError as e:
         return str(e), None
     if manifest.snapshot_id != version.extra.get("snapshot_id"):
         return f"its manifest names {manifest.snapshot_id}", None
-    files = verify.check_files(snap, manifest, ctx.host_executor().map_light)
+    mapper = ctx.host_executor().map_light
+    files = verify.check_files(snap, manifest, mapper)
     if not files.passed:
         return files.problems[0], None
+    listed = [f.path for f in manifest.files]
+    recorded: dict[str, str] = version.extra.get(UNLISTED) or {}
+    if CARD not in recorded:
+        return f"its version records no {CARD} (promoted by older code)", None
+    found = unlisted_facts(snap, listed, mapper)
+    if found != recorded:
+        missing = sorted(set(recorded) - set(found))
+        changed = sorted(r for r in set(found) & set(recorded) if found[r] != recorded[r])
+        if missing:
+            return f"{missing[0]}: missing", None
+        if changed:
+            return f"{changed[0]}: sha256 mismatch", None
+        return f"{sorted(set(found) - set(recorded))[0]}: not the promoted folder's", None
     store = ctx.store
-    uploaded = store.join("snapshots", manifest.snapshot_id, COMPLETE)
-    if not store.is_local and not store.exists(uploaded):
-        return f"{store.uri_of(uploaded)} is missing", None
+    if not store.is_local:  # the uploaded copy, its marker among the recorded files
+        for rel, sha in sorted(({f.path: f.sha256 for f in manifest.files} | recorded).items()):
+            path = store.join("snapshots", manifest.snapshot_id, rel)
+            if not store.exists(path) or store.sha256_of(path) != sha:
+                return f"{store.uri_of(path)}: missing or not the promoted bytes", None
     return None, manifest
 
 

@@ -204,6 +204,40 @@ def test_a_snapshot_stands_only_while_its_folder_is_whole(tmp_path: Path) -> Non
     assert got == want
 
 
+def test_a_snapshot_whose_card_was_edited_is_made_whole_again_in_place(tmp_path: Path) -> None:
+    """Nothing changed, but the promoted folder's card was edited (then, another time, a
+    file planted beside it): the snapshot does not stand, its build finds the rows already
+    promoted and keeps their files, and the folder gets the build's card back (loses the
+    planted file); the blocking checks pass, and the next run finds it whole."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    first = context(tmp_path, catalog, "first", workers=2)
+    run_all(first)
+    promoted = first.store.latest("snapshot")
+    snap = _snapshot(first)
+    card = (snap / "README.md").read_bytes()
+    rows = {p: p.stat().st_ino for p in (snap / "train").glob("*.parquet")}
+    (snap / "README.md").chmod(0o644)
+    (snap / "README.md").write_text(card.decode().replace("tokens", "tokenz"))
+    again, lines = _logged(first, "again")
+    run_all(again)  # raises when a blocking check fails
+    rebuilt = again.store.latest("snapshot")
+    assert rebuilt.version != promoted.version
+    assert f"snapshot: {snap}: README.md: sha256 mismatch; it is built again" in lines
+    assert _snapshot(again) == snap and b"tokenz" not in (snap / "README.md").read_bytes()
+    built = hashlib.sha256((snap / "README.md").read_bytes()).hexdigest()
+    assert built == rebuilt.extra["unlisted_files"]["README.md"]  # the build's card
+    assert {p: p.stat().st_ino for p in (snap / "train").glob("*.parquet")} == rows  # kept
+    (snap / "notes.txt").write_text("planted\n")
+    third, lines = _logged(first, "third")
+    run_all(third)
+    assert any("notes.txt: not listed in the manifest; it is built again" in x for x in lines)
+    assert not (snap / "notes.txt").exists()
+    healed = third.store.latest("snapshot")
+    fourth, lines = _logged(first, "fourth")
+    run_all(fourth)
+    assert f"snapshot: its inputs are those of {healed.version}, {STANDING}" in lines
+
+
 def test_a_git_source_pinned_to_another_commit_is_collected_again(tmp_path: Path) -> None:
     """Collection stands for a commit it collected before and reads the source again for any
     other, without reading the directory source's files twice."""

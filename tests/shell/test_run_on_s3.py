@@ -282,6 +282,28 @@ def test_a_uri_without_a_promoted_snapshot_is_one_line(runs: dict) -> None:
     assert code == 2 and err.count("\n") == 1 and "cannot read _COMPLETE" in err, err
 
 
+def test_a_run_puts_back_a_snapshot_object_changed_in_the_bucket(runs: dict) -> None:
+    """Nothing changed, but one shard of the uploaded snapshot was altered in the bucket:
+    the snapshot does not stand on the local copy alone; the run uploads it again and the
+    bucket's copy verifies."""
+    store: ShardStore = runs["store"]
+    target = f"{store.join('snapshots', runs['local'].name)}/train/part-00000.parquet"
+    good = store.read_bytes(target)
+    with store.fs.open_output_stream(target) as f:
+        f.write(good[:-8] + b"tampered")
+    before = store.latest("snapshot")
+    again = megacpp_run(runs["catalog"], store.uri, runs["root"], "cache-s3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.strip().splitlines()[-1] == runs["remote"]
+    assert store.read_bytes(target) == good
+    rebuilt = store.latest("snapshot")
+    assert rebuilt.version != before.version
+    assert rebuilt.extra["snapshot_id"] == before.extra["snapshot_id"]
+    uri = runs["remote"] + "?" + store.uri.split("?", 1)[1]
+    code, _, err = megacpp(["verify", uri])
+    assert code == 0, err
+
+
 def megacpp(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
