@@ -23,7 +23,7 @@ from megacpp_pipeline.pipeline.engine import LOCAL, Engine
 from megacpp_pipeline.pipeline.executor import Executor, LocalExecutor
 from megacpp_pipeline.pipeline.parallel import cpu_count
 from megacpp_pipeline.pipeline.registry import Registry, Stage
-from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV
+from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV, body_inputs
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore, VersionWriter
@@ -124,7 +124,16 @@ class StageContext:
             mapper=self.host_executor().map_light,
         )
         if self.reader is not None and self.reader.name == stage.name and partition in self.inputs:
-            version.manifest.extra[INPUTS] = self.inputs[partition]
+            version.manifest.extra[INPUTS] = expected = self.inputs[partition]
+
+            def still_the_inputs(manifest: Manifest) -> None:
+                # another run committed what this body reads while it ran: the version may
+                # hold newer or mixed inputs, so it records none and never stands
+                if body_inputs(self, stage, partition) != expected:
+                    manifest.extra.pop(INPUTS, None)
+                    self.log(f"{stage.name}: its inputs moved while it ran; it will not stand")
+
+            version.before_commit = still_the_inputs
         return version
 
     def file_cache(

@@ -1233,6 +1233,8 @@ class VersionWriter:
         self.uploader = ShardUploader(store, vdir)
         self.last_schema: WrittenSchema | None = None
         self.closed = False
+        # called with the manifest just before it is written (its tables, stats and extra in)
+        self.before_commit: Callable[[Manifest], None] | None = None
         # a writer dropped without commit or abort (its gate raised) stops beating, so its
         # version expires after the TTL like a dead process's
         weakref.finalize(self, keeper.stop)
@@ -1296,6 +1298,8 @@ class VersionWriter:
             self.manifest.stats.update({k: float(v) for k, v in stats.items()})
         if extra:
             self.manifest.extra.update(extra)
+        if self.before_commit is not None:
+            self.before_commit(self.manifest)
         store, version = self.store, self.manifest.version
         try:
             self.lease.confirm()

@@ -400,3 +400,22 @@ def test_no_version_stands_for_other_code_than_wrote_it(
     run_through(again, "raw_files")
     assert {again.store.latest("raw_files", s).run_id for s in again.sources()} == {"again"}
     assert not any(STANDING in line for line in lines)
+
+
+def test_a_body_whose_inputs_moved_while_it_ran_records_none(tmp_path: Path) -> None:
+    """A stage computed from what it read: when another run commits one of its inputs
+    before it commits (its inputs at the end are not those it started from), its version
+    records no inputs id and never stands."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = run_through(context(tmp_path, catalog, "first"), "documents")
+    packing = ctx.registry.get("packed_rows")
+    now = reuse.body_inputs(ctx, packing, None)
+    assert now is not None
+    for started, moved in ((now, False), ("inputs when it started", True)):
+        lines: list[str] = []
+        body = replace(ctx.for_stage(packing), inputs={None: started}, log=lines.append)
+        with body.begin(packing, None, body.config(packing)) as version:
+            committed = version.commit()
+        assert (INPUTS not in committed.extra) is moved
+        assert any("its inputs moved while it ran" in x for x in lines) is moved
+        assert ctx.store.latest("packed_rows").extra.get(INPUTS) == (None if moved else now)
