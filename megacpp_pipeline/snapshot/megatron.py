@@ -9,6 +9,8 @@ document count, int32 sequence lengths, int64 byte pointers, int64 document indi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import mmap
 import os
 import struct
@@ -422,26 +424,57 @@ def _scatter_shard(job: _Scatter, relpath: str) -> np.ndarray:
     return np.concatenate(placed) if placed else np.empty(0, np.int64)
 
 
-EXPORTED = "EXPORTED"  # written last into an export folder: the snapshot id it was made from
+EXPORTED = "EXPORTED"  # written last into an export folder: what it was made from, its files
+
+
+def _code() -> str:
+    """This module's sha256: the export's format and layout are written here."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _exported(out: Path, snapshot_id: str, mapper: Mapper) -> bool:
+    """Whether `out` holds this snapshot's export by this code: its marker names both and
+    every .bin/.idx it lists with its sha256, and no other."""
+    try:
+        marker = json.loads((out / EXPORTED).read_text())
+        files: dict[str, str] = dict(marker["files"])
+        if marker["snapshot_id"] != snapshot_id or marker["code"] != _code():
+            return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    present = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.suffix in _EXPORT}
+    if present != set(files):
+        return False
+    return all(
+        f.exists and f.sha256 == files[f.rel] for f in mapper(file_facts, out, sorted(files))
+    )
+
+
+_EXPORT = (".bin", ".idx")
 
 
 def export_once(
     snapshot_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], mapper: Mapper = inline
 ) -> bool:
     """Every split with rows exported to `out_dir/<split>`, unless the folder already holds
-    this snapshot's export (its EXPORTED marker names the snapshot id): the promotion check
-    exports once and the megatron stage takes that export. True when it exported now."""
+    this snapshot's export by this code, every file the bytes its marker lists: the
+    promotion check exports once and the megatron stage takes that export. True when it
+    exported now."""
     root, out = Path(snapshot_dir), Path(out_dir)
     manifest = read_snapshot_manifest(root)
-    marker = out / EXPORTED
-    if marker.is_file() and marker.read_text().strip() == manifest.snapshot_id:
+    if _exported(out, manifest.snapshot_id, mapper):
         return False
     out.mkdir(parents=True, exist_ok=True)
-    marker.unlink(missing_ok=True)
+    (out / EXPORTED).unlink(missing_ok=True)
+    for stale in [p for p in out.rglob("*") if p.suffix in _EXPORT]:
+        stale.unlink()
     for split, entry in manifest.splits.items():
         if entry.rows:
             export_snapshot(root, out / split, split=split, mapper=mapper)
-    marker.write_text(manifest.snapshot_id + "\n")
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.suffix in _EXPORT)
+    files = {f.rel: f.sha256 for f in mapper(file_facts, out, written)}
+    marker = {"snapshot_id": manifest.snapshot_id, "code": _code(), "files": files}
+    (out / EXPORTED).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     return True
 
 

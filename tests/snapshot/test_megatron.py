@@ -16,12 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megacpp_pipeline.loader import SnapshotIncompleteError
+from megacpp_pipeline.loader import SnapshotIncompleteError, read_snapshot_manifest
 from megacpp_pipeline.snapshot.megatron import (
+    EXPORTED,
     INDEX_MAGIC,
     IndexedDatasetFormatError,
     IndexedDatasetReader,
     MegatronExportError,
+    export_once,
     export_snapshot,
     megatron_token_dtype,
     write_indexed_dataset,
@@ -258,3 +260,40 @@ def test_megatron_core_reads_the_export(snapshot: SnapshotFixture, tmp_path: Pat
         offset = int(rng.integers(0, len(ours[i])))
         length = min(snapshot.seq_len + 1, len(ours[i]) - offset)
         np.testing.assert_array_equal(dataset.get(i, offset, length), ours.get(i, offset, length))
+
+
+def test_an_export_is_taken_again_only_while_it_is_the_bytes_its_marker_lists(
+    tmp_path: Path,
+) -> None:
+    """export_once keeps an export whose marker names this snapshot, this code and the
+    sha256 of every .bin/.idx; a file changed, a file planted or an old plain marker is
+    exported again, and the result is the same bytes."""
+    fixture = build_snapshot(tmp_path / "snap")
+    out = tmp_path / "export"
+    assert export_once(fixture.path, out) is True
+    snapshot_id = read_snapshot_manifest(fixture.path).snapshot_id
+    first = {
+        p.relative_to(out).as_posix(): p.read_bytes()
+        for p in out.rglob("*")
+        if p.suffix in (".bin", ".idx")
+    }
+    marker = json.loads((out / EXPORTED).read_text())
+    assert marker["snapshot_id"] == snapshot_id and set(marker["files"]) == set(first)
+    assert {k: hashlib.sha256(v).hexdigest() for k, v in first.items()} == marker["files"]
+    assert export_once(fixture.path, out) is False  # whole: taken as it is
+    binary = next(out.rglob("*.bin"))
+    data = bytearray(binary.read_bytes())
+    data[-1] ^= 0x01
+    binary.write_bytes(bytes(data))
+    assert export_once(fixture.path, out) is True
+    (binary.parent / "planted.idx").write_bytes(b"MMIDIDX")
+    assert export_once(fixture.path, out) is True
+    assert not (binary.parent / "planted.idx").exists()
+    (out / EXPORTED).write_text(snapshot_id + "\n")  # the marker older code wrote
+    assert export_once(fixture.path, out) is True
+    again = {
+        p.relative_to(out).as_posix(): p.read_bytes()
+        for p in out.rglob("*")
+        if p.suffix in (".bin", ".idx")
+    }
+    assert again == first
