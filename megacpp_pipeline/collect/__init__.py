@@ -8,8 +8,7 @@ Seed rule: the operational slice is pinned; every file seen gets a ledger status
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from megacpp_pipeline.collect.directory import (
     dir_slices,
     dir_source,
     dir_units,
+    entry_digests,
     fits_slice,
     read_entry,
     tree_lines,
@@ -59,6 +59,7 @@ __all__ = [
     "collect_batches",
     "collect_slice",
     "commit_exists",
+    "entry_digests",
     "fetch_archive",
     "fits_slice",
     "glob_to_regex",
@@ -244,10 +245,16 @@ def collect_batches(
 
 
 def collect_slice(
-    spec: SourceSpec, revision: str, entries: list[Entry], is_metadata: Callable[[str], bool]
+    spec: SourceSpec,
+    revision: str,
+    entries: list[Entry],
+    is_metadata: Callable[[str], bool],
+    digests: Sequence[str | None] | None = None,
 ) -> CollectBatch:
-    """One slice's files as one batch (a slice is cut to about a batch's size)."""
-    return _batch(spec, revision, entries, is_metadata, PathFilter(spec.include, spec.exclude))
+    """One slice's files as one batch (a slice is cut to about a batch's size); `digests`,
+    each read file's sha256 where the caller has it (entry_digests), are not computed again."""
+    wanted = PathFilter(spec.include, spec.exclude)
+    return _batch(spec, revision, entries, is_metadata, wanted, digests)
 
 
 def _batch(
@@ -256,6 +263,7 @@ def _batch(
     entries: list[Entry],
     is_metadata: Callable[[str], bool],
     wanted: PathFilter,
+    digests: Sequence[str | None] | None = None,
 ) -> CollectBatch:
     kept = [e for e in entries if e.content is not None and wanted(e.path)]
     meta = [
@@ -303,11 +311,7 @@ def _batch(
             "dup_of": pa.nulls(n, pa.string()),
             "license_expression": pa.nulls(n, pa.string()),
             "sha256": pa.array(
-                [
-                    hashlib.sha256(e.content).hexdigest() if e.content is not None else None
-                    for e in entries
-                ],
-                pa.string(),
+                list(digests) if digests is not None else entry_digests(entries), pa.string()
             ),
         },
         schema=LEDGER_SCHEMA,

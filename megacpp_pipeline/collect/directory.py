@@ -244,17 +244,27 @@ def read_entry(item: Entry | ToRead, max_file_bytes: int) -> Entry:
     return Entry(item.path, data)
 
 
-def tree_lines(entries: Iterable[Entry]) -> bytes:
+def _digest(e: Entry) -> str | None:
+    return hashlib.sha256(e.content).hexdigest() if e.content is not None else None
+
+
+def entry_digests(entries: Iterable[Entry]) -> list[str | None]:
+    """Each entry's content sha256 (hex); None for a file not read."""
+    return [_digest(e) for e in entries]
+
+
+def tree_lines(entries: Iterable[Entry], digests: Iterable[str | None] | None = None) -> bytes:
     """What the revision hashes of these entries, in order: a directory's revision is the
     sha256 of the concatenation of every slice's lines, the same however it is sliced. A
     file read is its content's sha256; one not read, why (the reason and the detail its
     ledger row gives, a size over the limit say), so the revision moves with the ledger."""
     lines = []
-    for e in entries:
-        if e.content is not None:
-            what = hashlib.sha256(e.content).hexdigest()
-        else:
-            what = f"-{e.reason or ''}\x00{e.detail or ''}"
+    if digests is None:
+        pairs: Iterable[tuple[Entry, str | None]] = ((e, _digest(e)) for e in entries)
+    else:
+        pairs = zip(entries, digests, strict=True)
+    for e, digest in pairs:
+        what = digest if digest is not None else f"-{e.reason or ''}\x00{e.detail or ''}"
         lines.append(f"{e.path}\x00{what}\n".encode("utf-8", "backslashreplace"))
     return b"".join(lines)
 

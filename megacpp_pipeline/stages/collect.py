@@ -244,14 +244,15 @@ def _collect_task(job: _Job, task: _DirSlice) -> _SliceOut:
     source = job.sources[task.source]
     planned = _plan(job, task)
     entries = [collect.read_entry(item, source.max_file_bytes) for item in planned.items]
-    lines = collect.tree_lines(entries)
+    digests = collect.entry_digests(entries)  # once, for the revision's lines and the ledger
+    lines = collect.tree_lines(entries, digests)
     if hashlib.sha256(lines).hexdigest() != task.lines_sha:
         raise collect.CollectError(
             _changed_while_read(job, task, lines) + " (the revision was taken from other "
             "content than was read); nothing of it is committed: run again"
         )
     batch = collect.collect_slice(
-        source.spec, task.revision, entries, planned.metadata.__contains__
+        source.spec, task.revision, entries, planned.metadata.__contains__, digests
     )
     result = _SliceOut([], Counter())
     _count(result.stats, batch)
