@@ -1,22 +1,27 @@
 """A version whose inputs did not change is the answer again: the stage is not run.
 
 Every version a per-file gate commits records what it was computed from (`inputs_id`, in
-its manifest's extra under `inputs`): the stage's code version and config, what else its
-gate read (the gate's salt), the catalog as the partition sees it, and the content of
-every upstream version it read (`versions.content_id`: the sha256 of each shard and of
-each shard holding its text, never the folder or the time it was written in). Before a
-stage computes a partition it works out that identity for the inputs it would read now;
-when the partition's latest version records the same one, that version stands and
-nothing is read, keyed, gated or written. Collection takes part by a source's revision
-(a git commit or an archive's sha256 before anything is read, a directory's tree hash once
-its files are hashed: stages/collect.py), so everything after an unchanged source stands.
+its manifest's extra under `inputs`): the whole library's code and the versions of the
+libraries that write its bytes (`pipeline_fingerprint`), the stage's code version and
+config, what else its gate read (the gate's salt), the catalog as the partition sees it,
+and the content of every upstream version it read (`versions.content_id`: the sha256 of
+each shard and of each shard holding its text, never the folder or the time it was written
+in). Before a stage computes a partition it works out that identity for the inputs it
+would read now; when the partition's latest version records the same one, that version
+stands and nothing is read, keyed, gated or written. Collection takes part by a source's
+revision (a git commit or an archive's sha256 before anything is read, a directory's tree
+hash once its files are hashed: stages/collect.py), so everything after an unchanged source
+stands.
 
 A stage that is not a per-file gate takes part when it says so (`Stage.reusable`: dedup,
 documents, packing, the snapshot); its identity is taken from the latest version of
-everything it declares it reads, and recorded by `StageContext.begin`. The snapshot's
-version names a folder beside it: it stands only while that folder is still whole, every
-file it lists with its sha256 (`Stage.still_whole`). The Megatron export takes the export
-the promotion made when it is there; the report is always rendered again.
+everything it declares it reads, and recorded by `StageContext.begin` (not at all when it
+moved by the time the version commits: another run committed an input meanwhile). The
+snapshot's version names a folder beside it: it stands only while that folder is still
+whole, every file it lists with its sha256 and every other one (manifest, marker, card,
+text release) with the sha256 the version recorded (`Stage.still_whole`). The Megatron
+export is taken again while its marker names the snapshot, its code and every file's
+sha256; the report is always rendered again.
 
 The blocking checks still run on the version that stands, as after any materialization.
 """
