@@ -146,6 +146,9 @@ class Stage:
     # standing version reports when that folder is still whole, None when it is not (the
     # body runs again)
     still_whole: Callable[[StageContext, Manifest], Mapping[str, Any] | None] | None = None
+    # what else a reusable body reads that no version it reads holds (the snapshot's card
+    # counts the removal requests), hashed into its inputs id
+    inputs_salt: Callable[[StageContext], str] | None = None
     # or, for a per-source stage, its work over all its partitions at once, spreading its
     # own tasks across them (collection: a large source's slices beside the small sources)
     sources_body: SourcesBody | None = None

@@ -157,4 +157,5 @@ def body_inputs(ctx: StageContext, stage: Stage, partition: str | None) -> str |
                 upstream.append(ctx.store.latest(name, source))
             except NoVersionError:
                 return None
-    return inputs_id(ctx, stage, partition, upstream)
+    salts = [stage.inputs_salt(ctx)] if stage.inputs_salt is not None else []
+    return inputs_id(ctx, stage, partition, upstream, salts)

@@ -26,16 +26,33 @@ from megacpp_pipeline.storage.store import Manifest, config_hash
 
 @functools.lru_cache(maxsize=4)
 def _loaded(
-    specs: tuple[RemovalSpec, ...], base_dir: Path, sources: frozenset[str]
+    specs: tuple[RemovalSpec, ...],
+    base_dir: Path,
+    sources: frozenset[str],
+    contents: tuple[bytes | None, ...],
 ) -> list[removals.Removal]:
     return removals.load_removals(list(specs), base_dir, known_sources=sources)
 
 
+def _request_bytes(spec: RemovalSpec, base_dir: Path) -> bytes | None:
+    """A request file's bytes (None for an inline entry or a file that cannot be read:
+    load_removals names it)."""
+    if spec.file is None:
+        return None
+    path = Path(spec.file).expanduser()
+    try:
+        return (path if path.is_absolute() else base_dir / path).read_bytes()
+    except OSError:
+        return None
+
+
 def loaded_removals(catalog: Catalog) -> list[removals.Removal]:
-    """The catalog's entries with request files expanded (read once per catalog)."""
-    return _loaded(
-        tuple(catalog.removals), catalog.base_dir, frozenset(s.id for s in catalog.sources)
-    )
+    """The catalog's entries with request files expanded: expanded again when a request
+    file's bytes changed, else taken from the last expansion (a long-lived process sees
+    every edit)."""
+    specs = tuple(catalog.removals)
+    contents = tuple(_request_bytes(s, catalog.base_dir) for s in specs)
+    return _loaded(specs, catalog.base_dir, frozenset(s.id for s in catalog.sources), contents)
 
 
 def _near_config(ctx: StageContext) -> Any:

@@ -8,6 +8,7 @@ otherwise, and for every other check, the check runs again."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ from megacpp_pipeline.stages.documents import documents_stream
 from megacpp_pipeline.stages.packing import pieces_tables
 from megacpp_pipeline.stages.removals import loaded_removals, removed_table
 from megacpp_pipeline.storage.store import Manifest, ShardInfo, ShardStore, config_hash
-from megacpp_pipeline.storage.versions import sha256_file
+from megacpp_pipeline.storage.versions import canonical_json, sha256_file
 
 
 class SourceRows:
@@ -495,6 +496,12 @@ def _still_whole(ctx: StageContext, version: Manifest) -> dict[str, Any] | None:
     return {**_described(snap, manifest), "changes": Markdown("none: its inputs did not change")}
 
 
+def _removal_requests(ctx: StageContext) -> str:
+    """The removal entries as the requests expand them now: the card counts them."""
+    entries = [r.spec.model_dump(mode="json") for r in loaded_removals(ctx.catalog)]
+    return "removals:" + hashlib.sha256(canonical_json(entries)).hexdigest()
+
+
 UNLISTED = "unlisted_files"  # the version's extra: rel -> sha256 of the folder's other files
 
 
@@ -692,6 +699,7 @@ STAGE = Stage(
     body=_body,
     reusable=True,
     still_whole=_still_whole,
+    inputs_salt=_removal_requests,
     checks=(
         *(_promotion_check(name) for name in verify.ALL_CHECKS),
         Check(

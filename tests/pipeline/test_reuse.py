@@ -419,3 +419,27 @@ def test_a_body_whose_inputs_moved_while_it_ran_records_none(tmp_path: Path) -> 
         assert (INPUTS not in committed.extra) is moved
         assert any("its inputs moved while it ran" in x for x in lines) is moved
         assert ctx.store.latest("packed_rows").extra.get(INPUTS) == (None if moved else now)
+
+
+def test_a_removal_request_added_that_removes_nothing_still_moves_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    """The card counts the removal requests; a request file that gains an entry matching no
+    file leaves every removals version's content the same, but not the snapshot."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    requests = catalog.with_name("requests.jsonl")
+    requests.write_text('{"source": "tree", "path": "no/such/**"}\n')
+    data = yaml.safe_load(catalog.read_text())
+    data["removals"] = [{"file": "requests.jsonl"}]
+    catalog.write_text(yaml.safe_dump(data, sort_keys=False))
+    first = context(tmp_path, catalog, "first", workers=2)
+    run_all(first)
+    promoted = first.store.latest("snapshot")
+    assert promoted.extra["removals"]["entries"] == 1
+    with requests.open("a") as f:
+        f.write('{"source": "repo", "path": "nor/this/**"}\n')
+    again, lines = _logged(context(tmp_path, catalog, "again", workers=2), "again")
+    run_all(again)
+    rebuilt = again.store.latest("snapshot")
+    assert rebuilt.version != promoted.version and rebuilt.extra["removals"]["entries"] == 2
+    assert f"snapshot: its inputs are those of {promoted.version}, {STANDING}" not in lines
