@@ -37,6 +37,7 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel
@@ -136,6 +137,45 @@ HASH_IN_TASKS_BYTES = 64 << 20
 # says otherwise: a task given a few rows of a large shard (slices cut shards larger than a
 # task) decodes only the groups those rows are in, not the whole shard once per task.
 ROW_GROUP_BYTES = 1 << 20
+
+
+def logical_bytes(table: pa.Table) -> int:
+    """A table's size from its values alone: what row groups and shards are cut by, so the
+    same rows make the same files however their buffers are laid out (a column with a
+    validity bitmap and one without, a slice of a larger buffer; `nbytes` tells those
+    apart, and a cached run would cut its files elsewhere than a cold one)."""
+    return sum(_column_bytes(c) for c in table.columns)
+
+
+def _column_bytes(column: pa.ChunkedArray | pa.Array) -> int:
+    t = column.type
+    n = len(column)
+    if pa.types.is_dictionary(t):
+        return _column_bytes(column.cast(t.value_type))
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    ):
+        return int(pc.sum(pc.binary_length(column)).as_py() or 0) + 4 * n
+    if pa.types.is_boolean(t):
+        return (n + 7) // 8
+    if pa.types.is_null(t):
+        return 0
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _column_bytes(pc.list_flatten(column)) + 4 * n
+    if pa.types.is_struct(t):
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        return sum(
+            _column_bytes(pa.chunked_array([c.field(i) for c in chunks], t.field(i).type))
+            for i in range(t.num_fields)
+        )
+    if t.bit_width > 0:
+        return t.bit_width * n // 8
+    return int(column.nbytes)
+
+
 # (task, job, items) -> each item's result, in order: an executor's map.
 Mapper = Callable[[Callable[[Any, Any], Any], Any, list[Any]], Iterator[Any]]
 # Manifests of committed versions read for verifying `read_bytes` of their files; a version
@@ -1106,7 +1146,7 @@ class ShardUploader:
         final = f"{self.dir}/{relpath}"
         options: dict[str, Any] = {**PARQUET_OPTIONS, "compression": self.store.compression}
         if table.num_rows:
-            row_bytes = max(1, table.nbytes // table.num_rows)
+            row_bytes = max(1, logical_bytes(table) // table.num_rows)
             options["row_group_size"] = max(1, ROW_GROUP_BYTES // row_bytes)
         options.update(kwargs)
         sink = pa.BufferOutputStream()
@@ -1158,7 +1198,7 @@ class TableWriter:
         table = conform(table, self.schema, f"{self.version.manifest.asset}: table {self.name!r}")
         store = self.version.store
         start = 0
-        row_bytes = max(1, table.nbytes // table.num_rows)
+        row_bytes = max(1, logical_bytes(table) // table.num_rows)
         while start < table.num_rows:
             room_bytes = max(0, store.max_bytes_per_shard - self._pending_bytes)
             room = max(
@@ -1167,7 +1207,7 @@ class TableWriter:
             piece = table.slice(start, room)
             self._pending.append(piece)
             self._pending_rows += piece.num_rows
-            self._pending_bytes += piece.nbytes
+            self._pending_bytes += logical_bytes(piece)
             start += piece.num_rows
             if (
                 self._pending_rows >= store.max_rows_per_shard
