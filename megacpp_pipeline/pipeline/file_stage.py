@@ -481,7 +481,7 @@ def gate_table(
     if cache is not None:
         schemas = {"kept": stage.schema, "dropped": ledger.LEDGER_SCHEMA, **stage.side_tables}
         keys = row_keys(table, stage.content_column)
-        result, hits = cached_gate_call(cache, table, keys, gate, schemas)
+        result, hits = cached_gate_call(cache, table, keys, gate, schemas, stage.cache_from)
         stats["cached_files"] += hits
     else:
         result = gate(table)

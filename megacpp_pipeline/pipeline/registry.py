@@ -124,6 +124,10 @@ class Stage:
     version_data: Callable[[Catalog], Any] | None = None
     schema: pa.Schema | None = None  # the rows of its `data` table
     content_column: str | None = None  # what a per-file gate reads of a row (cache key)
+    # output columns whose rows usually hold the bytes of an input column of another name
+    # (normalize's text: its input's content, as it was): the result cache leaves them to
+    # the input, as it does a column the gate passes through
+    cache_from: Mapping[str, str] = field(default_factory=dict)
     side_tables: Mapping[str, pa.Schema] = field(default_factory=dict)
     drop_reasons: tuple[str, ...] = ()
     writes_ledger: bool = False

@@ -29,6 +29,7 @@ STAGE = Stage(
     code=(normalize.__name__, __name__),
     schema=NORMALIZED_FILES,
     content_column="blob_sha",
+    cache_from={"text": "content"},  # a file already UTF-8 and LF: its text is its bytes
     drop_reasons=(
         DropReason.BINARY,
         DropReason.UNDECODABLE,

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 # The entry format; part of every namespace, so entries of an older format are never read
 # (they sit in namespaces nothing uses any more, which `megacpp cache prune` removes).
-FORMAT = "6"
+FORMAT = "7"
 # Columns a cached row takes from the live input row instead of the entry: where the file was
 # collected from, which no gate reads. A refresh that moves a source to a new commit reuses
 # every unchanged file's results, stamped with the new revision.
@@ -59,6 +59,9 @@ _META_CARRIED = b"megacpp.cache.carried"  # a kept part's columns left to the li
 # a kept part's columns whose rows are left to the live input where its mask column
 # (`_PARTLY` + name) is true: the text of a gate that changes a few files' text
 _META_PARTLY = b"megacpp.cache.partly"
+# of those columns, the ones an input column of another name holds: {column: [that input
+# column, the column's type]} (normalize's `text`, its input's `content` as it was)
+_META_FROM = b"megacpp.cache.from"
 _PARTLY = "_carried:"
 _MATERIAL = "material"  # what each key is the hash of
 
@@ -300,12 +303,13 @@ class FileResultCache:
         keys: Sequence[str],
         identities: Sequence[tuple[str, str]],
         kinds: Iterable[str],
-        carry: Callable[[pa.Table, list[str]], pa.Table] | None = None,
+        carry: Carry | None = None,
     ) -> ProvenEntry:
         """The cached rows of `kinds` for those of `keys` whose entries prove themselves
         (`identities[i]`: the (source, path) the input holds at `keys[i]`). An entry that does
         not is discarded with one warning; its keys are left out, to be computed again. A
-        part that left columns to the input gets them back from `carry(rows, columns)`."""
+        part that left columns to the input gets them back from `carry(rows, columns,
+        sources)` (`sources`: the input column and type of each one held under another name)."""
         index = self._load_index()
         wanted: dict[str, dict[str, tuple[str, str]]] = {}
         for key, ident in zip(keys, identities, strict=True):
@@ -318,27 +322,18 @@ class FileResultCache:
         for entry, served in sorted(wanted.items()):
             try:
                 tables = self._prove(entry, served)
+                chosen = pa.array(list(served), pa.string())
+                rows = {
+                    kind: _restored(tables[kind], chosen, carry, f"{self.dir}/{entry}")
+                    for kind in kinds
+                    if kind in tables
+                }
             except EntryRejected as e:
                 self.discard(entry, str(e), files=[f"{s}:{p}" for s, p in served.values()])
                 continue
             out.keys.extend(served)
-            chosen = pa.array(list(served), pa.string())
-            for kind in kinds:
-                if kind in tables:
-                    t = tables[kind]
-                    t = t.filter(pc.is_in(t[KEY], value_set=chosen))
-                    meta = t.schema.metadata or {}
-                    carried = json.loads(meta.get(_META_CARRIED, b"[]"))
-                    partly = json.loads(meta.get(_META_PARTLY, b"[]"))
-                    if carried or partly:
-                        if carry is None:
-                            raise ValueError(f"{self.dir}/{entry}: its rows need the input's")
-                        t = t.replace_schema_metadata(None)
-                        if carried:
-                            t = carry(t, carried)
-                        if partly:
-                            t = _filled(t, partly, carry)
-                    parts[kind].append(t)
+            for kind, t in rows.items():
+                parts[kind].append(t)
         # entries that left different columns to the input hold them in another order, and
         # a column from the input may differ in nullability (the caller casts to its schema)
         out.tables = {
@@ -375,6 +370,7 @@ class FileResultCache:
         material: Sequence[str] | None = None,
         carried: Sequence[str] = (),
         partly: Mapping[str, pa.ChunkedArray] | None = None,
+        renamed: Mapping[str, str] | None = None,
     ) -> None:
         """Store one gate call's outputs; `table_keys[kind]` aligns keys with that table;
         `identities`: each key's (source, path) (default: from the kept and dropped rows);
@@ -382,7 +378,8 @@ class FileResultCache:
         proves its files' identities but not its keys' preimages); `carried`: columns of
         the kept rows that hold their input rows' values, left out of the entry (a hit takes
         them from the input row, whose key covers them); `partly`: columns where the rows a
-        mask marks hold their input rows' values, left null in the entry beside the mask."""
+        mask marks hold their input rows' values, left null in the entry beside the mask;
+        `renamed`: of those, the ones an input column of another name holds, by that name."""
         if identities is None:
             ident_of = {
                 k: ident
@@ -403,7 +400,7 @@ class FileResultCache:
         recorded: dict[str, dict[str, object]] = {}
         for kind, table in tables.items():
             if kind == "kept" and (carried or partly):
-                table = _leave_to_input(table, carried, partly or {})
+                table = _leave_to_input(table, carried, partly or {}, renamed or {})
             keyed = table.append_column(KEY, pa.array(table_keys[kind], pa.string()))
             size, sha256 = self._write_table(keyed, f"{self.dir}/{entry}.{kind}{ENTRY_SUFFIX}")
             recorded[kind] = {"bytes": size, "sha256": sha256, "rows": keyed.num_rows}
@@ -620,11 +617,15 @@ def cached_gate_call(
     keys: list[str],
     gate_call: Callable[[pa.Table], GateResult],
     schemas: dict[str, pa.Schema],
+    renamed: Mapping[str, str] | None = None,
 ) -> tuple[GateResult, int]:
     """The gate's result for `table`, computing only the rows whose key is cached in an
     entry that proves itself. `schemas` names every output table ("kept", "dropped", side
     tables) with its schema. Rows come back in input order, so a cached run writes the same
-    shards as a cold one; a cached row carries the input's CARRIED_LIVE columns."""
+    shards as a cold one; a cached row carries the input's CARRIED_LIVE columns. `renamed`:
+    output columns whose rows often hold the bytes of an input column of another name (the
+    entry leaves those rows to the input, as it does a column the gate passes through)."""
+    renamed = dict(renamed or {})
     identity = list(zip(table["source_id"].to_pylist(), table["path"].to_pylist(), strict=True))
     position = {ident: i for i, ident in enumerate(identity)}
     key_of = dict(zip(identity, keys, strict=True))
@@ -633,7 +634,7 @@ def cached_gate_call(
         [keys[i] for i in hit_rows],
         [identity[i] for i in hit_rows],
         schemas,
-        carry=lambda rows, columns: _from_input(rows, columns, table, position),
+        carry=lambda rows, columns, sources: _from_input(rows, columns, sources, table, position),
     )
     served = set(proven.keys)
     misses = np.array([i for i, k in enumerate(keys) if k not in served], dtype=np.int64)
@@ -650,7 +651,7 @@ def cached_gate_call(
     if fresh is not None:
         fresh_tables = {"kept": fresh.kept, "dropped": fresh.dropped, **fresh.extra}
         material = getattr(keys, "material", None)
-        carried, partly = _carried(fresh.kept, table, position)
+        carried, partly = _carried(fresh.kept, table, position, renamed)
         cache.put(
             [keys[i] for i in misses],
             {k: _keys(t, key_of) for k, t in fresh_tables.items()},
@@ -659,6 +660,7 @@ def cached_gate_call(
             material=[material[i] for i in misses] if material is not None else None,
             carried=carried,
             partly=partly,
+            renamed=renamed,
         )
     live = {c: table[c].to_pylist() for c in CARRIED_LIVE if c in table.column_names}
     out: dict[str, pa.Table] = {}
@@ -714,10 +716,19 @@ def _input_rows(rows: pa.Table, position: dict[tuple[str, str], int]) -> pa.Arra
 
 
 def _leave_to_input(
-    table: pa.Table, carried: Sequence[str], partly: Mapping[str, pa.ChunkedArray]
+    table: pa.Table,
+    carried: Sequence[str],
+    partly: Mapping[str, pa.ChunkedArray],
+    renamed: Mapping[str, str],
 ) -> pa.Table:
     """A kept part without the values its rows' inputs hold: `carried` columns dropped,
-    `partly` columns null where their mask is true, the mask beside them."""
+    `partly` columns null where their mask is true, the mask beside them; the input column
+    and type of each one an input column of another name holds (`renamed`) recorded."""
+    sources = {
+        name: [renamed[name], str(table.schema.field(name).type)]
+        for name in [*carried, *partly]
+        if name in renamed
+    }
     table = table.drop_columns(list(carried))
     for name, mask in partly.items():
         i = table.schema.get_field_index(name)
@@ -731,15 +742,51 @@ def _leave_to_input(
         {
             _META_CARRIED: json.dumps(list(carried)).encode(),
             _META_PARTLY: json.dumps(list(partly)).encode(),
+            _META_FROM: json.dumps(sources, sort_keys=True).encode(),
         }
     )
 
 
+# the types a column held under another input column's name may have (the entry names it)
+_BYTES_TYPES = {str(t): t for t in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())}
+# an entry's columns left to the input: (rows, columns, {column: (input column, type)})
+Carry = Callable[[pa.Table, list[str], Mapping[str, tuple[str, pa.DataType]]], pa.Table]
+
+
+def _restored(t: pa.Table, chosen: pa.Array, carry: Carry | None, where: str) -> pa.Table:
+    """An entry part's rows of the keys `chosen`, with the columns it left to the input."""
+    t = t.filter(pc.is_in(t[KEY], value_set=chosen))
+    meta = t.schema.metadata or {}
+    carried = json.loads(meta.get(_META_CARRIED, b"[]"))
+    partly = json.loads(meta.get(_META_PARTLY, b"[]"))
+    if not carried and not partly:
+        return t
+    if carry is None:
+        raise ValueError(f"{where}: its rows need the input's")
+    sources = _sources(meta)
+    t = t.replace_schema_metadata(None)
+    if carried:
+        t = carry(t, carried, sources)
+    if partly:
+        t = _filled(t, partly, carry, sources)
+    return t
+
+
+def _sources(meta: Mapping[bytes, bytes]) -> dict[str, tuple[str, pa.DataType]]:
+    """An entry part's columns held under another input column's name, with their types."""
+    out: dict[str, tuple[str, pa.DataType]] = {}
+    for name, (source, type_name) in json.loads(meta.get(_META_FROM, b"{}")).items():
+        if type_name not in _BYTES_TYPES:
+            raise EntryRejected(f"its column {name!r} names a type {type_name!r}")
+        out[name] = (source, _BYTES_TYPES[type_name])
+    return out
+
+
 def _filled(
-    t: pa.Table, names: list[str], carry: Callable[[pa.Table, list[str]], pa.Table]
+    t: pa.Table, names: list[str], carry: Carry, sources: Mapping[str, tuple[str, pa.DataType]]
 ) -> pa.Table:
     """Cached rows with the input's values where each `names` column's mask says so."""
-    live = carry(t.select(["source_id", "path"]), names)
+    live = carry(t.select(["source_id", "path"]), names, sources)
     for name in names:
         i = t.schema.get_field_index(name)
         column = pc.if_else(t[_PARTLY + name], live[name], t[name])
@@ -748,20 +795,28 @@ def _filled(
 
 
 def _carried(
-    kept: pa.Table, table: pa.Table, position: dict[tuple[str, str], int]
+    kept: pa.Table,
+    table: pa.Table,
+    position: dict[tuple[str, str], int],
+    renamed: Mapping[str, str],
 ) -> tuple[list[str], dict[str, pa.ChunkedArray]]:
     """The text and binary columns whose every kept row holds its input row's value (the
     text a gate only looked at): its entry need not hold a second copy of them; and those
     where at least half the rows do (the text of a gate that rewrites a few files), with
-    the mask of those rows. The rows' identity stays, to prove the entry, and CARRIED_LIVE
-    columns are the input's anyway."""
+    the mask of those rows. The input's value is its column of the same name, or of the
+    name `renamed` gives (its bytes: normalize's text is its input's content as it was).
+    The rows' identity stays, to prove the entry, and CARRIED_LIVE columns are the input's
+    anyway."""
+    source = {c: renamed.get(c, c) for c in kept.column_names}
     names = [
         c
         for c in kept.column_names
-        if c in table.column_names
+        if source[c] in table.column_names
         and c not in ("source_id", "path", *CARRIED_LIVE)
+        and (c == source[c] or c not in table.column_names)
         and _is_bytes(kept.schema.field(c).type)
-        and kept.schema.field(c).type == table.schema.field(c).type
+        and _is_large(kept.schema.field(c).type) == _is_large(table.schema.field(source[c]).type)
+        and (c != source[c] or kept.schema.field(c).type == table.schema.field(c).type)
     ]
     if not names or not kept.num_rows:
         return [], {}
@@ -787,23 +842,39 @@ def _carried(
     whole: list[str] = []
     partly: dict[str, pa.ChunkedArray] = {}
     for c in names:
-        values = live(c)
-        if kept[c].equals(values):
+        values = live(source[c])
+        mine = kept[c] if c == source[c] else kept[c].cast(values.type)  # text as its bytes
+        if mine.equals(values):
             whole.append(c)
             continue
-        same = pc.fill_null(pc.equal(kept[c], values), False)
+        same = pc.fill_null(pc.equal(mine, values), False)
         if 2 * (pc.sum(same).as_py() or 0) >= kept.num_rows:
             partly[c] = same
     return whole, partly
 
 
 def _from_input(
-    rows: pa.Table, columns: list[str], table: pa.Table, position: dict[tuple[str, str], int]
+    rows: pa.Table,
+    columns: list[str],
+    sources: Mapping[str, tuple[str, pa.DataType]],
+    table: pa.Table,
+    position: dict[tuple[str, str], int],
 ) -> pa.Table:
-    """Cached rows with `columns` taken from their rows of the input table."""
+    """Cached rows with `columns` taken from their rows of the input table (a column held
+    under another input column's name: that column's bytes as the entry's type, checked)."""
     at = _input_rows(rows, position)
     for name in columns:
-        rows = rows.append_column(table.schema.field(name), table[name].take(at))
+        if name not in sources:
+            rows = rows.append_column(table.schema.field(name), table[name].take(at))
+            continue
+        source, type_ = sources[name]
+        if source not in table.column_names:
+            raise EntryRejected(f"its column {name!r} is left to an input column {source!r}")
+        try:
+            values = table[source].take(at).cast(type_)  # text: valid UTF-8 or rejected
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise EntryRejected(f"its column {name!r} is not its input's {source!r}: {e}") from e
+        rows = rows.append_column(pa.field(name, type_), values)
     return rows
 
 

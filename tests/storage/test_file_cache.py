@@ -489,3 +489,67 @@ def test_a_gate_that_rewrites_most_files_keeps_their_text_in_its_entry(tmp_path:
         FileResultCache(tmp_path, "mark", "c", ""), normalized, keys, gate, schemas
     )
     assert hits == normalized.num_rows and warm.kept.equals(cold.kept)
+
+
+def _normalize_call(cache: FileResultCache, raw: pa.Table, gate: CountingGate) -> GateResult:
+    keys = row_keys(raw, "blob_sha")
+    result, _ = cached_gate_call(cache, raw, keys, gate, SCHEMAS, {"text": "content"})
+    return result
+
+
+def test_normalized_text_that_is_its_files_bytes_is_left_to_the_raw_content(
+    tmp_path: Path,
+) -> None:
+    """Normalize's text is the file's bytes for a file already UTF-8 and LF: its entry keeps
+    only the text it changed (a CRLF file's), and a hit decodes the rest from the input."""
+    files = _corpus()
+    files["include/crlf.hpp"] = b"#pragma once\r\nint crlf();\r\n"
+    raw = _raw(files)
+    cfg = normalize.NormalizeConfig()
+    cold = _normalize_call(FileResultCache(tmp_path, "normalize", "c", ""), raw, CountingGate(cfg))
+    (part,) = _kept_parts(FileResultCache(tmp_path, "normalize", "c", ""))
+    held = part.filter(pc.is_valid(part["text"]))
+    assert held["path"].to_pylist() == ["include/crlf.hpp"]
+    assert held["text"].to_pylist() == ["#pragma once\nint crlf();\n"]
+    gate = CountingGate(cfg)
+    warm = _normalize_call(FileResultCache(tmp_path, "normalize", "c", ""), raw, gate)
+    assert gate.files_seen == 0
+    assert warm.kept.equals(cold.kept) and warm.dropped.equals(cold.dropped)
+    # a file whose bytes are not its text any more is computed again, not served
+    files["include/m3.hpp"] = b"#pragma once\r\nint changed();\r\n"
+    gate = CountingGate(cfg)
+    again = _normalize_call(FileResultCache(tmp_path, "normalize", "c", ""), _raw(files), gate)
+    assert gate.files_seen == 1
+    (text,) = again.kept.filter(pc.equal(again.kept["path"], "include/m3.hpp"))["text"].to_pylist()
+    assert text == "#pragma once\nint changed();\n"
+
+
+def test_an_entry_that_leaves_text_to_bytes_that_are_not_utf8_is_discarded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An entry claiming a binary file's text is its bytes (as a poisoned mask would) cannot
+    serve it: the bytes do not decode, the entry is discarded and its files computed again."""
+    files = _corpus(4)
+    raw = _raw(files)
+    cfg = normalize.NormalizeConfig()
+    _normalize_call(FileResultCache(tmp_path, "normalize", "c", ""), raw, CountingGate(cfg))
+    # the same keys, the input's bytes swapped for bytes that are not UTF-8 in one row
+    # (what a mask pointing at the wrong rows amounts to), keys kept from the first input
+    bad = raw.set_column(
+        raw.schema.get_field_index("content"),
+        raw.schema.field("content"),
+        pa.array([b"\xff\xfe" + c for c in raw["content"].to_pylist()], pa.binary()),
+    )
+    gate = CountingGate(cfg)
+    result, hits = cached_gate_call(
+        FileResultCache(tmp_path, "normalize", "c", ""),
+        bad,
+        row_keys(raw, "blob_sha"),
+        gate,
+        SCHEMAS,
+        {"text": "content"},
+    )
+    assert hits == 0 and gate.files_seen == bad.num_rows
+    assert "result cache entry discarded" in caplog.text
+    assert "not its input's 'content'" in caplog.text
+    assert result.kept.num_rows + result.dropped.num_rows == bad.num_rows
