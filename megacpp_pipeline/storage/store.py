@@ -171,9 +171,13 @@ def _column_bytes(column: pa.ChunkedArray | pa.Array) -> int:
             _column_bytes(pa.chunked_array([c.field(i) for c in chunks], t.field(i).type))
             for i in range(t.num_fields)
         )
-    if t.bit_width > 0:
-        return t.bit_width * n // 8
-    return int(column.nbytes)
+    if pa.types.is_fixed_size_list(t):
+        return _column_bytes(pc.list_flatten(column))
+    try:
+        width = t.bit_width
+    except ValueError:  # any other variable-width type (views, maps): its buffers
+        return int(column.nbytes)
+    return width * n // 8
 
 
 # (task, job, items) -> each item's result, in order: an executor's map.
