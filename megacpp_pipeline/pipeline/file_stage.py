@@ -399,7 +399,9 @@ def _drop_staged(key: str) -> None:
 def _take_staged(ctx: StageContext, stage: Stage, source: str) -> _Staged | None:
     """The version a pass wrote ahead for `stage` and `source`, if it still stands: computed
     in this run from the input's latest version, at this code and config, from reads that
-    are all still the latest. One that does not is dropped (the gate runs again)."""
+    are all still the latest, by a gate whose salt is the one it would have now (what it
+    reads of the catalog's entry and of its request files). One that does not is dropped
+    (the gate runs again)."""
     key = ctx.store.partition_dir(stage.name, source)
     staged = _STAGED.get(key)
     if staged is None:
@@ -421,6 +423,8 @@ def _take_staged(ctx: StageContext, stage: Stage, source: str) -> _Staged | None
         content_id(ctx.store.latest(m.asset, m.partition)) != content_id(m) for m in p.upstream
     ):
         why = "a version its gate read has a newer one"  # newer and not the same content
+    elif p.salts != [_salt_now(ctx, stage, source)]:
+        why = "what its gate reads besides its input changed (the source's entry, a request)"
     if why is not None:
         ctx.log(f"{stage.name} [{source}]: the version written ahead is dropped: {why}")
         _drop_staged(key)
@@ -428,6 +432,14 @@ def _take_staged(ctx: StageContext, stage: Stage, source: str) -> _Staged | None
     del _STAGED[key]
     p.upstream.insert(0, upstream)
     return staged
+
+
+def _salt_now(ctx: StageContext, stage: Stage, source: str) -> str:
+    """The salt of `stage`'s gate for `source` prepared now, from the catalog this step
+    loaded (a step may see another sources.yaml, or request file, than the pass did)."""
+    assert stage.gate is not None
+    reading = SourceInputs(ctx, stage, ctx.catalog.source(source), ctx.config(stage))
+    return stage.gate(reading).salt
 
 
 def _adopt(p: _Pending, stage: Stage, result: SliceResult) -> None:

@@ -155,3 +155,42 @@ def test_a_pass_stops_before_a_stage_the_run_does_not_run(tmp_path: Path, catalo
         # quality is not ahead: its own step runs its gate, and its pass writes licensed
         assert not any(line.startswith(f"{quality} [{source}]: {HEAD}") for line in lines)
         assert f"{licensed} [{source}]: {quality}'s pass wrote this version" in lines
+
+
+@pytest.mark.parametrize("change", ["request withdrawn", "vendored paths added"])
+def test_a_version_written_ahead_by_a_gate_whose_salt_moved_is_dropped_and_run_again(
+    tmp_path: Path, change: str
+) -> None:
+    """What a gate reads besides its input (a request file's entries, the source's entry in
+    sources.yaml) is in its salt only: a step that loads them changed since the pass runs
+    the gate again instead of committing what the pass wrote with the old ones."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    requests = tmp_path / "corpus" / "requests.jsonl"
+    requests.write_text('{"source": "tree", "path": "src/lib1.cc", "reason": "takedown"}\n')
+    catalog.write_text(catalog.read_text() + "removals:\n  - file: requests.jsonl\n")
+    ctx = run_through(context(tmp_path, catalog, "run"), "raw_files")
+    _materialize(replace(ctx, ahead=frozenset(AHEAD)), HEAD)
+    if change == "request withdrawn":
+        name, source = "removed_files", "tree"
+        requests.write_text('{"source": "tree", "path": "no/such/file.cc"}\n')
+    else:
+        name, source = "classified_files", "repo"
+        text = catalog.read_text()
+        assert "  - id: repo\n" in text
+        catalog.write_text(
+            text.replace("  - id: repo\n", "  - id: repo\n    vendored_paths: [include/]\n")
+        )
+    # each step loads the catalog again, as a Dagster step does
+    step, lines = _logged(replace(context(tmp_path, catalog, "run"), ahead=frozenset(AHEAD)))
+    for stage in AHEAD[: AHEAD.index(name) + 1]:
+        _materialize(step, stage)
+    assert (
+        f"{name} [{source}]: the version written ahead is dropped: what its gate reads besides "
+        "its input changed (the source's entry, a request)"
+    ) in lines
+    alone = run_through(context(tmp_path / "alone", catalog, "alone"), name)
+    got = step.store.read_table(step.store.latest(name, source), "data")
+    want = alone.store.read_table(alone.store.latest(name, source), "data")
+    assert got.equals(want)
+    if change == "request withdrawn":
+        assert "src/lib1.cc" in got["path"].to_pylist()
