@@ -15,7 +15,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +140,12 @@ REMOVED_FILES_SCHEMA = pa.schema(
         pa.field("content_sha256", pa.string(), nullable=False),  # of the text as collected
         pa.field("raw_sha256", pa.string()),  # of the raw bytes, when they are reconstructible
         pa.field("entry", pa.string(), nullable=False),  # Removal.label of the first match
-        pa.field("by_content", pa.bool_(), nullable=False),  # a sha256 entry matched
+        # which form of entry matched: "sha256", "path" or "source" (the stage's removed_by
+        # counts are recounted from it over cached rows too)
+        pa.field("matched_by", pa.string(), nullable=False),
         pa.field("signature", pa.list_(pa.uint64()), nullable=False),  # MinHash, for promotion
     ],
-    metadata={"megacpp.table": "removed_files", "megacpp.schema_version": "1"},
+    metadata={"megacpp.table": "removed_files", "megacpp.schema_version": "2"},
 )
 
 
@@ -163,17 +165,16 @@ def run(
     the same for UTF-8 files with LF line ends and no BOM, and for the others the raw
     bytes are rebuilt from the text and the recorded encoding and proven by the git blob
     id of the raw bytes (blob_sha) before their hash is trusted."""
-    stats: Counter[str] = Counter(files=table.num_rows)
     mine = [r for r in removals if r.applies_to(source_id)]
     wanted = {r.spec.sha256 for r in mine if r.spec.sha256 is not None}
     if not mine or table.num_rows == 0:
-        stats["kept"] += table.num_rows
-        return GateResult(kept=table, stats=stats, extra={"removed": _empty_removed()})
+        empty = GateResult(kept=table, extra={"removed": _empty_removed()})
+        return replace(empty, stats=summary(empty))
     paths = table["path"].to_pylist()
     content = table["content_sha256"].to_pylist()
     # the raw bytes' hashes are needed for every row only when an entry names content
     raw = _raw_sha256s(table) if wanted else None
-    matched: dict[int, tuple[Removal, bool]] = {}
+    matched: dict[int, tuple[Removal, str]] = {}
     for row, (path, text_hash) in enumerate(zip(paths, content, strict=True)):
         for r in mine:
             spec = r.spec
@@ -182,15 +183,12 @@ def run(
             else:
                 hit = r.pattern is None or r.pattern.match(path) is not None
             if hit:
-                matched[row] = (r, spec.sha256 is not None)
                 form = "sha256" if spec.sha256 else "path" if spec.path else "source"
-                stats[f"removed_by:{form}"] += 1
+                matched[row] = (r, form)
                 break
     rows = sorted(matched)
     keep = np.ones(table.num_rows, dtype=bool)
     keep[rows] = False
-    stats["removed"] += len(rows)
-    stats["kept"] += table.num_rows - len(rows)
     taken = table.take(pa.array(rows, pa.int64()))
     labels = [matched[i][0].label for i in rows]
     ledger = drops(
@@ -211,13 +209,27 @@ def run(
                 [raw[i] for i in rows] if raw is not None else _raw_sha256s(taken), pa.string()
             ),
             "entry": pa.array(labels, pa.string()),
-            "by_content": pa.array([matched[i][1] for i in rows], pa.bool_()),
+            "matched_by": pa.array([matched[i][1] for i in rows], pa.string()),
             "signature": pa.array(list(signatures), pa.list_(pa.uint64())),
         },
         schema=REMOVED_FILES_SCHEMA,
     )
     kept = table.filter(pa.array(keep))
-    return GateResult(kept=kept, dropped=ledger, stats=stats, extra={"removed": removed})
+    result = GateResult(kept=kept, dropped=ledger, extra={"removed": removed})
+    return replace(result, stats=summary(result))
+
+
+def summary(result: GateResult) -> Counter[str]:
+    """The gate's counts, from its output alone (so the stage recounts them over cached rows
+    too): files seen, kept, removed, and removed by each form of entry."""
+    removed = result.extra["removed"]
+    stats = Counter(
+        files=result.kept.num_rows + result.dropped.num_rows,
+        kept=result.kept.num_rows,
+        removed=result.dropped.num_rows,
+    )
+    stats.update(f"removed_by:{form}" for form in removed["matched_by"].to_pylist())
+    return stats
 
 
 def _empty_removed() -> pa.Table:

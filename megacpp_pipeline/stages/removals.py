@@ -127,6 +127,7 @@ STAGE = Stage(
     drop_reasons=(DropReason.REMOVED_ON_REQUEST,),
     writes_ledger=True,
     gate=_gate,
+    summarize=removals.summary,
     report=_report,
     checks=(
         Check(

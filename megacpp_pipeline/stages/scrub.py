@@ -4,7 +4,6 @@ the values); the check re-runs every detector over the output."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,7 +89,7 @@ STAGE = Stage(
     drop_reasons=(DropReason.SCRUB_FAILED,),
     writes_ledger=True,
     gate=_gate,
-    summarize=lambda r: Counter(f"kind:{k}" for k in r.extra["audit"]["kind"].to_pylist()),
+    summarize=scrub.summary,
     report=_report,
     checks=(
         Check(

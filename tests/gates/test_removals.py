@@ -299,7 +299,7 @@ def test_the_removed_table_holds_hashes_and_a_signature_never_the_text() -> None
     row = removed.to_pylist()[0]
     assert row["content_sha256"] == schemas.text_sha256(RING_BUFFER)
     assert row["raw_sha256"] == row["content_sha256"]  # a UTF-8 LF file: the same bytes
-    assert len(row["signature"]) == CONFIG.num_perm and not row["by_content"]
+    assert len(row["signature"]) == CONFIG.num_perm and row["matched_by"] == "path"
     assert "text" not in removed.column_names
 
 

@@ -4,6 +4,8 @@ file that decide its licence."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
 from megacpp_pipeline.core.gate import GateResult
@@ -11,6 +13,8 @@ from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates.enrich import CHUNK_KINDS
 from megacpp_pipeline.stages.enrich import kind_bytes, kind_coverage, span_problems
 from megacpp_pipeline.stages.license import decision_counts, inputs_outside_the_file
+from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.stage_runs import context, run_through
 
 
 def test_decision_counts_cover_kept_and_dropped_files_with_their_licence_sources() -> None:
@@ -108,3 +112,36 @@ def test_the_licence_rescan_names_every_kept_file_that_is_not_allowed() -> None:
     assert _ALLOWED.columns == ("path", "license_decision")
     assert _ALLOWED.inspect(None, rows) == ["b.h: denied"]
     assert _ALLOWED.inspect(None, rows.slice(0, 1)) == []
+
+
+def test_removal_and_scrub_counts_cover_the_files_served_from_the_cache(tmp_path: Path) -> None:
+    """A refresh serves most files from the per-file result cache: the counts the card and
+    the UI show (files removed by each form of entry, replacements, files scrubbed) are the
+    whole version's, the same as a cold run's, not only those of the files computed again."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    catalog.write_text(catalog.read_text() + "removals:\n  - source: tree\n    path: src/lib1.cc\n")
+
+    def counts(label: str) -> dict[str, dict[str, float]]:
+        ctx = run_through(context(tmp_path, catalog, label), "scrubbed_files")
+        out = {}
+        for stage, source in (("removed_files", "tree"), ("scrubbed_files", "tree")):
+            stats = ctx.store.latest(stage, source).stats
+            out[stage] = {
+                k: v
+                for k, v in stats.items()
+                if k.startswith(("removed_by:", "kind:", "files", "kept", "removed"))
+                or k in ("replacements", "scrub_failed")
+            }
+            out[stage + " cached"] = {"cached_files": stats["cached_files"]}
+        return out
+
+    cold = counts("cold")
+    assert cold["removed_files"]["removed_by:path"] == 1
+    assert cold["scrubbed_files"]["replacements"] > 0
+    other = tmp_path / "corpus" / "corpus_dir" / "src" / "lib2.cc"
+    other.write_text(other.read_text() + "\nint refreshed() { return 2; }\n")
+    refresh = counts("refresh")
+    assert refresh["removed_files cached"]["cached_files"] > 0
+    assert refresh["scrubbed_files cached"]["cached_files"] > 0
+    assert refresh["removed_files"] == cold["removed_files"]
+    assert refresh["scrubbed_files"] == cold["scrubbed_files"]

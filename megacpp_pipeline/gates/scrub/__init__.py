@@ -202,11 +202,9 @@ def run(table: pa.Table, config: ScrubConfig) -> GateResult:
 
     counts = np.zeros(n, dtype=np.int32)
     kinds: list[list[str]] = [[] for _ in range(n)]
-    stats: Counter[str] = Counter()
     for row, _, findings in replaced:
         counts[row] = len(findings)
         kinds[row] = sorted({str(f.kind) for f in findings})
-        stats.update(f"kind:{f.kind}" for f in findings)
     new_texts: pa.Array | pa.ChunkedArray = texts
     new_shas: pa.Array | pa.ChunkedArray = table.column("content_sha256")
     if replaced:
@@ -250,12 +248,24 @@ def run(table: pa.Table, config: ScrubConfig) -> GateResult:
         [paths[row] for row, _, _ in replaced],
         [f for _, _, f in replaced],
     )
-    stats["files_in"] += n
-    stats["files_kept"] += kept.num_rows
-    stats["files_scrubbed"] += len(replaced)
-    stats["replacements"] += int(counts.sum())
-    stats["scrub_failed"] += len(dropped_rows)
-    return GateResult(kept=kept, dropped=dropped, stats=stats, extra={"audit": audit})
+    result = GateResult(kept=kept, dropped=dropped, extra={"audit": audit})
+    result.stats = summary(result)
+    return result
+
+
+def summary(result: GateResult) -> Counter[str]:
+    """The gate's counts, from its output alone (so the stage recounts them over cached rows
+    too): files in, kept, scrubbed and failed, the replacements, and each kind's."""
+    replacements = result.kept["scrub_replacements"]
+    stats: Counter[str] = Counter(
+        files_in=result.kept.num_rows + result.dropped.num_rows,
+        files_kept=result.kept.num_rows,
+        files_scrubbed=int(pc.sum(pc.greater(replacements, 0)).as_py() or 0),
+        replacements=int(pc.sum(replacements).as_py() or 0),
+        scrub_failed=result.dropped.num_rows,
+    )
+    stats.update(f"kind:{k}" for k in result.extra["audit"]["kind"].to_pylist())
+    return stats
 
 
 def _markdown_cell(value: str, limit: int = 160) -> str:
