@@ -540,11 +540,22 @@ def _not_whole(
         return f"{sorted(set(found) - set(recorded))[0]}: not the promoted folder's", None
     store = ctx.store
     if not store.is_local:  # the uploaded copy, its marker among the recorded files
-        for rel, sha in sorted(({f.path: f.sha256 for f in manifest.files} | recorded).items()):
-            path = store.join("snapshots", manifest.snapshot_id, rel)
-            if not store.exists(path) or store.sha256_of(path) != sha:
-                return f"{store.uri_of(path)}: missing or not the promoted bytes", None
+        wanted = sorted(({f.path: f.sha256 for f in manifest.files} | recorded).items())
+        job = (store, manifest.snapshot_id)
+        problems = [p for p in mapper(_uploaded_problem, job, wanted) if p is not None]
+        if problems:  # each object read and hashed in a task of the host's light pool
+            return problems[0], None
     return None, manifest
+
+
+def _uploaded_problem(job: tuple[ShardStore, str], item: tuple[str, str]) -> str | None:
+    """Why the uploaded copy of one file of a snapshot is not the promoted bytes, if not."""
+    store, snapshot_id = job
+    rel, sha = item
+    path = store.join("snapshots", snapshot_id, rel)
+    if not store.exists(path) or store.sha256_of(path) != sha:
+        return f"{store.uri_of(path)}: missing or not the promoted bytes"
+    return None
 
 
 _DESCRIPTIONS = {
