@@ -191,14 +191,16 @@ def _align_by_blocks(
 # allows it (`splits_exactly`): the Encoding of a whole file costs ~40 bytes of memory per
 # byte of text, so a file at the size policy's limit would otherwise need gigabytes.
 PIECE_CHARS = 1 << 20
-# A newline with a non-space character after it: a byte-level pre-tokenizer always ends a
-# token there (whitespace tokens never take a non-space character, other tokens never a
-# newline), so encoding the pieces gives exactly the ids of encoding the whole.
-_PIECE_CUT = re.compile(r"\n(?=\S)")
+# A newline with a non-space character before and after it: a byte-level pre-tokenizer
+# always makes that newline a token of its own (whitespace tokens never take a non-space
+# character, other tokens never a newline), so encoding the pieces gives exactly the ids of
+# encoding the whole. Whitespace before it would not do: at a piece's end `\s+(?!\S)` takes
+# " \n" (or "\r\n") whole, where the whole text has " " then "\n".
+_PIECE_CUT = re.compile(r"(?<=\S)\n(?=\S)")
 
 
 def splits_exactly(tokenizer: Tokenizer) -> bool:
-    """Whether encoding a text cut after `\\n` before a non-space character gives the same
+    """Whether encoding a text cut after `\\n` between non-space characters gives the same
     ids as encoding it whole: no normalizer, a ByteLevel pre-tokenizer with its regex and
     no prefix space, no added token holding a newline."""
     doc = json.loads(tokenizer.to_str())
@@ -214,7 +216,7 @@ def splits_exactly(tokenizer: Tokenizer) -> bool:
 
 def text_pieces(text: str, size: int) -> Iterator[str]:
     """`text` cut into pieces of at most about `size` characters, each cut after a newline
-    that a non-space character follows (a piece runs longer only where there is none)."""
+    between non-space characters (a piece runs longer only where there is none)."""
     lo = 0
     while len(text) - lo > size:
         cut = -1

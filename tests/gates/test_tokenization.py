@@ -360,6 +360,29 @@ def test_a_long_document_is_encoded_a_piece_at_a_time_to_the_ids_of_the_whole(
     assert result.dropped.num_rows == 0
 
 
+@pytest.mark.parametrize("line_end", [" \n", "\t\n", "\r\n"])
+def test_a_long_document_whose_lines_end_in_whitespace_is_cut_where_the_ids_stay_the_same(
+    monkeypatch: pytest.MonkeyPatch, line_end: str
+) -> None:
+    """Whitespace before the newline would make a piece end in " \\n" (or "\\r\\n"), one
+    pre-token where the whole text has two: a piece is cut only after a newline between
+    non-space characters."""
+    from megacpp_pipeline.gates import tokenization
+
+    # every line but a block's last ends in whitespace before its newline
+    text = (("int value = compute(a, b);" + line_end) * 6 + "}\n") * 60
+    # blank lines after such ends teach the trainer the whitespace-then-newline token
+    tokenizer = train_tokenizer([("x;" + line_end + "\n") * 50, text], TokenizerConfig())
+    assert len(tokenizer.encode(line_end, add_special_tokens=False).ids) == 1  # one token
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    monkeypatch.setattr(tokenization, "PIECE_CHARS", 500)
+    pieces = list(tokenization.text_pieces(text, 500))
+    assert len(pieces) > 5 and "".join(pieces) == text
+    assert all(p.endswith("}\n") for p in pieces[:-1])
+    result = run(enriched([("big.h", text)]), tokenizer, TokenizeConfig(), SplitConfig())
+    assert result.kept["token_ids"][0].as_py() == whole
+
+
 def test_tokens_aligned_block_by_block_get_the_kinds_of_the_vectorized_alignment(
     tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
