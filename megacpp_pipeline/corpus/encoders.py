@@ -11,7 +11,7 @@ import json
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from typing import Any
@@ -319,9 +319,16 @@ class FastEncoder(TokenEncoder):
         self.why = why
 
     def _encode_one(self, text: str) -> np.ndarray:
-        return self.encoding.encode_to_numpy(
-            text, allowed_special=self.matched, disallowed_special=()
-        )
+        try:
+            return self.encoding.encode_to_numpy(
+                text, allowed_special=self.matched, disallowed_special=()
+            )
+        except ValueError:
+            # tiktoken's regex gives up on a whitespace run of about a million characters
+            # ("Max stack size exceeded for backtracking"); that text takes the reference
+            # encoder, whose ids are the ones wanted anyway
+            ids = self.reference.encode(text, add_special_tokens=False).ids
+            return np.asarray(ids, dtype=np.uint32)
 
     def encode(self, texts: list[str]) -> pa.ListArray:
         if self.threads > 1 and len(texts) > 1:
@@ -443,11 +450,37 @@ def _build_fast(
     difference = _sample_difference(fast, reference, sample)
     if difference is not None:
         return None, f"differs from tokenizers on the load sample: {difference}"
+    unmade = _token_not_made_of_its_bytes(vocab, set(added), reference)
+    if unmade is not None:
+        return None, unmade
     fast.why = (
         f"same ids as tokenizers on the {len(sample)} load-sample texts"
-        f" ({sum(len(t) for t in sample)} characters, every token of the vocabulary)"
+        f" ({sum(len(t) for t in sample)} characters, every token of the vocabulary), and"
+        " every token what tokenizers' merges make of its own bytes"
     )
     return fast, fast.why
+
+
+def _token_not_made_of_its_bytes(
+    vocab: Mapping[str, int], added: set[int], reference: Tokenizer
+) -> str | None:
+    """The first token the reference's merges do not make of its own bytes, as why the fast
+    encoder may not be used; None when every token is (as every trainer's are). tiktoken
+    takes a pre-token that is a whole token as that token, so such a token would get other
+    ids wherever its bytes are a pre-token, or a piece of one tiktoken merges by rank (an
+    artifact with merges no trainer writes; the load sample holds only the vocabulary's
+    tokens that are whole UTF-8, each beside a newline)."""
+    model = reference.model
+    for token, token_id in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if token_id in added:
+            continue
+        made = [t.id for t in model.tokenize(token)]
+        if made != [token_id]:
+            return (
+                f"tokenizers' merges make token {token_id} ({token!r}) of its bytes as"
+                f" {made}, where tiktoken takes the token: merges no trainer writes"
+            )
+    return None
 
 
 _CHOSEN: dict[tuple[str, EncoderMode, int], TokenEncoder] = {}

@@ -34,7 +34,10 @@ from megacpp_pipeline.corpus.tokenizer import (
     train_tokenizer,
 )
 from tests.fixtures.real_cpp import DEMO_WHEELS, demo_wheel
-from tests.fixtures.tokenizer_artifacts import improper_merges
+from tests.fixtures.tokenizer_artifacts import (
+    improper_merges,
+    improper_merges_outside_the_sample,
+)
 
 CPP_SUFFIXES = {".h", ".hh", ".hpp", ".hxx", ".h++", ".c", ".cc", ".cpp", ".cxx", ".ipp",
                 ".inl", ".tcc"}  # fmt: skip
@@ -183,6 +186,39 @@ def test_an_artifact_with_improper_merges_passes_the_shape_but_not_the_load_samp
         assert isinstance(select_encoder(tok, "auto"), ReferenceEncoder)
     with pytest.raises(FastEncoderRefusedError, match="load sample"):
         select_encoder(tok, "fast")
+
+
+@pytest.mark.parametrize(
+    ("kind", "texts"),
+    [("whitespace", ["x \t\t\n", "int a; \t\t\n}\n"]), ("multibyte", ["// Հայերեն\n", "Հա"])],
+)
+def test_improper_merges_the_load_sample_never_meets_are_refused_too(
+    small_tokenizer: Tokenizer, kind: str, texts: list[str]
+) -> None:
+    """A token the artifact's merges do not make of its own bytes (whitespace-only, or not
+    whole UTF-8: the sample never encodes either alone) would get other ids from tiktoken;
+    the encoder is refused for it, however the sample came out."""
+    tok = improper_merges_outside_the_sample(small_tokenizer, kind)
+    reference = Tokenizer.from_str(tok.to_str())
+    with pytest.warns(FastEncoderFallbackWarning, match="merges no trainer writes"):
+        chosen = select_encoder(tok, "auto")
+    assert isinstance(chosen, ReferenceEncoder)
+    wanted = [reference.encode(t, add_special_tokens=False).ids for t in texts]
+    assert chosen.encode(texts).to_pylist() == wanted
+    with pytest.raises(FastEncoderRefusedError, match="merges no trainer writes"):
+        select_encoder(tok, "fast")
+
+
+def test_a_whitespace_run_tiktoken_gives_up_on_gets_the_references_ids(
+    demo_tokenizer: Tokenizer,
+) -> None:
+    """tiktoken's regex stops at about a million characters of whitespace (a backtracking
+    limit); such a file fits the size policy, and gets tokenizers' ids instead of failing
+    its batch."""
+    assert_same_ids(
+        demo_tokenizer,
+        ["int a;\n" + "\n" * 1_000_000 + "int b;\n", " " * 999_999 + "x", "\t" * 1_000_000],
+    )
 
 
 def test_a_control_token_overlapping_a_placeholder_is_not_reproduced(
