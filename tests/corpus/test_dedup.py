@@ -131,6 +131,33 @@ def test_exact_copy_in_a_later_source_is_dropped_as_duplicate_of_the_first_sourc
     assert result.stats["dropped_exact_duplicate"] == 1
 
 
+def test_each_cluster_samples_its_own_dropped_copies_a_vendored_one_listed_first_included(
+    tmp_path: Path,
+) -> None:
+    """A cluster's sample is its dropped copies, never the next clusters' files, nor its kept
+    file where a vendored copy comes before it in catalog order (which once failed the run:
+    that copy was never named)."""
+    util = SPAN_HPP.replace("span", "util")
+    fmt = SPAN_HPP.replace("span", "format").replace("Kestrel", "Fmt")
+    shard = table(
+        ("app", "src/util.cpp", util),
+        ("app", "third_party/fmt/format.cc", fmt),
+        ("app", "tools/util_copy.cpp", util),
+        ("fmtlib", "src/format.cc", fmt),
+    )
+    vendored = pa.array([False, True, False, False])
+    shard = shard.set_column(shard.schema.get_field_index("vendored"), "vendored", vendored)
+    result = find_duplicates([shard], DedupConfig(), tmp_path)
+    rows = decisions_by_key(result.decisions)
+    assert rows["fmtlib:src/format.cc"]["status"] == "kept"
+    assert rows["app:third_party/fmt/format.cc"]["dup_of"] == "fmtlib:src/format.cc"
+    samples = {c["representative"]: c["members_sample"] for c in result.clusters.to_pylist()}
+    assert samples == {
+        "app:src/util.cpp": ["app:tools/util_copy.cpp"],
+        "fmtlib:src/format.cc": ["app:third_party/fmt/format.cc"],
+    }
+
+
 def test_representative_is_the_earliest_source_in_catalog_order_not_the_smallest_path(
     tmp_path: Path,
 ) -> None:

@@ -68,15 +68,17 @@ def decision_rows(
 
 
 def cluster_samples(member_doc: minhash.I64, member_rep: minhash.I64) -> minhash.I64:
-    """The docs a clusters summary names: every representative, and the members at
-    positions 1..MEMBERS_SAMPLE of each cluster in doc order."""
-    order = np.lexsort((member_doc, member_rep))
-    rep, doc = member_rep[order], member_doc[order]
+    """The docs a clusters summary names: every representative, and the first
+    MEMBERS_SAMPLE of each cluster's other members in doc order (its dropped copies: the
+    representative is not always its first member, a vendored copy listed earlier say)."""
+    copies = member_doc != member_rep
+    order = np.lexsort((member_doc[copies], member_rep[copies]))
+    rep, doc = member_rep[copies][order], member_doc[copies][order]
     first = np.ones(len(rep), dtype=bool)
     first[1:] = rep[1:] != rep[:-1]
     position = np.arange(len(rep)) - np.flatnonzero(first)[np.cumsum(first) - 1]
-    sampled = doc[(position >= 1) & (position <= MEMBERS_SAMPLE)]
-    return np.unique(np.concatenate([sampled, rep]))
+    sampled = doc[position < MEMBERS_SAMPLE]
+    return np.unique(np.concatenate([sampled, member_rep]))
 
 
 def clusters_table(
@@ -107,7 +109,9 @@ def clusters_table(
                 "exact": n_exact,
                 "near": int(np.count_nonzero(dropped)) - n_exact,
                 "representative": names[cluster],
-                "members_sample": [names[int(d)] for d in doc[lo + 1 : lo + 1 + MEMBERS_SAMPLE]],
+                "members_sample": [
+                    names[int(d)] for d in doc[lo:hi][dropped][:MEMBERS_SAMPLE]
+                ],  # its dropped copies, in doc order, never past its own rows
             }
         )
     rows.sort(key=lambda r: (-r["size"], r["cluster_id"]))
