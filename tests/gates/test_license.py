@@ -276,6 +276,11 @@ def test_real_expressions_parse_normalize_and_decide(text, normalized, decision)
         ("MIT AND NotARealLicense", "'NotARealLicense' is not an SPDX licence id"),
         ("Apache-2.0 WITH Made-Up-exception", "'Made-Up-exception' is not an SPDX exception id"),
         ("MIT OR", "does not parse"),
+        ("MIT AND BSD-3-Clause AND", "'AND' lacks an operand"),  # the library drops it
+        ("MIT OR BSD-3-Clause OR", "'OR' lacks an operand"),
+        ("AND MIT", "'AND' lacks an operand"),
+        ("(MIT AND) OR BSD-3-Clause", "lacks an operand"),
+        ("MIT OR OR BSD-3-Clause", "lacks an operand"),
         ("(MIT", "does not parse"),
         ("", "empty expression"),
         ("LLVM-exception", "is an exception, used as a licence"),
@@ -435,6 +440,43 @@ def test_identifier_inside_a_string_literal_in_code_does_not_count():
     assert find_spdx_identifiers(text) == []
 
 
+@pytest.mark.parametrize(
+    ("expression", "cut_after"),
+    [
+        ("MIT AND GPL-3.0-only", "MIT"),
+        ("BSD-3-Clause AND LicenseRef-Proprietary", "BSD-3-Clause"),
+        ("Apache-2.0 WITH LLVM-exception", "Apache-2.0"),
+    ],
+)
+def test_a_tag_line_crossing_the_4_kib_head_is_read_whole(expression, cut_after):
+    """Cut at the limit, `MIT AND GPL-3.0-only` passed for MIT: the line is read to its end."""
+    tag = "// SPDX-License-Identifier: " + expression
+    pad = 4096 - (tag.index(cut_after) + len(cut_after))
+    head = "// Copyright (c) contributors.\n" * (pad // 32)
+    head += "//" + " " * (pad - len(head) - 3) + "\n"
+    text = head + tag + "\n" + CODE
+    assert text[:4096].endswith(cut_after)
+    assert find_spdx_identifiers(text) == [expression]
+    rows, _ = license_gate({"x.h": text}, declared=None)
+    assert rows["x.h"][2] == parse_expression(expression).normalized
+
+
+def test_tags_reuse_says_to_ignore_are_not_the_files_licence():
+    """REUSE-IgnoreStart .. REUSE-IgnoreEnd (REUSE 3.x, "Ignoring parts of a file"): an
+    example tag there neither adds to the file's own tag nor stands in for a missing one."""
+    example = (
+        "// SPDX-License-Identifier: MIT\n// Generated files say:\n// REUSE-IgnoreStart\n"
+        "// SPDX-License-Identifier: LicenseRef-Customer-Proprietary\n// REUSE-IgnoreEnd\n"
+    )
+    assert find_spdx_identifiers(example + CODE) == ["MIT"]
+    unclosed = "// REUSE-IgnoreStart\n// SPDX-License-Identifier: MIT\n"
+    assert find_spdx_identifiers(unclosed + CODE) == []
+    only_ignored = "/* REUSE-IgnoreStart SPDX-License-Identifier: MIT REUSE-IgnoreEnd */\n"
+    toml = REUSE_TOML.format(path="**", precedence="closest", license="GPL-3.0-only")
+    rows, _ = license_gate({"lint.cpp": only_ignored + CODE}, reuse_files={"REUSE.toml": toml})
+    assert rows["lint.cpp"] == ("denied", "reuse", "GPL-3.0-only")
+
+
 def test_tag_beyond_the_first_4_kib_does_not_count():
     text = "// " + "x" * 5000 + "\n// SPDX-License-Identifier: MIT\n" + CODE
     assert find_spdx_identifiers(text) == []
@@ -498,8 +540,17 @@ _HEAD_TOKEN = re.compile(
 )
 
 
+def _head(text: str, limit: int) -> str:
+    """The head read for tags: to the end of the line that crosses `limit` (if that ends
+    within 1 KiB), else to the start of that line."""
+    if len(text) <= limit:
+        return text
+    newline = text.find("\n", limit, limit + 1024)
+    return text[:newline] if newline >= 0 else text[: max(0, text.rfind("\n", 0, limit))]
+
+
 def _comments_one_token_at_a_time(text: str, limit: int) -> list[str]:
-    head, pos, comments = text[:limit], 0, []
+    head, pos, comments = _head(text, limit), 0, []
     while (token := _HEAD_TOKEN.match(head, pos)) is not None:
         if token.lastgroup == "line":
             comments.append(token.group("line")[2:])
@@ -779,6 +830,52 @@ def test_unreadable_reuse_toml_makes_every_file_invalid_not_silently_permissive(
         {"a.cpp": CODE}, reuse_files={"REUSE.toml": "version = 1\n[[annotations]\n"}
     )
     assert again.dropped.to_pylist()[0]["detail"] == detail
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        'version = 1\n[annotations]\npath = "**"\nSPDX-License-Identifier = "MIT"\n',
+        'version = 1\nannotations = ["**"]\n',
+    ],
+)
+@pytest.mark.parametrize("where", ["REUSE.toml", "third_party/z/REUSE.toml"])
+def test_a_reuse_toml_with_a_mistyped_table_makes_every_file_invalid_naming_it(toml, where):
+    """`[annotations]` for `[[annotations]]` once crashed the gate (reuse raises an
+    AttributeError there): it is metadata that cannot be read, like any other."""
+    rows, result = license_gate(
+        {"src/a.cpp": "// SPDX-License-Identifier: MIT\n" + CODE, "third_party/z/b.c": CODE},
+        reuse_files={where: toml},
+    )
+    assert set(rows.values()) == {("invalid", "reuse", None)}
+    assert all(where in row["detail"] for row in result.dropped.to_pylist())
+
+
+def test_a_reuse_toml_under_subprojects_speaks_for_its_files():
+    """reuse skips `subprojects/<name>/` as a Meson subproject unless asked; its files are in
+    the corpus all the same, so its REUSE.toml applies as it does under third_party/."""
+    toml = REUSE_TOML.format(path="**", precedence="closest", license="LicenseRef-Proprietary")
+    for folder in ("subprojects", "third_party"):
+        rows, _ = license_gate(
+            {f"{folder}/fastlib/fast.cpp": CODE}, reuse_files={f"{folder}/fastlib/REUSE.toml": toml}
+        )
+        assert rows[f"{folder}/fastlib/fast.cpp"] == ("denied", "reuse", "LicenseRef-Proprietary")
+
+
+@pytest.mark.parametrize(
+    ("allowed", "says"),
+    [
+        ("GPL-2.0", "GPL-2.0"),
+        ("GPL-2.0+", "GPL-2.0+"),
+        ("BSD-2-Clause-FreeBSD", "BSD-2-Clause-FreeBSD"),
+        ("GPL-2.0-only", "GPL-2.0-or-later"),  # as X+ passes when X does
+        ("GPL-2.0-only", "GPL-2.0+"),
+    ],
+)
+def test_an_allow_list_naming_a_deprecated_id_allows_the_files_that_say_it(allowed, says):
+    policy = LicensePolicy(allowed_licenses=[allowed])
+    assert decide(says, policy).decision == "allowed", (allowed, says)
+    assert decide("GPL-3.0-only", policy).decision == "denied"
 
 
 # Files of each real tree that carry an SPDX line: every libc++ header but three; in the

@@ -5,6 +5,7 @@ deprecated ids replaced. Bad input never raises; what is wrong is in `.errors`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -76,10 +77,20 @@ def parse_expression(text: str) -> ParsedExpression:
     return _parse_cached(text.strip())
 
 
+# An operator with no operand on one side: license-expression drops a trailing one once
+# there are two operands (`MIT AND BSD-3-Clause AND` parses as `MIT AND BSD-3-Clause`), where
+# SPDX's grammar (SPDX 2.3, Annex D) has both operands of AND, OR and WITH required.
+_OPERATOR = r"(?<![^\s()])(?:AND|OR|WITH)(?![^\s()])"  # a word of its own (not LicenseRef-x-AND)
+_DANGLING = re.compile(rf"(?i)(?:^|\()\s*{_OPERATOR}|{_OPERATOR}\s*(?:$|\)|{_OPERATOR})")
+
+
 @cache
 def _parse_cached(text: str) -> ParsedExpression:
     if not text:
         return ParsedExpression(text, None, ("empty expression",))
+    if (dangling := _DANGLING.search(text)) is not None:
+        where = dangling.group().strip(" (")
+        return ParsedExpression(text, None, (f"does not parse: {where!r} lacks an operand",))
     try:
         raw = licensing().parse(text, validate=False, strict=False)
     except Exception as error:  # the parser raises several unrelated types on bad input

@@ -26,11 +26,25 @@ _LINE_COMMENT_BREAK = re.compile(r"\n\s*//")  # between two line comments of a r
 _SPDX_TAG = re.compile(r"SPDX-License-Identifier\s*:\s*(?P<value>.*)", re.IGNORECASE)
 
 
+def _head_end(text: str, limit: int) -> int:
+    """Where the head read for tags ends: at the end of the line holding character `limit`
+    (a tag line is read whole or not at all: `MIT AND GPL-3.0-only` cut after `MIT` would
+    pass for MIT), or where that line starts when it runs on for more than a KiB."""
+    if len(text) <= limit:
+        return len(text)
+    newline = text.find("\n", limit, limit + 1024)
+    if newline >= 0:
+        return newline
+    return max(0, text.rfind("\n", 0, limit))
+
+
 def leading_comments(text: str, limit: int = 4096) -> list[str]:
-    """The comments before the first line of code, within the first `limit` characters.
-    What follows the first code token (string literals included) is not the header."""
+    """The comments before the first line of code, within the first `limit` characters
+    (the line that crosses it read to its end). What follows the first code token (string
+    literals included) is not the header."""
     comments: list[str] = []
     pos = 0
+    limit = _head_end(text, limit)
     while True:
         match = _HEAD_COMMENTS.match(text, pos, limit)  # as if the text ended at `limit`
         lines, block = match.groups()  # type: ignore[union-attr]  # all of it is optional
@@ -43,11 +57,38 @@ def leading_comments(text: str, limit: int = 4096) -> list[str]:
         pos = match.end()  # type: ignore[union-attr]
 
 
+_IGNORE_START, _IGNORE_END = "REUSE-IgnoreStart", "REUSE-IgnoreEnd"
+
+
+def _without_ignored(text: str, ignoring: bool) -> tuple[str, bool]:
+    """`text` without what REUSE says to ignore ("Ignoring parts of a file", REUSE 3.x): from
+    each `REUSE-IgnoreStart` to the next `REUSE-IgnoreEnd`, or to the end when none closes
+    it (an example tag in a licence header is not the file's licence); `ignoring`: whether
+    a block opened before `text` is still open, before and after it."""
+    kept: list[str] = []
+    pos = 0
+    while True:
+        if ignoring:
+            end = text.find(_IGNORE_END, pos)
+            if end < 0:
+                return "".join(kept), True
+            pos, ignoring = end + len(_IGNORE_END), False
+        start = text.find(_IGNORE_START, pos)
+        if start < 0:
+            kept.append(text[pos:])
+            return "".join(kept), False
+        kept.append(text[pos:start])
+        pos, ignoring = start + len(_IGNORE_START), True
+
+
 def find_spdx_identifiers(text: str, limit: int = 4096) -> list[str]:
     """Every `SPDX-License-Identifier:` value in the leading comment block (REUSE reads the
-    head of the file), in order, duplicates removed. Several values apply together (AND)."""
+    head of the file), in order, duplicates removed, none from a part REUSE ignores.
+    Several values apply together (AND)."""
     found: list[str] = []
-    for comment in leading_comments(text, limit):
+    ignoring = False  # a block may open in one comment and close in a later one
+    for whole in leading_comments(text, limit):
+        comment, ignoring = _without_ignored(whole, ignoring)
         for line in comment.splitlines():
             match = _SPDX_TAG.search(line)
             if match is None:

@@ -41,7 +41,7 @@ class LicensePolicy(BaseModel):
     @field_validator("allowed_licenses")
     @classmethod
     def _real_license_ids(cls, value: list[str]) -> list[str]:
-        return _canonical_ids(value, spdx_lists().licenses, "licence")
+        return _replaced(_canonical_ids(value, spdx_lists().licenses, "licence"))
 
     @field_validator("allowed_exceptions")
     @classmethod
@@ -71,6 +71,21 @@ def _canonical_ids(
     return out
 
 
+def _replaced(ids: list[str]) -> list[str]:
+    """Deprecated licence ids as a file's expression reads them (`GPL-2.0` -> `GPL-2.0-only`,
+    `GPL-2.0+` -> `GPL-2.0-or-later`): an allow list and an expression must name a licence
+    alike, or `allowed_licenses: [GPL-2.0]` would deny a file saying `GPL-2.0`."""
+    out: list[str] = []
+    for item in ids:
+        parsed = parse_expression(item)
+        term = parsed.tree
+        if parsed.is_valid and isinstance(term, LicenseTerm) and term.exception is None:
+            item = term.license + ("+" if term.or_later else "")
+        if item not in out:
+            out.append(item)
+    return out
+
+
 @dataclass(frozen=True)
 class Decision:
     decision: DecisionKind
@@ -90,13 +105,22 @@ def decide(expression: ParsedExpression | str | None, policy: LicensePolicy) -> 
     return Decision("allowed" if passes else "denied", reason)
 
 
+def _later_of_allowed(license_id: str, policy: LicensePolicy) -> bool:
+    """`X-or-later` passes when `X-only` does, as `X+` passes when X does: the licensee may
+    pick X itself."""
+    base = license_id.removesuffix("-or-later")
+    return base != license_id and f"{base}-only" in policy.allowed_licenses
+
+
 def _evaluate(node: ExpressionNode, policy: LicensePolicy) -> tuple[bool, str]:
     if isinstance(node, LicenseTerm):
         refs = {ref.lower() for ref in policy.allowed_licenserefs}
         if LICENSE_REF.match(node.license):
             if node.license.lower() not in refs:
                 return False, f"{node.license} is not an allowed LicenseRef"
-        elif node.license not in policy.allowed_licenses:
+        elif node.license not in policy.allowed_licenses and not _later_of_allowed(
+            node.license, policy
+        ):
             return False, f"{node.license} is not on the allow list"
         if node.exception is not None:
             exceptions = set(policy.allowed_exceptions) | {

@@ -45,7 +45,6 @@ def reuse_findings(
     dep5 aggregates) are the library's, not ours. The project is a scratch directory
     holding the metadata files and, for each C/C++ file, a stub carrying only the tags we
     accepted from its leading comment."""
-    from reuse.exceptions import ReuseError
     from reuse.project import Project
 
     with tempfile.TemporaryDirectory(prefix="megacpp-reuse-") as scratch:
@@ -59,9 +58,11 @@ def reuse_findings(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text("".join(f"SPDX-License-Identifier: {tag}\n" for tag in tags))
         try:
-            project = Project.from_directory(root)
-        except (ReuseError, UnicodeDecodeError, OSError) as error:
-            where = getattr(error, "source", None) or "REUSE metadata"
+            # subprojects/<name>/ too: reuse skips it as a Meson subproject unless asked, and
+            # its REUSE.toml speaks for files that are in the corpus all the same
+            project = Project.from_directory(root, include_meson_subprojects=True)
+        except Exception as error:  # reuse raises what its parser trips on (a typo'd table)
+            where = getattr(error, "source", None) or _unreadable_toml(reuse_files)
             # name files as the source does, never by the scratch dir (the ledger must be
             # the same on every run)
             message = f"{where}: {error}".replace(f"{root}/", "").replace(str(root), ".")
@@ -87,11 +88,23 @@ def reuse_findings(
         return findings
 
 
+def _unreadable_toml(reuse_files: Mapping[str, bytes]) -> str:
+    """The first REUSE.toml reuse cannot read, to name in an error that does not say which."""
+    from reuse.global_licensing import ReuseTOML
+
+    for rel, content in sorted(reuse_files.items()):
+        if PurePosixPath(rel).name == "REUSE.toml":
+            try:
+                ReuseTOML.from_toml(content.decode("utf-8"), rel)
+            except Exception:  # as in covered_by_reuse: whatever a malformed table trips
+                return rel
+    return "REUSE metadata"
+
+
 def covered_by_reuse(paths: list[str], reuse_files: Mapping[str, bytes]) -> list[bool]:
     """Which files REUSE metadata can speak for: a sidecar, dep5 (covers everything), or an
     annotation of some REUSE.toml matching (reuse's own glob matcher decides). The rest
     skip the scratch project, which costs about 2 ms a file."""
-    from reuse.exceptions import ReuseError
     from reuse.global_licensing import ReuseTOML
 
     if ".reuse/dep5" in reuse_files:
@@ -103,7 +116,7 @@ def covered_by_reuse(paths: list[str], reuse_files: Mapping[str, bytes]) -> list
             continue
         try:
             toml = ReuseTOML.from_toml(content.decode("utf-8"), rel)
-        except (ReuseError, UnicodeDecodeError):
+        except Exception:  # ReuseError, bad UTF-8, or what a malformed table trips in reuse
             return [True] * len(paths)  # the project load reports the error for every file
         directory = PurePosixPath(rel).parent.as_posix()
         tomls.append(("" if directory == "." else directory + "/", toml))
