@@ -138,6 +138,9 @@ REMOVED_FILES_SCHEMA = pa.schema(
         pa.field("source_id", pa.string(), nullable=False),
         pa.field("path", pa.string(), nullable=False),
         pa.field("content_sha256", pa.string(), nullable=False),  # of the text as collected
+        # the git blob id of its raw bytes, which every later stage carries: an exact copy is
+        # found by it even where scrub changed the copy's text (and so its content_sha256)
+        pa.field("blob_sha", pa.string(), nullable=False),
         pa.field("raw_sha256", pa.string()),  # of the raw bytes, when they are reconstructible
         pa.field("entry", pa.string(), nullable=False),  # Removal.label of the first match
         # which form of entry matched: "sha256", "path" or "source" (the stage's removed_by
@@ -205,6 +208,7 @@ def run(
             "source_id": taken["source_id"],
             "path": taken["path"],
             "content_sha256": taken["content_sha256"],
+            "blob_sha": taken["blob_sha"],
             "raw_sha256": pa.array(
                 [raw[i] for i in rows] if raw is not None else _raw_sha256s(taken), pa.string()
             ),
@@ -335,11 +339,12 @@ def find_in_snapshot(
     config: DedupConfig | None = None,
     requested: Collection[str] = (),
 ) -> list[SnapshotFinding]:
-    """Every kept document (source_id, path, text, and content_sha256 if known) that is a
-    removed file (REMOVED_FILES_SCHEMA rows, from every source), has its content hash or a
-    hash a sha256 entry named (`requested`), or is its near duplicate by signature: an LSH
-    band in common and an estimated Jaccard of at least the dedup threshold. Call it per
-    shard of the snapshot's documents and concatenate."""
+    """Every kept document (source_id, path, text, and content_sha256 and blob_sha if known)
+    that is a removed file (REMOVED_FILES_SCHEMA rows, from every source), has its content
+    hash, its raw bytes (the blob id: scrub may have changed a copy's text) or a hash a
+    sha256 entry named (`requested`), or is its near duplicate by signature: an LSH band in
+    common and an estimated Jaccard of at least the dedup threshold. Call it per shard of
+    the snapshot's documents and concatenate."""
     config = config or DedupConfig.model_validate({})
     if kept.num_rows == 0 or (removed.num_rows == 0 and not requested):
         return []
@@ -357,11 +362,16 @@ def find_in_snapshot(
             if h is not None:
                 by_hash.setdefault(h, i)
     by_key = {k: i for i, k in enumerate(gone)}
+    by_blob: dict[str, int] = {}
+    if "blob_sha" in removed.column_names:
+        for i, b in enumerate(removed["blob_sha"].to_pylist()):
+            by_blob.setdefault(b, i)
+    blobs = kept["blob_sha"].to_pylist() if "blob_sha" in kept.column_names else [None] * len(keys)
     findings: list[SnapshotFinding] = []
     decided: set[int] = set()
-    for row, (key, h) in enumerate(zip(keys, hashes, strict=True)):
-        if h in by_hash:
-            i = by_hash[h]
+    for row, (key, h, blob) in enumerate(zip(keys, hashes, blobs, strict=True)):
+        if h in by_hash or blob in by_blob:
+            i = by_hash[h] if h in by_hash else by_blob[blob]
             findings.append(SnapshotFinding(gone[i], entries[i], key, "exact", 1.0, key == gone[i]))
         elif h in requested:
             findings.append(SnapshotFinding(h, f"sha256 {h}", key, "exact", 1.0, False))

@@ -659,7 +659,7 @@ def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) 
                 for p in t["path"].to_pylist()
             }
             for t in ctx.store.iter_tables(
-                texts, columns=["source_id", "path", "text", "content_sha256"]
+                texts, columns=["source_id", "path", "text", "content_sha256", "blob_sha"]
             ):
                 t = t.filter(pa.array([p in documents for p in t["path"].to_pylist()]))
                 findings += removals.find_in_snapshot(removed, t, near, requested)

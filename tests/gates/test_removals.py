@@ -362,6 +362,19 @@ def test_an_exact_copy_elsewhere_is_a_violation_that_says_how_to_remove_it() -> 
     assert violations(findings) == findings and remaining_near_duplicates(findings) == []
 
 
+def test_an_exact_copy_scrub_changed_is_still_an_exact_copy_by_its_raw_bytes() -> None:
+    """Scrub replaced an address in the copy, so its text hash is not the removed file's;
+    its bytes as collected (the blob id every stage carries) are: still a violation."""
+    scrubbed = RING_BUFFER.replace("2022 The Kestrel Authors", "<AUTHOR>")
+    assert scrubbed != RING_BUFFER
+    copy = documents({"vendor:third_party/ring_buffer.hpp": scrubbed}).append_column(
+        "blob_sha", pa.array([schemas.git_blob_sha(RING_BUFFER.encode())])
+    )
+    findings = find_in_snapshot(removed_ring_buffer(), copy)
+    assert [(f.kind, f.violation) for f in findings] == [("exact", True)]
+    assert findings[0].removed == "kestrel:include/ring_buffer.hpp"
+
+
 def test_a_near_duplicate_in_another_file_remains_and_the_report_says_why() -> None:
     edited = RING_BUFFER.replace("ring_buffer", "bounded_queue").replace("// Copyright 2022", "//")
     findings = find_in_snapshot(
