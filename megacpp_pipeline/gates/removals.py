@@ -13,6 +13,7 @@ import codecs
 import hashlib
 import json
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -117,7 +118,24 @@ def _validated(entry: RemovalSpec | Mapping[str, Any], where: str) -> RemovalSpe
 def _removal(spec: RemovalSpec, where: str, known: Collection[str] | None) -> Removal:
     if known is not None and spec.source is not None and spec.source not in known:
         raise RemovalError(where, "source", f"no source {spec.source!r} in the catalog")
-    return Removal(spec, where, glob_to_regex(spec.path) if spec.path is not None else None)
+    return Removal(spec, where, _path_pattern(spec.path) if spec.path is not None else None)
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    """An entry's path glob as collected paths are spelled (`./` and doubled slashes
+    dropped, Unicode NFC: a path typed on one system may be NFD on another), matching a
+    folder's files too: `third_party` and `third_party/` remove everything under it, as
+    a gitignore pattern that names a folder does."""
+    spelled = re.sub(r"/{2,}", "/", unicodedata.normalize("NFC", path))
+    while spelled.startswith("./"):
+        spelled = spelled[2:]
+    spelled = spelled.rstrip("/")
+    whole, under = glob_to_regex(spelled), glob_to_regex(spelled + "/**")
+    return re.compile(f"(?:{whole.pattern})|(?:{under.pattern})")
+
+
+def _nfc(path: str) -> str:
+    return path if path.isascii() else unicodedata.normalize("NFC", path)
 
 
 def fingerprint(removals: Sequence[Removal], source_id: str) -> str:
@@ -184,7 +202,7 @@ def run(
             if spec.sha256 is not None:
                 hit = spec.sha256 == text_hash or (raw is not None and spec.sha256 == raw[row])
             else:
-                hit = r.pattern is None or r.pattern.match(path) is not None
+                hit = r.pattern is None or r.pattern.match(_nfc(path)) is not None
             if hit:
                 form = "sha256" if spec.sha256 else "path" if spec.path else "source"
                 matched[row] = (r, form)

@@ -227,12 +227,25 @@ def test_a_source_entry_removes_every_file_of_that_source_only() -> None:
         ("**/*.hpp", ["include/detail/clock.hpp", "include/ring_buffer.hpp"]),
         ("include/**", ["include/detail/clock.hpp", "include/ring_buffer.hpp"]),
         ("*.hpp", []),
+        # a folder's files, however the folder is written
+        ("include/detail", ["include/detail/clock.hpp"]),
+        ("include/detail/", ["include/detail/clock.hpp"]),
+        ("./include//ring_buffer.hpp", ["include/ring_buffer.hpp"]),
+        ("include/ring", []),  # a folder is a whole name, not a prefix
     ],
 )
 def test_a_path_entry_is_a_glob_as_in_a_sources_include_list(glob: str, removed: list[str]) -> None:
     table = licensed({"include/ring_buffer.hpp": RING_BUFFER, "include/detail/clock.hpp": CLOCK})
     result = run(table, removals({"source": "kestrel", "path": glob}), "kestrel")
     assert sorted(result.dropped["path"].to_pylist()) == removed
+
+
+def test_a_path_entry_matches_whichever_unicode_form_the_path_was_collected_in() -> None:
+    """A path typed on Linux (NFC) names a file a macOS checkout collected as NFD."""
+    nfd, nfc = "src/cafe\u0301.hpp", "src/caf\u00e9.hpp"
+    table = licensed({nfd: RING_BUFFER, "src/other.hpp": CLOCK})
+    result = run(table, removals({"source": "kestrel", "path": nfc}), "kestrel")
+    assert result.dropped["path"].to_pylist() == [nfd]
 
 
 def test_the_ledger_names_the_entry_that_matched_and_its_reason(tmp_path: Path) -> None:
