@@ -665,10 +665,16 @@ def _no_removed_content(ctx: StageContext, stage: Stage, partition: str | None) 
                 findings += removals.find_in_snapshot(removed, t, near, requested)
     bad = removals.violations(findings)
     remaining = removals.remaining_near_duplicates(findings)
+    # an entry that removed nothing passes (the file may be gone upstream) but is named: a
+    # takedown spelled otherwise than the path it means must not go unseen
+    matched = set(removed["entry"].to_pylist())
+    idle = [r.label for r in loaded_removals(ctx.catalog) if r.label not in matched]
     return CheckOutcome(
         passed=not bad,
         metadata={
             "removed_files": removed.num_rows,
+            "entries_that_removed_nothing": len(idle),
+            "idle_entries": Markdown("\n".join(f"- {e}" for e in idle[:20]) or "none"),
             "violations": len(bad),
             "near_duplicates_remaining": len(remaining),
             "why": Markdown("\n".join(f"- {f.why}" for f in [*bad, *remaining][:20]) or "none"),

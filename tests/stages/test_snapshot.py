@@ -187,3 +187,24 @@ def test_the_promotion_checks_share_the_hosts_workers_the_longest_first() -> Non
     job = _CheckApart(Path("."), SnapshotConfig(), Path("."), _check_pool(host), longest=host)
     assert job.pool_of("megatron_read_back") is host  # it runs on after the others
     assert job.pool_of("round_trip_decode").workers == 2
+
+
+def test_a_removal_entry_that_removed_nothing_is_named_and_the_check_still_passes(
+    tmp_path: Path,
+) -> None:
+    """A takedown spelled otherwise than the path it means removes nothing: the file may be
+    gone upstream, so the check passes, but its outcome names every such entry."""
+    catalog, _ = write_catalog(tmp_path)
+    catalog.write_text(
+        catalog.read_text()
+        + "removals:\n  - source: tree\n    path: src/lib1.cc\n"
+        + "  - source: tree\n    path: src/no_such_file.cc\n"
+    )
+    ctx = _context(tmp_path, catalog, "run")
+    run_all(ctx)
+    outcome = _checks(ctx)["no_removed_content_in_snapshot"]
+    assert outcome.passed
+    assert outcome.metadata["removed_files"] == 1
+    assert outcome.metadata["entries_that_removed_nothing"] == 1
+    assert "src/no_such_file.cc" in outcome.metadata["idle_entries"]
+    assert "src/lib1.cc" not in outcome.metadata["idle_entries"]
