@@ -58,6 +58,10 @@ class RowGroupCache:
             return 0.0, False
         with self._lock:
             event = self._decoding.get(path)
+            # another thread may have finished it between the check above and this lock:
+            # its entry is in place before its event leaves `_decoding`, so look again
+            if event is None and path.is_file():
+                return 0.0, False
             owner = event is None
             if event is None:
                 event = self._decoding[path] = threading.Event()
