@@ -166,13 +166,12 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
     raw_alive = _binary_values(content, alive_idx)
     decoded = _DecodedFiles()
     for i, raw in zip(alive_idx.tolist(), raw_alive, strict=True):
-        if b"\0" in raw and not raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        if b"\0" in raw and not raw.startswith(_WIDE_BOMS_PREFIXES):
             verdict.drop_one(i, DropReason.BINARY, "NUL byte in raw content")
             continue
         found = _decode(raw, config.fallback_encodings)
-        if found is None:
-            tried = ", ".join(["utf-8", *config.fallback_encodings])
-            verdict.drop_one(i, DropReason.UNDECODABLE, f"not decodable as any of: {tried}")
+        if isinstance(found, str):
+            verdict.drop_one(i, DropReason.UNDECODABLE, found)
             continue
         decoded.add(i, raw, *found)
 
@@ -390,33 +389,51 @@ def _suffix(path: str) -> str:
     return base[base.rfind(".") :] if "." in base else base
 
 
-_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+# UTF-32's BOMs first: UTF-32-LE's starts with UTF-16-LE's
+_WIDE_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+_BOMS = (codecs.BOM_UTF8, *(bom for bom, _ in _WIDE_BOMS))
+_WIDE_BOMS_PREFIXES = tuple(bom for bom, _ in _WIDE_BOMS)
+# A well-formed UTF-8 sequence of two to four bytes (RFC 3629): bytes that fail UTF-8 but
+# hold one are UTF-8 with a few bytes broken, which a legacy code page would turn into
+# mojibake (`Ã¼` for `ü`) rather than text.
+_UTF8_MULTIBYTE = re.compile(
+    rb"[\xc2-\xdf][\x80-\xbf]|\xe0[\xa0-\xbf][\x80-\xbf]|[\xe1-\xec\xee\xef][\x80-\xbf]{2}"
+    rb"|\xed[\x80-\x9f][\x80-\xbf]|\xf0[\x90-\xbf][\x80-\xbf]{2}|[\xf1-\xf3][\x80-\xbf]{3}"
+    rb"|\xf4[\x80-\x8f][\x80-\xbf]{2}"
+)
 
 
-def _decode(raw: bytes, fallbacks: Sequence[str]) -> tuple[str, str] | None:
-    """(text without BOM, original encoding) or None when no accepted encoding fits."""
-    if raw.startswith(_BOMS):  # one test for all three: most files have no BOM
+def _decode(raw: bytes, fallbacks: Sequence[str]) -> tuple[str, str] | str:
+    """(text without BOM, original encoding), or why the file is not decodable: a BOM
+    decides its encoding alone, and bytes that are UTF-8 but for a few broken ones never go
+    to a legacy code page (which would keep them as mojibake)."""
+    if raw.startswith(_BOMS):  # one test for all of them: most files have no BOM
         if raw.startswith(codecs.BOM_UTF8):
             try:
                 return raw[3:].decode("utf-8"), "utf-8-sig"
-            except UnicodeDecodeError:
-                pass
-        else:
-            encoding = "utf-16-le" if raw.startswith(codecs.BOM_UTF16_LE) else "utf-16-be"
-            try:
-                return raw[2:].decode(encoding), encoding
-            except UnicodeDecodeError:
-                return None  # a UTF-16 BOM on bytes that are not UTF-16: nothing sensible
+            except UnicodeDecodeError as e:
+                return f"a UTF-8 BOM on bytes that are not UTF-8 (byte {e.start + 3})"
+        bom, encoding = next((b, enc) for b, enc in _WIDE_BOMS if raw.startswith(b))
+        try:
+            return raw[len(bom) :].decode(encoding), encoding
+        except UnicodeDecodeError as e:
+            return f"a {encoding} BOM on bytes that are not {encoding} ({e.reason})"
     try:
         return raw.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        pass
+    except UnicodeDecodeError as e:
+        if _UTF8_MULTIBYTE.search(raw) is not None:
+            return f"UTF-8 with bytes that are not (byte {e.start}); no code page would be right"
     for encoding in fallbacks:
         try:
             return raw.decode(encoding), encoding
         except UnicodeDecodeError:
             continue
-    return None
+    return f"not decodable as any of: {', '.join(['utf-8', *fallbacks])}"
 
 
 def _marker_detail(text: str, markers: Sequence[str], scan_chars: int) -> str:

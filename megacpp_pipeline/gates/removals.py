@@ -262,6 +262,8 @@ _BOM = {
     "utf-8-sig": codecs.BOM_UTF8,
     "utf-16-le": codecs.BOM_UTF16_LE,
     "utf-16-be": codecs.BOM_UTF16_BE,
+    "utf-32-le": codecs.BOM_UTF32_LE,
+    "utf-32-be": codecs.BOM_UTF32_BE,
 }
 
 

@@ -104,6 +104,33 @@ def test_utf16_with_bom_decodes_despite_its_nul_bytes(bom, codec):
     assert kept["win/span.h"]["encoding"] == codec
 
 
+@pytest.mark.parametrize(
+    ("bom", "codec"), [(codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be")]
+)
+def test_utf32_with_bom_decodes_and_is_not_taken_for_utf16(bom, codec):
+    """UTF-32-LE's BOM starts with UTF-16-LE's: it was decoded as UTF-16 and dropped as
+    binary (NUL characters)."""
+    text = HEADER.replace("Example Authors", "Exämple Authörs")
+    kept, _ = normalize({"win/span.h": bom + text.encode(codec)})
+    assert kept["win/span.h"]["text"] == text
+    assert kept["win/span.h"]["encoding"] == codec
+
+
+@pytest.mark.parametrize(
+    ("raw", "detail"),
+    [
+        # a UTF-8 BOM, then UTF-8 with one broken byte: was kept as cp1252, "ï»¿" and all
+        (codecs.BOM_UTF8 + "// Überprüfung\n".encode() + b"// \xa9 2020\n", "a UTF-8 BOM"),
+        # UTF-8 text with one stray latin-1 byte: was kept as cp1252 ("ÃœberprÃ¼fung")
+        ("// Überprüfung\n".encode() + b"// \xa9 2020\n" + HEADER.encode(), "UTF-8 with"),
+    ],
+)
+def test_utf8_with_a_broken_byte_is_undecodable_not_kept_as_mojibake(raw, detail):
+    kept, dropped = normalize({"m.h": raw})
+    assert not kept
+    assert dropped["m.h"][0] == DropReason.UNDECODABLE and detail in dropped["m.h"][1]
+
+
 def test_latin1_comment_falls_back_to_cp1252_and_is_recorded():
     raw = HEADER.replace("Example Authors", "José Müller").encode("latin-1")
     kept, _ = normalize({"legacy.cpp": raw})
