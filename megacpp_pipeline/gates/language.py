@@ -59,9 +59,25 @@ class Basis(StrEnum):
 
 
 _CPP_EXTENSIONS = [
-    ".cc", ".cpp", ".cxx", ".c++", ".cp", ".hh", ".hpp", ".hxx", ".h++", ".ipp", ".tpp",
-    ".tcc", ".inl", ".ixx", ".cppm", ".cu", ".cuh",
-]  # fmt: skip
+    ".cc",
+    ".cpp",
+    ".cxx",
+    ".c++",
+    ".cp",
+    ".C",
+    ".hh",
+    ".hpp",
+    ".hxx",
+    ".h++",
+    ".ipp",
+    ".tpp",
+    ".tcc",
+    ".inl",
+    ".ixx",
+    ".cppm",
+    ".cu",
+    ".cuh",
+]  # fmt: skip (".C", capital, is C++ to GCC: ROOT macros, old Unix code)
 
 # the kept table's new columns (schema: the input's, then these): the file's class
 LANGUAGE_FIELDS = schemas.CLASS_FIELDS
@@ -83,8 +99,10 @@ class LanguageConfig(BaseModel):
     @classmethod
     def _dotted_lowercase(cls, value: list[str]) -> list[str]:
         for ext in value:
-            if not ext.startswith(".") or ext != ext.lower():
-                raise ValueError(f"extension {ext!r} must start with '.' and be lowercase")
+            if not ext.startswith(".") or (ext != ext.lower() and ext != ".C"):
+                raise ValueError(
+                    f"extension {ext!r} must start with '.' and be lowercase (or be '.C')"
+                )
         return value
 
 
@@ -451,10 +469,13 @@ def _lean(counts: Counter[Language]) -> Language | None:
 
 
 def _extension(path: str) -> str:
-    """'.h' for 'a/b.H', '' for 'vector' and for '.clang-format'."""
+    """'.h' for 'a/b.H', '' for 'vector' and for '.clang-format'; '.C' stays as it is (a
+    C++ file to GCC, where '.c' is C)."""
     base = path.rsplit("/", 1)[-1]
     dot = base.rfind(".")
-    return base[dot:].lower() if dot > 0 else ""
+    if dot <= 0:
+        return ""
+    return ".C" if base[dot:] == ".C" else base[dot:].lower()
 
 
 def _np_bool(array: pa.Array | pa.ChunkedArray) -> np.ndarray:

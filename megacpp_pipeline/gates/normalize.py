@@ -25,7 +25,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 
 _DEFAULT_CPP_EXTENSIONS = [
-    ".h", ".hh", ".hpp", ".hxx", ".h++", ".c", ".cc", ".cpp", ".cxx", ".c++",
+    ".h", ".hh", ".hpp", ".hxx", ".h++", ".c", ".cc", ".cpp", ".cxx", ".c++", ".cp",
     ".ipp", ".inl", ".inc", ".tcc", ".tpp", ".ixx", ".cppm", ".cu", ".cuh",
 ]  # fmt: skip
 

@@ -150,6 +150,12 @@ def test_unambiguous_extensions_decide_without_reading_the_text() -> None:
     assert result.stats["decided_by:extension"] == 3
 
 
+def test_a_capital_c_file_is_cpp_as_gcc_takes_it() -> None:
+    """`.C` is C++ to GCC (ROOT macros, old Unix code); `.c` is C."""
+    result = decide({"macros/fit.C": "void fit() {}\n", "src/util.c": "int z;\n"})
+    assert languages(result) == {"macros/fit.C": "c++", "src/util.c": "c"}
+
+
 def test_a_c_header_with_extern_c_guards_is_c() -> None:
     result = decide({"ring.h": C_HEADER_WITH_GUARD})
     assert languages(result) == {"ring.h": "c"}

@@ -131,6 +131,11 @@ def test_utf8_with_a_broken_byte_is_undecodable_not_kept_as_mojibake(raw, detail
     assert dropped["m.h"][0] == DropReason.UNDECODABLE and detail in dropped["m.h"][1]
 
 
+def test_a_cp_file_is_kept_as_the_language_gate_counts_it_cpp():
+    kept, _ = normalize({"src/old.cp": HEADER.encode()})
+    assert "src/old.cp" in kept
+
+
 def test_latin1_comment_falls_back_to_cp1252_and_is_recorded():
     raw = HEADER.replace("Example Authors", "José Müller").encode("latin-1")
     kept, _ = normalize({"legacy.cpp": raw})

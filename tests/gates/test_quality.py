@@ -151,7 +151,27 @@ def test_comment_openers_inside_string_literals_stay_code() -> None:
     ]
 
 
-_CODE_PIECES = ["int x;", "// c", "/* b */", '"s//t"', '"/*"', "'/'", "'\"'", "\n", " ", "*/", "/"]
+def test_a_raw_string_spanning_lines_with_a_comment_opener_stays_code() -> None:
+    """`R"(... src/* ...)"` once opened a comment that ate the code after it, up to the
+    next `*/`: the file was dropped as not C++ and for its comment ratio."""
+    texts = pa.array(
+        [
+            'const char* help = R"(usage:\n  --include=src/*  glob\n)";\n'
+            "class Lint { int x; };\n/* c */ int y;\n",
+            'auto s = u8R"xy(a // b\n)xy"; int z; // c\n',
+        ]
+    )
+    assert cpp_text.without_comments(texts).to_pylist() == [
+        'const char* help = R"(usage:\n  --include=src/*  glob\n)";\n'
+        "class Lint { int x; };\n int y;\n",
+        'auto s = u8R"xy(a // b\n)xy"; int z; \n',
+    ]
+
+
+_CODE_PIECES = [
+    "int x;", "// c", "/* b */", '"s//t"', '"/*"', "'/'", "'\"'", "\n", " ", "*/", "/",
+    'R"(', ')"', 'R"d(', ')d"',
+]  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
