@@ -8,6 +8,7 @@ Seed rule: the operational slice is pinned; every file seen gets a ledger status
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,10 +196,19 @@ def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int)
         # a malformed line has no usable path: it is named by its line
         found += [(f"<line {r.line_no}>", r.line_no, r) for r in rejects]
         found.sort(key=lambda item: (item[0], item[1]))
+        # two records naming one path (`src/a.h`, `./src/a.h`): which is meant is ambiguous,
+        # as for an archive's repeated member; every copy is dropped, each with its line
+        copies = Counter(n for n, _, at in found if not isinstance(at, reader.RecordReject))
         with open(path, "rb") as f:
             for name, line_no, where in found:
                 if isinstance(where, reader.RecordReject):
                     yield Entry(name, None, DropReason.MALFORMED_RECORD, where.describe(path))
+                elif copies[name] > 1:
+                    why = (
+                        f"line {line_no}: {copies[name]} records share this path; which one is "
+                        "meant is ambiguous"
+                    )
+                    yield Entry(name, None, DropReason.UNSAFE_PATH, why)
                 else:
                     yield entry(reader.record_at(f, *where, line_no))
 

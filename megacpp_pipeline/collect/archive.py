@@ -90,7 +90,11 @@ def _zip_entries(
     path: Path, scope: Scope, limits: CollectLimits, max_file_bytes: int
 ) -> Iterator[Entry]:
     budget = _Budget(limits, max_file_bytes)
-    with zipfile.ZipFile(path) as zf:
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise CollectError(f"{path.name}: not a readable zip archive ({err})") from err
+    with zf:
         for info in sorted(zf.infolist(), key=lambda i: i.filename):
             if info.is_dir():
                 continue
@@ -123,9 +127,10 @@ def _zip_entries(
             try:
                 with zf.open(info) as f:
                     data = f.read(max_file_bytes + 1)
-            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
-                # one corrupt member (bad CRC: its header lies about size or content, or an
-                # unsupported method) is that file's problem, not the whole source's
+            except _MEMBER_ERRORS as err:
+                # one corrupt member (bad CRC: its header lies about size or content, an
+                # unsupported method, a password it needs) is that file's problem, not the
+                # whole source's
                 yield Entry(rel2, None, DropReason.UNREADABLE, f"corrupt zip member: {err}")
                 continue
             if len(data) > max_file_bytes:  # the header lied about the size
@@ -133,6 +138,10 @@ def _zip_entries(
                 continue
             budget.take(len(data))
             yield Entry(rel2, data)
+
+
+# what reading one zip member may raise: zipfile raises RuntimeError for an encrypted one
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError)
 
 
 def _open_tar(path: Path) -> tarfile.TarFile:
@@ -150,7 +159,11 @@ def _tar_entries(
     path: Path, scope: Scope, limits: CollectLimits, max_file_bytes: int
 ) -> Iterator[Entry]:
     budget = _Budget(limits, max_file_bytes)
-    with _open_tar(path) as tf:
+    try:
+        tf = _open_tar(path)
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise CollectError(f"{path.name}: not a readable tar archive ({err})") from err
+    with tf:
         for member in tf:
             if member.isdir():
                 continue
@@ -221,7 +234,7 @@ def _zip_link_target(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
     try:
         with zf.open(info) as f:
             return f.read(4096).decode("utf-8", "replace")
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError):
+    except _MEMBER_ERRORS:
         return None
 
 
@@ -238,7 +251,9 @@ def _canonical_order(entries: Iterator[Entry]) -> Iterator[Entry]:
             size = len(entry.content) if entry.content is not None else -1
             index.append((entry.path, seq, replace(entry, content=None), offset, size))
         index.sort(key=lambda item: (item[0], item[1]))
-        names = Counter(path for path, _, e, _, size in index if size >= 0)
+        # every copy counts, read or not: a readable copy beside a too-large one or a link is
+        # no more the one meant than either (extraction would keep the last)
+        names = Counter(path for path, _, _, _, _ in index)
         for path, _, entry, offset, size in index:
             if size < 0:
                 yield entry

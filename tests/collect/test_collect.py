@@ -270,6 +270,73 @@ def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: P
     assert list(files) == ["../escape.h", "<line 2>", "<line 3>", "include/vector.h", "src/main.cc"]
 
 
+def _entries(spec: SourceSpec, uri: str, tmp: Path) -> list[collect.Entry]:
+    sf = collect.open_source(spec, uri, cache_dir=tmp / "cache", limits=CollectLimits())
+    return list(sf.entries())
+
+
+def test_an_encrypted_zip_member_is_that_files_problem_not_the_runs(tmp_path: Path) -> None:
+    """zipfile raises RuntimeError for a member that needs a password: it failed the run."""
+    archive = tmp_path / "locked.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("include/vector.h", VECTOR_H)
+        zf.writestr("src/main.cc", MAIN_CC)
+    data = bytearray(archive.read_bytes())
+    for offset in (0, data.rindex(b"PK\x01\x02")):  # flag bit 0 (encrypted) on src/main.cc
+        at = data.index(b"src/main.cc", offset) - (30 if offset == 0 else 46)
+        flags = at + (6 if offset == 0 else 8)
+        data[flags] |= 1
+    archive.write_bytes(bytes(data))
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    files = _files(spec, str(archive), tmp_path)
+    assert files["include/vector.h"].content == VECTOR_H
+    assert files["src/main.cc"].reason == DropReason.UNREADABLE
+
+
+@pytest.mark.parametrize("name", ["broken.zip", "broken.tar.gz", "empty.tar"])
+def test_an_archive_that_is_not_one_fails_naming_it(tmp_path: Path, name: str) -> None:
+    archive = tmp_path / name
+    archive.write_bytes(b"" if name == "empty.tar" else b"this is not an archive at all\n")
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    with pytest.raises(collect.CollectError, match=name.replace(".", r"\.")):
+        _files(spec, str(archive), tmp_path)
+
+
+def test_a_readable_copy_beside_an_unreadable_one_of_the_same_name_is_not_kept(
+    tmp_path: Path,
+) -> None:
+    """Two members named alike, one over the size limit: neither is the one meant (an
+    extraction keeps the last), so none is kept; each copy has its ledger row."""
+    archive = tmp_path / "dups.tar"
+    with tarfile.open(archive, "w") as tf:
+        for data in (VECTOR_H, VECTOR_H * 40_000):
+            info = tarfile.TarInfo("include/vector.h")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo("src/main.cc")
+        info.size = len(MAIN_CC)
+        tf.addfile(info, io.BytesIO(MAIN_CC))
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    entries = _entries(spec, str(archive), tmp_path)
+    copies = [e for e in entries if e.path == "include/vector.h"]
+    assert len(copies) == 2 and all(e.content is None for e in copies)
+    assert [e.content for e in entries if e.path == "src/main.cc"] == [MAIN_CC]
+
+
+def test_jsonl_records_naming_one_path_are_all_dropped_as_ambiguous(tmp_path: Path) -> None:
+    import json
+
+    export = tmp_path / "export.jsonl"
+    records = [("src/a.h", "int a;"), ("./src/a.h", "int b;"), ("src/main.cc", "int c;")]
+    export.write_text("".join(json.dumps({"path": p, "content": c}) + "\n" for p, c in records))
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
+    entries = _entries(spec, str(export), tmp_path)
+    dups = [e for e in entries if e.path == "src/a.h"]
+    assert len(dups) == 2 and {e.reason for e in dups} == {DropReason.UNSAFE_PATH}
+    assert all("2 records share this path" in (e.detail or "") for e in dups)
+    assert [e.content for e in entries if e.path == "src/main.cc"] == [b"int c;"]
+
+
 # odd files named in the ledger ------------------------------------------------------------
 ANNEX_KEY = "SHA256E-s1048576--9f2c0a51e1b7d3c4a6f8e0b2d4c6a8e0f2b4d6c8e0a2c4e6a8c0e2a4c6e8a0b2.h"
 ANNEX_TARGET = f"../.git/annex/objects/Xk/Mv/{ANNEX_KEY}/{ANNEX_KEY}"
