@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
+from typing import Self
 
 from megacpp_pipeline.collect.source import (
     CollectError,
@@ -144,6 +145,40 @@ def _zip_entries(
 _MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError)
 
 
+class _DamagedHeader(tarfile.TarError):
+    """A member header that does not parse where the archive has not ended."""
+
+
+# tarfile's own header errors (not in its stubs): a header that does not parse, one cut short
+_HEADER_DAMAGE: tuple[type[Exception], ...] = (
+    tarfile.InvalidHeaderError,  # type: ignore[attr-defined]
+    tarfile.TruncatedHeaderError,  # type: ignore[attr-defined]
+)
+
+
+class _CheckedTarInfo(tarfile.TarInfo):
+    """tarfile takes a header that does not parse (a bad checksum, a block cut short) past
+    the first member for the archive's end, and stops reading without a word: every member
+    after it would be lost silently. Such a header raises here instead. (A block of zeros,
+    the archive's proper end, and the end of the data on a member's boundary still end it.)"""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Self:
+        try:
+            return super().fromtarfile(tarfile_)
+        except _HEADER_DAMAGE as err:
+            raise _DamagedHeader(f"the member header at byte {tarfile_.offset}: {err}") from None
+
+
+def _stream_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged or cut-short tar stream raises, whatever its compression."""
+    import lzma
+
+    import zstandard
+
+    return (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)
+
+
 def _open_tar(path: Path) -> tarfile.TarFile:
     name = path.name.lower()
     if name.endswith((".tar.zst", ".tzst", ".tar.zstd")):
@@ -151,8 +186,38 @@ def _open_tar(path: Path) -> tarfile.TarFile:
 
         raw = path.open("rb")
         stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
-    return tarfile.open(path, mode="r|*")
+        return tarfile.open(fileobj=stream, mode="r|", tarinfo=_CheckedTarInfo)  # type: ignore[call-overload]
+    return tarfile.open(path, mode="r|*", tarinfo=_CheckedTarInfo)
+
+
+def _tar_members(tf: tarfile.TarFile, path: Path) -> Iterator[tarfile.TarInfo]:
+    """The archive's members in order; a damaged or cut-short archive fails naming itself
+    and where, rather than ending early (its members past the damage cannot be listed, so
+    the ledger could not account for them)."""
+    errors = _stream_errors()
+    while True:
+        try:
+            member = tf.next()
+        except errors as err:
+            raise CollectError(
+                f"{path.name}: damaged tar archive ({err}); the members after byte "
+                f"{tf.offset} cannot be read"
+            ) from err
+        if member is None:
+            return
+        yield member
+
+
+def _tar_member_bytes(
+    tf: tarfile.TarFile, member: tarfile.TarInfo, path: Path, limit: int
+) -> bytes:
+    try:
+        f = tf.extractfile(member)
+        return f.read(limit + 1) if f else b""
+    except _stream_errors() as err:
+        raise CollectError(
+            f"{path.name}: damaged tar archive: member {member.name!r} cannot be read ({err})"
+        ) from err
 
 
 def _tar_entries(
@@ -161,10 +226,10 @@ def _tar_entries(
     budget = _Budget(limits, max_file_bytes)
     try:
         tf = _open_tar(path)
-    except (tarfile.TarError, OSError, EOFError) as err:
+    except _stream_errors() as err:
         raise CollectError(f"{path.name}: not a readable tar archive ({err})") from err
     with tf:
-        for member in tf:
+        for member in _tar_members(tf, path):
             if member.isdir():
                 continue
             rel = safe_relpath(member.name)
@@ -198,8 +263,7 @@ def _tar_entries(
             if (refused := budget.refuse(rel2, member.size)) is not None:
                 yield refused
                 continue
-            f = tf.extractfile(member)
-            data = f.read(max_file_bytes + 1) if f else b""
+            data = _tar_member_bytes(tf, member, path, max_file_bytes)
             budget.take(len(data))
             yield Entry(rel2, data)
 
@@ -289,8 +353,12 @@ def archive_listing(
             ]
         how = "zip central directory"
     else:
-        with _open_tar(path) as tf:
-            members = [(m.name, m.size) for m in tf if m.isreg()]
+        try:
+            tf = _open_tar(path)
+        except _stream_errors() as err:
+            raise CollectError(f"{path.name}: not a readable tar archive ({err})") from err
+        with tf:
+            members = [(m.name, m.size) for m in _tar_members(tf, path) if m.isreg()]
         how = "tar member headers"
     for name, n in sorted(members):
         rel = safe_relpath(name)

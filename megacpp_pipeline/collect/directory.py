@@ -63,11 +63,22 @@ def walk_units(root: Path, want: int | None = None, depth: int | None = None) ->
     depth = WALK_UNIT_DEPTH if depth is None else depth
     if want <= 1 or depth <= 0:
         return [WalkUnit()]
-    return _units(root, "", want, depth)
+    try:
+        units = _units(root, "", want, depth)
+    except OSError as err:
+        raise CollectError(f"{root}: the source's folder cannot be listed ({err})") from err
+    assert units is not None
+    return units
 
 
-def _units(root: Path, rel_dir: str, want: int, depth: int) -> list[WalkUnit]:
-    listed = list(_listing(root, rel_dir))
+def _units(root: Path, rel_dir: str, want: int, depth: int) -> list[WalkUnit] | None:
+    """None when `rel_dir` cannot be listed (the walk then meets it and ledgers it)."""
+    try:
+        listed = list(_listing(root, rel_dir))
+    except OSError:
+        if not rel_dir:
+            raise
+        return None
     listing = [(key, rel) for key, rel, _ in listed]
     keys = [key for key, _ in listing]
     if len(keys) >= want:  # runs of about len / want entries
@@ -92,16 +103,16 @@ def _units(root: Path, rel_dir: str, want: int, depth: int) -> list[WalkUnit]:
         if files:
             out.append(WalkUnit(rel_dir, files[0], files[-1]))
             files = []
-        if share > 1 and depth > 1:
-            out += _units(root, rel, share, depth - 1)
-        else:
-            out.append(WalkUnit(rel_dir, key, key))
+        below = _units(root, rel, share, depth - 1) if share > 1 and depth > 1 else None
+        out += below if below is not None else [WalkUnit(rel_dir, key, key)]
     if files:
         out.append(WalkUnit(rel_dir, files[0], files[-1]))
     return out
 
 
-def _walk(root: Path, unit: WalkUnit | None = None) -> Iterator[tuple[str, os.DirEntry[str]]]:
+def _walk(
+    root: Path, unit: WalkUnit | None = None
+) -> Iterator[tuple[str, os.DirEntry[str] | Unlistable]]:
     """Files in canonical order (full ledger paths increasing, as git lists a tree): a folder
     sorts as `name/`, so `a.h` comes before everything in `a/`. Dedup relies on this order. A
     stack of listings, not recursion: a hostile tree may be thousands of folders deep. With
@@ -109,7 +120,13 @@ def _walk(root: Path, unit: WalkUnit | None = None) -> Iterator[tuple[str, os.Di
     if unit is not None and unit.names is not None:
         top = _named(root, unit.dir, unit.names)
     else:
-        top = _listing(root, unit.dir if unit is not None else "")
+        try:
+            top = _listing(root, unit.dir if unit is not None else "")
+        except OSError as err:
+            if unit is None or not unit.dir:
+                raise CollectError(f"{root}: the source's folder cannot be listed ({err})") from err
+            yield unit.dir, Unlistable(err)  # listed when the units were planned, not now
+            return
         if unit is not None and (unit.first or unit.last is not None):
             top = (item for item in top if unit.holds(item[0]))
     stack = [top]
@@ -118,21 +135,36 @@ def _walk(root: Path, unit: WalkUnit | None = None) -> Iterator[tuple[str, os.Di
         if item is None:
             stack.pop()
         elif item[0].endswith("/"):
-            stack.append(_listing(root, item[1]))
+            try:
+                stack.append(_listing(root, item[1]))
+            except OSError as err:
+                yield item[1], Unlistable(err)
         else:
             yield item[1], item[2]
 
 
+@dataclass(frozen=True)
+class Unlistable:
+    """A folder the walk met and could not list: its files cannot be named, so the folder
+    itself takes the ledger row that says why they are not collected."""
+
+    error: OSError
+
+    def why(self) -> str:
+        return (
+            f"folder cannot be listed ({self.error.strerror or self.error}): "
+            "the files in it are not collected"
+        )
+
+
 def _listing(root: Path, rel_dir: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
-    try:
-        with os.scandir(root / rel_dir if rel_dir else root) as it:
-            # sorted by the name as the ledger spells it (non-UTF-8 bytes and backslashes
-            # escaped), so every stream of a source is in the order of its ledger paths
-            items = [
-                (name_of(e.name) + ("/" if e.is_dir(follow_symlinks=False) else ""), e) for e in it
-            ]
-    except OSError:
-        return iter(())
+    """A folder's entries, sorted; raises OSError when the folder cannot be listed."""
+    with os.scandir(root / rel_dir if rel_dir else root) as it:
+        # sorted by the name as the ledger spells it (non-UTF-8 bytes and backslashes
+        # escaped), so every stream of a source is in the order of its ledger paths
+        items = [
+            (name_of(e.name) + ("/" if e.is_dir(follow_symlinks=False) else ""), e) for e in it
+        ]
     return (
         (key, f"{rel_dir}/{e.name}" if rel_dir else e.name, e)
         for key, e in sorted(items, key=lambda item: item[0])
@@ -212,7 +244,9 @@ def _walked(
     ToRead."""
     for raw, e in _walk(root, unit):
         rel = name_of(raw)  # os.scandir's name with its non-UTF-8 bytes escaped
-        if not is_utf8(raw):
+        if isinstance(e, Unlistable):
+            yield Entry(rel, None, DropReason.UNREADABLE, e.why())
+        elif not is_utf8(raw):
             yield Entry(rel, None, DropReason.UNSAFE_PATH, "file name is not UTF-8")
         elif has_control_chars(rel):
             yield Entry(rel, None, DropReason.UNSAFE_PATH, "control character in file name")
@@ -343,7 +377,7 @@ def dir_listing(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -
     files = size = 0
     for raw, e in _walk(root):
         rel = name_of(raw)
-        if not is_utf8(raw) or has_control_chars(rel):
+        if isinstance(e, Unlistable) or not is_utf8(raw) or has_control_chars(rel):
             continue
         if e.is_symlink() or not e.is_file(follow_symlinks=False):
             continue

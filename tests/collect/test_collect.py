@@ -3,9 +3,11 @@ archive members are refused one by one while every good file of the source is ke
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
+import re
 import tarfile
 import zipfile
 from pathlib import Path
@@ -300,6 +302,111 @@ def test_an_archive_that_is_not_one_fails_naming_it(tmp_path: Path, name: str) -
     spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
     with pytest.raises(collect.CollectError, match=name.replace(".", r"\.")):
         _files(spec, str(archive), tmp_path)
+
+
+def _too_deep_to_list(root: Path) -> None:
+    """`deep/` holding a file and a chain of folders whose path grows past PATH_MAX (made
+    through folder descriptors): the walk cannot list the folders at the bottom, even as
+    root (chmod 000 would not stop root)."""
+    (root / "deep").mkdir()
+    (root / "deep" / "top.h").write_bytes(MAIN_CC)
+    fd = os.open(root / "deep", os.O_RDONLY)
+    try:
+        for _ in range(20):
+            os.mkdir("d" * 250, dir_fd=fd)
+            below = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        leaf = os.open("lost.h", os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+        os.write(leaf, MAIN_CC)
+        os.close(leaf)
+    finally:
+        os.close(fd)
+
+
+def test_a_folder_that_cannot_be_listed_is_a_ledger_row_not_a_silent_loss(tmp_path: Path) -> None:
+    """Its files cannot be named, so the folder takes the row that says why they are not
+    collected; everything the walk could list is collected as before."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "keep.h").write_bytes(VECTOR_H)
+    _too_deep_to_list(root)
+    spec = SourceSpec(id="demo", kind="dir", uri=str(root))
+    files = _files(spec, str(root), tmp_path)
+    assert files["keep.h"].content == VECTOR_H
+    assert files["deep/top.h"].content == MAIN_CC
+    unlisted = [e for p, e in files.items() if e.reason == DropReason.UNREADABLE]
+    assert len(unlisted) == 1, files.keys()
+    assert unlisted[0].path.startswith("deep/" + "d" * 250 + "/")
+    assert unlisted[0].detail is not None
+    assert "cannot be listed" in unlisted[0].detail
+    assert not any(p.endswith("lost.h") for p in files)
+
+
+def _three_member_tar() -> tuple[bytes, int]:
+    """A tar of three headers and the byte where its second member's header starts."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in (
+            ("include/vector.h", VECTOR_H),
+            ("src/a.cc", MAIN_CC),
+            ("src/b.cc", MAIN_CC),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    second = 512 + -(-len(VECTOR_H) // 512) * 512
+    return buf.getvalue(), second
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        ("bad-checksum.tar", "checksum"),
+        ("bad-checksum.tar.gz", "checksum"),
+        ("cut-in-a-header.tar", "cut header"),
+        ("cut-in-a-member.tar", "cut data"),
+    ],
+)
+def test_a_damaged_tar_fails_naming_it_rather_than_ending_early(
+    tmp_path: Path, name: str, damage: str
+) -> None:
+    """tarfile takes a damaged header past the first member for the archive's end: the
+    members after it were lost with no ledger row and no error."""
+    data, second = _three_member_tar()
+    if damage == "checksum":
+        damaged = bytearray(data)
+        damaged[second + 148] ^= 0x11  # a digit of the header's checksum field
+        data = bytes(damaged)
+    elif damage == "cut header":
+        data = data[: second + 200]
+    else:
+        data = data[: second + 512 + 20]
+    archive = tmp_path / name
+    archive.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    with pytest.raises(collect.CollectError, match=rf"{re.escape(name)}: damaged tar archive"):
+        _files(spec, str(archive), tmp_path)
+    with pytest.raises(collect.CollectError, match=re.escape(name)):
+        collect.list_source(
+            spec, str(archive), cache_dir=tmp_path / "cache", limits=CollectLimits()
+        )
+
+
+def test_a_tar_without_its_end_blocks_keeps_every_member(tmp_path: Path) -> None:
+    """Some writers leave out the two zero blocks at the end: the data ends on a member's
+    boundary, every member is whole, nothing is damaged."""
+    data, _ = _three_member_tar()
+    end = len(data.rstrip(b"\0"))
+    archive = tmp_path / "no-end.tar"
+    archive.write_bytes(data[: -(-end // 512) * 512])
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    files = _files(spec, str(archive), tmp_path)
+    assert {p: e.content for p, e in files.items()} == {
+        "include/vector.h": VECTOR_H,
+        "src/a.cc": MAIN_CC,
+        "src/b.cc": MAIN_CC,
+    }
 
 
 def test_a_readable_copy_beside_an_unreadable_one_of_the_same_name_is_not_kept(

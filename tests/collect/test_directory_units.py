@@ -42,7 +42,20 @@ def _awkward(root: Path) -> None:
     (root / "src" / os.fsdecode(b"bad\xff.h")).write_text("int bad;\n")
 
 
-@pytest.mark.parametrize("shape", [_wide, _deep, _awkward])
+def _unlistable(root: Path) -> None:
+    """Files around a chain of folders whose path grows past PATH_MAX: the walk cannot list
+    the folders at the bottom (see tests/collect/test_collect.py)."""
+    _files(root, ["a.h", "deep/b.h", "z/c.h"])
+    fd = os.open(root / "deep", os.O_RDONLY)
+    for _ in range(20):
+        os.mkdir("d" * 250, dir_fd=fd)
+        below = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    os.close(fd)
+
+
+@pytest.mark.parametrize("shape", [_wide, _deep, _awkward, _unlistable])
 @pytest.mark.parametrize(("want", "depth"), [(1, 3), (2, 3), (3, 1), (7, 2), (64, 3), (500, 5)])
 def test_the_units_walked_in_order_are_the_walk_of_the_whole_tree(
     tmp_path: Path, shape: object, want: int, depth: int
