@@ -104,7 +104,7 @@ def build_refresh(
         description="Nightly: one run per source whose revision changed (run_key source:revision).",
     )
     def nightly_refresh(context: dg.ScheduleEvaluationContext):  # type: ignore[no-untyped-def]
-        for source, revision in current_revisions(catalog, cache_dir).items():
+        for source, revision in current_revisions(catalog, cache_dir, registry).items():
             run_key = f"{source}:{revision}"
             if _already_requested(context.instance, run_key):
                 continue

@@ -26,7 +26,14 @@ from megacpp_pipeline.core.schemas import RAW_FILES
 from megacpp_pipeline.pipeline import reuse
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.metadata import drop_reasons_table, summary_metadata
-from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Grain,
+    Materialized,
+    Registry,
+    Stage,
+)
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.storage.store import (
@@ -511,9 +518,13 @@ STAGE = Stage(
 )
 
 
-def current_revisions(catalog: Catalog, cache_dir: Path) -> dict[str, str]:
+def current_revisions(
+    catalog: Catalog, cache_dir: Path, registry: Registry | None = None
+) -> dict[str, str]:
     """source id -> the revision a collection would read now (a tracked git branch
-    resolves to the commit it points at; other sources to their pin or content hash)."""
+    resolves to the commit it points at; other sources to their pin or content hash). A
+    directory's tree hash covers the metadata files `registry`'s stages read (REUSE.toml,
+    LICENSES/) as collection's does, so a change to those alone moves it too."""
     out = {}
     for spec in catalog.operational:
         files = collect.open_source(
@@ -521,6 +532,7 @@ def current_revisions(catalog: Catalog, cache_dir: Path) -> dict[str, str]:
             catalog.resolve_uri(spec),
             cache_dir=cache_dir,
             limits=catalog.collect,
+            keep_also=partial(registry.is_metadata_file, spec) if registry else None,
             max_file_bytes=catalog.file_limit(spec),
         )
         out[spec.id] = files.revision

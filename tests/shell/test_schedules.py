@@ -75,6 +75,41 @@ def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path
     assert selected == set(default_registry().refresh_head())
 
 
+def test_a_directorys_revision_moves_when_only_its_reuse_metadata_changes(tmp_path: Path) -> None:
+    """REUSE.toml is outside the include globs but collection keeps it (the licence gate
+    reads it): a tree whose licensing alone changed is refreshed. It moved only when the
+    file came or went, as an excluded file's ledger row does."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "b.hpp").write_text("#pragma once\nint other() { return 7; }\n")
+    catalog = tmp_path / "sources.yaml"
+    catalog.write_text(
+        f"snapshot: nightly\nsources:\n  - id: tree\n    kind: dir\n    uri: {tree}\n"
+    )
+    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
+    sched = defs.get_schedule_def("nightly_refresh")
+    (tmp_path / "home").mkdir()
+    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
+    repo = defs.get_repository_def()
+
+    def key() -> str:
+        tick = sched.evaluate_tick(
+            dg.build_schedule_context(instance=instance, repository_def=repo)
+        )
+        return str([r.run_key for r in tick.run_requests or []])
+
+    reuse = 'version = 1\n[[annotations]]\npath = "**"\nSPDX-License-Identifier = "{}"\n'
+    (tree / "REUSE.toml").write_text(reuse.format("MIT"))
+    (tree / "notes.txt").write_text("not collected: outside the globs, not metadata\n")
+    before = key()
+    (tree / "REUSE.toml").write_text(reuse.format("Apache-2.0"))
+    after = key()
+    assert after != before
+    # a file the globs leave out counts by its ledger row (its name), not its content
+    (tree / "notes.txt").write_text("edited, still not collected\n")
+    assert key() == after
+
+
 def test_the_cascade_launches_one_stale_run_group_at_a_time_and_waits_for_runs(
     tmp_path: Path,
 ) -> None:
