@@ -4,6 +4,7 @@ hash) pairs, so the same tree gives the same revision."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -269,10 +270,21 @@ def read_entry(item: Entry | ToRead, max_file_bytes: int) -> Entry:
     if isinstance(item, Entry):
         return item
     try:
-        with open(item.os_path, "rb") as f:
-            data = f.read(max_file_bytes + 1)
+        # the walk saw a regular file; what is there now may be a link (O_NOFOLLOW: it is
+        # never followed out of the tree) or a fifo (O_NONBLOCK: opening it cannot hang)
+        fd = os.open(item.os_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            return Entry(item.path, None, DropReason.SYMLINK, "became a link since the walk")
         return Entry(item.path, None, DropReason.UNREADABLE, str(err))
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            why = "became a device, fifo or special file since the walk"
+            return Entry(item.path, None, DropReason.UNSAFE_PATH, why)
+        try:
+            data = f.read(max_file_bytes + 1)
+        except OSError as err:
+            return Entry(item.path, None, DropReason.UNREADABLE, str(err))
     if len(data) > max_file_bytes:  # it grew since the listing
         return too_large(item.path, len(data), max_file_bytes)
     return Entry(item.path, data)

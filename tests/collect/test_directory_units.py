@@ -11,6 +11,7 @@ import pytest
 from megacpp_pipeline.collect import directory
 from megacpp_pipeline.collect.directory import WalkUnit, walk_units
 from megacpp_pipeline.core.catalog import SourceSpec
+from megacpp_pipeline.core.ledger import DropReason
 
 
 def _files(root: Path, names: list[str]) -> None:
@@ -136,3 +137,25 @@ def test_a_named_entry_gone_before_its_unit_is_walked_is_left_out(tmp_path: Path
     (tmp_path / "f3.h").unlink()
     walked = [rel for u in units for rel, _ in directory._walk(tmp_path, u)]
     assert walked == [f"f{i}.h" for i in range(10) if i != 3]
+
+
+def test_a_file_swapped_for_a_link_or_a_fifo_after_the_walk_is_not_read(tmp_path: Path) -> None:
+    """Between the walk and the read a file may become a link out of the tree (never
+    followed: its target's bytes must not be collected) or a fifo (opening it must not
+    hang the run)."""
+    secret = tmp_path / "outside.txt"
+    secret.write_text("root:x:0:0\n")
+    root = tmp_path / "tree"
+    _files(root, ["a.h", "b.h", "c.h"])
+    scope = directory.Scope(SourceSpec(id="s", kind="dir", uri=str(root)), None)
+    walked = {item.path: item for item in directory._walked(root, scope, 1 << 20)}
+    (root / "a.h").unlink()
+    (root / "a.h").symlink_to(secret)
+    (root / "b.h").unlink()
+    os.mkfifo(root / "b.h")
+    limit = 1 << 20
+    link = directory.read_entry(walked["a.h"], limit)
+    fifo = directory.read_entry(walked["b.h"], limit)
+    assert (link.content, link.reason) == (None, DropReason.SYMLINK)
+    assert (fifo.content, fifo.reason) == (None, DropReason.UNSAFE_PATH)
+    assert directory.read_entry(walked["c.h"], limit).content == b"// c.h\n"
