@@ -65,6 +65,7 @@ __all__ = [
     "fits_slice",
     "glob_to_regex",
     "list_source",
+    "max_record_bytes",
     "open_source",
     "read_entry",
     "resolve_branch",
@@ -166,6 +167,13 @@ def list_source(
     raise CollectError(f"source {spec.id!r}: unknown kind {spec.kind!r}")
 
 
+def max_record_bytes(max_file_bytes: int) -> int:
+    """The longest JSONL line worth reading for files up to `max_file_bytes`: JSON may spell
+    each byte as a six-character escape, and the record has its other fields. Past it the
+    content is over the size policy however it is spelled, so the line is rejected unread."""
+    return 6 * max_file_bytes + (64 << 10)
+
+
 def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> SourceFiles:
     from megacpp_pipeline.collect.jsonl_stream import reader
 
@@ -191,7 +199,9 @@ def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int)
         rejects: list[reader.RecordReject] = []
         found: list[tuple[str, int, tuple[int, int] | reader.RecordReject]] = [
             (safe_relpath(str(rec["path"])) or str(rec["path"]), int(rec["line_no"]), (at, size))
-            for rec, at, size in reader.iter_located_records(path, rejects)
+            for rec, at, size in reader.iter_located_records(
+                path, rejects, max_line_bytes=max_record_bytes(max_file_bytes)
+            )
         ]
         # a malformed line has no usable path: it is named by its line
         found += [(f"<line {r.line_no}>", r.line_no, r) for r in rejects]

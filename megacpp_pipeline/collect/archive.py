@@ -156,6 +156,13 @@ _HEADER_DAMAGE: tuple[type[Exception], ...] = (
 )
 
 
+_EXTENDED_HEADERS = frozenset(
+    {tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE}
+    | {tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK}
+)
+MAX_EXTENDED_HEADER_BYTES = 1 << 20
+
+
 class _CheckedTarInfo(tarfile.TarInfo):
     """tarfile takes a header that does not parse (a bad checksum, a block cut short) past
     the first member for the archive's end, and stops reading without a word: every member
@@ -168,6 +175,16 @@ class _CheckedTarInfo(tarfile.TarInfo):
             return super().fromtarfile(tarfile_)
         except _HEADER_DAMAGE as err:
             raise _DamagedHeader(f"the member header at byte {tarfile_.offset}: {err}") from None
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> Self:
+        # a pax or GNU long-name header is read whole into memory: bounded, or one header
+        # claiming gigabytes would take them
+        if self.type in _EXTENDED_HEADERS and self.size > MAX_EXTENDED_HEADER_BYTES:
+            raise _DamagedHeader(
+                f"an extended header of {self.size} bytes at byte {self.offset}: more than "
+                f"any member's name and attributes need ({MAX_EXTENDED_HEADER_BYTES})"
+            )
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
 def _stream_errors() -> tuple[type[BaseException], ...]:

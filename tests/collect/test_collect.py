@@ -393,6 +393,29 @@ def test_a_damaged_tar_fails_naming_it_rather_than_ending_early(
         )
 
 
+def test_a_tar_extended_header_is_bounded_but_long_names_still_read(tmp_path: Path) -> None:
+    """tarfile reads a pax or GNU long-name header whole: one claiming gigabytes would
+    take them. Past 1 MiB it fails naming the archive; a long name is a few hundred bytes."""
+    long_name = "include/" + "n" * 300 + ".h"
+    for fmt, name in ((tarfile.GNU_FORMAT, "gnu.tar"), (tarfile.PAX_FORMAT, "pax.tar")):
+        archive = tmp_path / name
+        with tarfile.open(archive, "w", format=fmt) as tf:
+            info = tarfile.TarInfo(long_name)
+            info.size = len(VECTOR_H)
+            tf.addfile(info, io.BytesIO(VECTOR_H))
+        spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+        assert _files(spec, str(archive), tmp_path)[long_name].content == VECTOR_H
+    archive = tmp_path / "huge-pax.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo("src/a.cc")
+        info.size = len(MAIN_CC)
+        info.pax_headers = {"comment": "x" * (2 << 20)}
+        tf.addfile(info, io.BytesIO(MAIN_CC))
+    spec = SourceSpec(id="demo", kind="archive", uri=str(archive), sha256=_sha(archive))
+    with pytest.raises(collect.CollectError, match=r"huge-pax\.tar: .*extended header of"):
+        _files(spec, str(archive), tmp_path)
+
+
 def test_a_tar_without_its_end_blocks_keeps_every_member(tmp_path: Path) -> None:
     """Some writers leave out the two zero blocks at the end: the data ends on a member's
     boundary, every member is whole, nothing is damaged."""
@@ -442,6 +465,35 @@ def test_jsonl_records_naming_one_path_are_all_dropped_as_ambiguous(tmp_path: Pa
     assert len(dups) == 2 and {e.reason for e in dups} == {DropReason.UNSAFE_PATH}
     assert all("2 records share this path" in (e.detail or "") for e in dups)
     assert [e.content for e in entries if e.path == "src/main.cc"] == [b"int c;"]
+
+
+def test_a_jsonl_line_longer_than_any_allowed_record_is_rejected_unread(tmp_path: Path) -> None:
+    """The reader held a whole line in memory however long; past what a record of the
+    largest allowed file can take (JSON escapes and all) it is now rejected by its line,
+    skipped a block at a time, and the lines after it are read as usual."""
+    import json
+
+    export = tmp_path / "export.jsonl"
+    limit = collect.max_record_bytes(100)
+    huge = json.dumps({"path": "src/huge.h", "content": "x" * (limit + 10)})
+    lines = [
+        json.dumps({"path": "src/a.h", "content": "int a;"}),
+        huge,
+        json.dumps({"path": "src/big.h", "content": "y" * 500}),  # over 100, not over the line
+        json.dumps({"path": "src/b.h", "content": "int b;"}),
+    ]
+    export.write_text("\n".join(lines) + "\n")
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export), max_file_bytes=100)
+    sf = collect.open_source(
+        spec, str(export), cache_dir=tmp_path / "c", limits=CollectLimits(), max_file_bytes=100
+    )
+    files = {e.path: e for e in sf.entries()}
+    assert files["src/a.h"].content == b"int a;"
+    assert files["src/b.h"].content == b"int b;"
+    assert files["src/big.h"].reason == DropReason.TOO_LARGE
+    long = files["<line 2>"]
+    assert long.reason == DropReason.MALFORMED_RECORD
+    assert f"line of {len(huge) + 1} bytes is longer than the {limit}" in (long.detail or "")
 
 
 # odd files named in the ledger ------------------------------------------------------------

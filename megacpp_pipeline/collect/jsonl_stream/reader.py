@@ -114,17 +114,25 @@ def iter_records(path: Path, rejects: list[RecordReject] | None = None) -> Itera
 
 
 def iter_located_records(
-    path: Path, rejects: list[RecordReject] | None = None
+    path: Path, rejects: list[RecordReject] | None = None, max_line_bytes: int | None = None
 ) -> Iterator[tuple[dict, int, int]]:
     """iter_records, each record with its line's byte offset and length (record_at reads
-    it again from there)."""
+    it again from there). A line longer than `max_line_bytes` is rejected unread: memory
+    holds at most that much of one line (a file of a single 10 GB line is not read whole)."""
     line_no = 0
     offset = 0
     with open(path, "rb") as f:
-        for line in f:
+        while line := f.readline(-1 if max_line_bytes is None else max_line_bytes + 1):
             line_no += 1
             start = offset
             offset += len(line)
+            if max_line_bytes is not None and len(line) > max_line_bytes:
+                offset += _skip_line(f)
+                if rejects is not None:
+                    rejects.append(
+                        _long_line_reject(line_no, start, offset - start, max_line_bytes)
+                    )
+                continue
             if not line.endswith(b"\n"):
                 if rejects is not None:
                     rejects.append(torn_tail_reject(line_no, start, len(line)))
@@ -137,6 +145,25 @@ def iter_located_records(
                     rejects.append(parsed)
             else:
                 yield parsed, start, len(line)
+
+
+def _skip_line(f: BinaryIO) -> int:
+    """Bytes up to and through the next newline (or the end), read a block at a time."""
+    skipped = 0
+    while block := f.readline(1 << 20):
+        skipped += len(block)
+        if block.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _long_line_reject(line_no: int, offset: int, size: int, limit: int) -> RecordReject:
+    return RecordReject(
+        line_no=line_no,
+        byte_offset=offset,
+        field="<line>",
+        reason=f"line of {size} bytes is longer than the {limit} a record may take; not read",
+    )
 
 
 def record_at(f: BinaryIO, offset: int, size: int, line_no: int) -> dict:
