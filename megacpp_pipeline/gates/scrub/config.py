@@ -66,7 +66,14 @@ class ScrubConfig(BaseModel):
     # local parts of addresses that are service accounts, not people (git@github.com:org/x)
     role_email_users: tuple[str, ...] = ("git", "hg", "svn", "anonymous", "noreply", "no-reply")
     # home directories of documentation examples (`/home/user/.cache`), not of a person
-    generic_users: tuple[str, ...] = ("user", "username", "yourname", "your_name", "me", "foo")
+    # names no person has: placeholders, and the accounts of CI runners, cloud images,
+    # boards and containers (`/home/runner/work/...`, `/home/ubuntu`, `/home/pi`)
+    generic_users: tuple[str, ...] = (
+        *("user", "username", "yourname", "your_name", "me", "foo"),
+        *("runner", "runneradmin", "ubuntu", "pi", "node", "linuxbrew", "vagrant", "ec2-user"),
+        *("travis", "appveyor", "circleci", "jenkins", "builder", "buildbot", "vscode"),
+        *("codespace", "gitpod", "docker", "admin", "administrator", "root", "git", "www-data"),
+    )
     min_password_length: int = Field(default=6, ge=1)
     min_key_length: int = Field(default=12, ge=1)
     min_key_entropy: float = Field(default=3.0, ge=0.0)  # bits per character

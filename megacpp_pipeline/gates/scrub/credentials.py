@@ -68,6 +68,7 @@ _KEY_SPELLINGS = sorted(
 # `auth` and `pass` are spelled out to what a name ends with: `Author:` heads most files and
 # `passed`, `bypass`, `pass_through` are everywhere.
 _PASS_ENDS = (*(f"pass{c}" for c in " \t=:\"'({[,)"), "--pass", "pass\\")
+_PASS_ENDS += tuple(f"pass_{c}" for c in " \t=:{")  # a member's trailing underscore: `pass_ =`
 _AUTH_ENDS = (*(f"auth{c}" for c in "_-. \t=:\"'([,\\"), "authtoken", "authkey", "authoriz")
 # a name ending in `key` right before what binds it (`key = "`, `Key{"`, `KEY "`, `key: x`)
 _KEY_ENDS = tuple(f"key{c}" for c in " \t=:\"'({[\\")
@@ -117,7 +118,13 @@ def weak_key_name(name: str) -> bool:
     """A name that ends in `key` without saying which (`key`, `kModelHubKey`, `REPO_KEY`):
     maybe a map key, maybe a credential; only a value random on its own account decides."""
     words = _words(name)
-    return bool(words) and words[-1].endswith("key")
+    return bool(words) and words[-1].endswith("key") and not _NOT_SECRET_KEY.intersection(words)
+
+
+# a key these words qualify is public by design or no credential (`public_key`, `kPubKey`,
+# `verify_key`, `Sec-WebSocket-Key`'s nonce, `cache_key`)
+_NOT_SECRET_KEY = frozenset({"public", "pub", "verify", "verifying", "verification", "socket"})
+_NOT_SECRET_KEY |= {"cache", "sort", "primary", "foreign", "lookup", "partition"}
 
 
 # the callee of a call that takes a credential by position (`client.login("u", "p")`,

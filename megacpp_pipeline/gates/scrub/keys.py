@@ -25,9 +25,28 @@ _BASE64_LAST_LINE = re.compile(
 _PUTTY = re.compile(r"PuTTY-User-Key-File-\d+:.*?Private-MAC: ?[0-9a-fA-F]+", re.DOTALL)
 
 
+# a line of key material: base64 (16+ in a run) or an RFC 1421 field (`Proc-Type: 4,...`);
+# prose (`// followed by base64 data`) is neither, though made of the same characters
+_BODY_RUN = re.compile(r"[A-Za-z0-9+/]{16,}")
+_PEM_FIELD = re.compile(r"[^\S\n]*[\"']?[A-Za-z]+(?:-[A-Za-z]+)+: ")
+# A block is a key only with key material near its header (within _BODY_WITHIN characters:
+# room for fields, a blank line, comment marks or quotes): a header alone (a parser's
+# `line == "-----BEGIN RSA PRIVATE KEY-----"`, a `<your key here>` template) is not one.
+_KEY_BODY = re.compile(r"[A-Za-z0-9+/]{40,}")
+_BODY_WITHIN = 400
+
+
+def has_key_material(block: str) -> bool:
+    """Whether a matched key block holds key material, not only its header and footer."""
+    return _KEY_BODY.search(block) is not None
+
+
 def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
     pos = 0
     while (m := _PEM_BEGIN.search(text, pos)) is not None:
+        if not _KEY_BODY.search(text, m.end(), m.end() + _BODY_WITHIN):
+            pos = m.end()
+            continue
         end_re = re.compile(r"-{4,5} ?END " + re.escape(m.group("label")) + r" ?-{4,5}")
         # the END must come before the next BEGIN: else this block was cut short, and the
         # END belongs to a later key (replacing everything in between would erase code)
@@ -36,12 +55,15 @@ def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
         if e is not None:
             end = e.end()
         else:
-            # truncated block: redact the base64 lines that follow the header
+            # truncated block: redact the lines of key material that follow the header
             end = m.end()
             nl = text.find("\n", end)
             cursor = len(text) if nl < 0 else nl + 1
             while (
-                cursor < len(text) and (b := _BASE64_LINE.match(text, cursor)) and b.end() > cursor
+                cursor < len(text)
+                and (b := _BASE64_LINE.match(text, cursor))
+                and b.end() > cursor
+                and (_BODY_RUN.search(b.group(0)) or _PEM_FIELD.match(b.group(0)))
             ):
                 end = cursor + len(b.group(0).rstrip())
                 cursor = b.end()

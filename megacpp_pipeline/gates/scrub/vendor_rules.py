@@ -23,6 +23,7 @@ from megacpp_pipeline.gates.scrub.issuer_tokens import (
     PREFIXED_TOKEN_DETECTOR,
     prefixed_tokens,
 )
+from megacpp_pipeline.gates.scrub.keys import has_key_material
 from megacpp_pipeline.gates.scrub.plausibility import (
     is_hash_or_uuid,
     on_include_line,
@@ -372,6 +373,14 @@ def _screened_rules(rules: RuleSet, tags: frozenset[str]) -> list[VendorRule]:
     ]
 
 
+@functools.cache
+def _out_of_place(rules: RuleSet) -> frozenset[str]:
+    """The detectors of rules written for other files than C++ (a `path` condition: `.tf`,
+    kubeconfig, NuGet.config): matched in C++, their values are judged as the generic
+    rule's are (`password = "changeme"` is a placeholder wherever it is)."""
+    return frozenset(r.detector for r in rules.rules if r.path_condition is not None)
+
+
 def _raw_hits(
     text: str,
     data: bytes,
@@ -414,7 +423,11 @@ def find_screened_vendor_secrets(
         value = text[start:end]
         if on_include_line(text, start) or is_hash_or_uuid(value, text, start, end):
             continue
-        if hit.priority == GENERIC_RULE_PRIORITY and not plausible_secret(value, hit.kind, config):
+        if hit.kind is Kind.PRIVATE_KEY and not has_key_material(value):
+            continue  # headers only (a parser's list of them), no key between
+        if (
+            hit.priority == GENERIC_RULE_PRIORITY or hit.detector in _out_of_place(rules)
+        ) and not plausible_secret(value, hit.kind, config):
             continue
         yield Hit(start, end, hit.kind, hit.detector, hit.priority)
     for joined, pieces in _joined_literals(text):
@@ -422,5 +435,7 @@ def find_screened_vendor_secrets(
         candidates = [r for r in candidate_rules(data, rules) if r.id not in GATE_EXCLUDED_RULES]
         for hit in _raw_hits(joined, data, candidates, True, literal=True):
             span = _to_text(pieces, hit.start, hit.end)
+            if hit.kind is Kind.PRIVATE_KEY and not has_key_material(joined[hit.start : hit.end]):
+                continue
             if span is not None and not on_include_line(text, span[0]):
                 yield Hit(*span, hit.kind, hit.detector, hit.priority)

@@ -1,0 +1,72 @@
+"""Ordinary C++ the scrub gate must leave as it is, beside the real thing it must still
+replace: each case here was replaced (or left half-replaced) before, found by a review that
+varied realistic code around the detectors."""
+
+from __future__ import annotations
+
+import pytest
+
+from megacpp_pipeline.gates.scrub import ScrubConfig, scrub_text
+
+CONFIG = ScrubConfig()
+BODY = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
+
+
+def scrubbed(text: str) -> str:
+    return scrub_text(text, CONFIG)[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a PEM parser's headers and footers, with no key between them
+        'if (line == "-----BEGIN RSA PRIVATE KEY-----") {\n  in_key = true;\n'
+        '} else if (line == "-----END RSA PRIVATE KEY-----") {\n  in_key = false;\n}\n',
+        'static const char* kHeaders[] = {\n  "-----BEGIN PRIVATE KEY-----",\n'
+        '  "-----BEGIN RSA PRIVATE KEY-----",\n  "-----BEGIN EC PRIVATE KEY-----",\n};\n',
+        "// Expects input like -----BEGIN PRIVATE KEY-----\n"
+        "// followed by base64 data and a footer\n// The parser handles both RSA and EC keys\n",
+        'const char* kTemplate = "-----BEGIN PRIVATE KEY-----\\n<your key here>\\n";\n',
+        # mkstemp templates, sockets, locks and tools' files in /tmp are no one's folder
+        'char tmpl[] = "/tmp/test-XXXXXX";\nint fd = mkstemp(tmpl);\n',
+        'addr.sun_path = "/tmp/mysql-server.sock";\n',
+        'auto lock = "/tmp/app-instance.lock";\n',
+        "// core dumps go to /tmp/core-%e-%p\n",
+        'auto p = "/tmp/build-output/x.o";\n',
+        # accounts of CI runners, images and boards
+        "// /home/runner/work/proj/proj/src/x.cpp\n",
+        'auto p = "/home/ubuntu/data";\n',
+        'auto p = "/home/pi/sketchbook";\n',
+        'auto p = "/Users/runner/work/proj";\n',
+        # documentation domains
+        "// e.g. user@example.com\n",
+        'EXPECT_TRUE(IsValidEmail("first.last@mail.example.org"));\n',
+        # a public key, a websocket nonce, a cache key are no credentials
+        'const char* public_key = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEZk3PL0vWmX7yTr2Nb'
+        'Fh5GdJs9ACe1uKo6iRpYwq8Zk3PL0vWmX7yTr2NbFh5GdJs9ACe1uKo6A==";\n',
+        'req.set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==");\n',
+        # a placeholder, whichever rule finds it (gitleaks' Terraform rule matched it)
+        'const char* password = "changeme";\n',
+    ],
+)
+def test_lookalikes_are_left_as_they_are(text: str) -> None:
+    assert scrubbed(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            f'const char* kKey =\n  "-----BEGIN RSA PRIVATE KEY-----\\n"\n  "{BODY}\\n"\n'
+            '  "-----END RSA PRIVATE KEY-----\\n";\n',
+            'const char* kKey =\n  "<PRIVATE_KEY>\\n";\n',
+        ),
+        (f"-----BEGIN PRIVATE KEY-----\n{BODY}\n{BODY}\n", "<PRIVATE_KEY>\n"),
+        ('auto dir = "/tmp/jsmith-build/obj/a.o";\n', 'auto dir = "<LOCAL_PATH>";\n'),
+        ("// jörg.müller@firma.de\n", "// <EMAIL>\n"),
+        ("// jörg@müller-bau.de\n", "// <EMAIL>\n"),
+        ('pass_ = "Tr0ub4dor&3";\n', 'pass_ = "<PASSWORD>";\n'),
+    ],
+)
+def test_the_real_thing_beside_them_is_still_replaced_whole(text: str, expected: str) -> None:
+    assert scrubbed(text) == expected
