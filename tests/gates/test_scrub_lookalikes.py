@@ -47,6 +47,9 @@ def scrubbed(text: str) -> str:
         'req.set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==");\n',
         # a placeholder, whichever rule finds it (gitleaks' Terraform rule matched it)
         'const char* password = "changeme";\n',
+        'WiFi.begin("MyNet", "YOUR_PASSWORD");\n',
+        "WiFi.begin(ssid, password);\n",
+        'auto c = credentials("label", "value");\n',
     ],
 )
 def test_lookalikes_are_left_as_they_are(text: str) -> None:
@@ -66,6 +69,20 @@ def test_lookalikes_are_left_as_they_are(text: str) -> None:
         ("// jörg.müller@firma.de\n", "// <EMAIL>\n"),
         ("// jörg@müller-bau.de\n", "// <EMAIL>\n"),
         ('pass_ = "Tr0ub4dor&3";\n', 'pass_ = "<PASSWORD>";\n'),
+        # a call binds every literal, not only its first: the AWS SDK's secret is second
+        (
+            'Aws::Auth::AWSCredentials credentials("AKIA4QWERTYZXCVBNM12", '
+            '"q8Zk3PL0vWmX7yTr2NbFh5GdJs9ACe1uKo6iRpYw");\n',
+            'Aws::Auth::AWSCredentials credentials("<API_KEY>", "<API_KEY>");\n',
+        ),
+        ('Credentials creds{"bob", "Tr0ub4dor&3"};\n', 'Credentials creds{"bob", "<PASSWORD>"};\n'),
+        # Arduino / ESP Wi-Fi: the password's place in the call, the examples' STAPSK
+        (
+            'WiFi.begin("MyHomeWifi", "sunshine42home");\n',
+            'WiFi.begin("MyHomeWifi", "<PASSWORD>");\n',
+        ),
+        ('WiFi.softAP("ESP-AP", "ap-pass-2024");\n', 'WiFi.softAP("ESP-AP", "<PASSWORD>");\n'),
+        ('#define STAPSK "sunshine42"\n', '#define STAPSK "<PASSWORD>"\n'),
     ],
 )
 def test_the_real_thing_beside_them_is_still_replaced_whole(text: str, expected: str) -> None:

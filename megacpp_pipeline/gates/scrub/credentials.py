@@ -34,11 +34,14 @@ if TYPE_CHECKING:
 # ones must stand alone (`bypass` and `renderpass` are not passwords).
 
 PASSWORD_WORDS = frozenset(
-    {"password", "passwd", "pwd", "pass", "pw", "passphrase", "passcode"}
+    {"password", "passwd", "pwd", "pass", "pw", "passphrase", "passcode", "psk"}
     | {"contrasena", "contraseña"}
 )
 # `rootpw`, `adminpwd` end in the short forms too; few English words do
-_PASSWORD_ENDINGS = ("password", "passwd", "passphrase", "contrasena", "contraseña", "pw", "pwd")
+# (`STAPSK`: the ESP8266 examples' Wi-Fi pre-shared key)
+_PASSWORD_ENDINGS = (
+    *("password", "passwd", "passphrase", "contrasena", "contraseña", "pw", "pwd", "psk"),
+)
 SECRET_WORDS = frozenset(
     {"secret", "token", "credential", "cred", "creds", "apikey", "bearer", "auth", "authorization"}
 )
@@ -78,12 +81,13 @@ TRIGGERS: tuple[str, ...] = (
     *_KEY_SPELLINGS,
     *_KEY_ENDS,
     *("mysql", "sshpass", "login", "logon", "signin", "connect("),
+    *("psk", "wifi."),
 )
 # what the finder then looks for with str.find in the lowercased text: few, since each is a
 # pass over the file (a case-insensitive regex alternation is a few MB/s in Python's `re`);
 # `key` stands for every `api_key`, `accesskey`, `x-api-key` and is checked on the spot
 ANCHORS: tuple[str, ...] = ("pass", "pw", "secret", "token", "cred", "auth", "bearer", "key")
-ANCHORS += ("contrase", "mysql", "login", "logon", "signin", "connect")
+ANCHORS += ("contrase", "mysql", "login", "logon", "signin", "connect", "psk", "wifi")
 _QUALIFIER_LAST = frozenset("_-" + "".join(q[-1] for q in KEY_QUALIFIERS))
 _KEY_QUALIFIED = re.compile(
     "(?:" + "|".join(sorted(KEY_QUALIFIERS - {"secret", "auth"})) + r")[_-]?\Z"
@@ -138,11 +142,21 @@ def positional_kind(name: str) -> Kind | None:
     words = _words(name)
     if not words:
         return None
+    if wifi_call(name):
+        return Kind.PASSWORD
     if words[-1] in _LOGIN_CALLS:
         return Kind.PASSWORD
     if words[-1] in _KEY_CALLS:
         return Kind.API_KEY
     return None
+
+
+@functools.lru_cache(maxsize=8192)
+def wifi_call(name: str) -> bool:
+    """`WiFi.begin(ssid, pass)`, `WiFi.softAP(ssid, pass)` (Arduino, ESP32, ESP8266): the
+    second argument is the network's password by the API, whatever it looks like."""
+    words = _words(name)
+    return "wifi" in "".join(words[:-1]) and words[-1] in ("begin", "ap")
 
 
 # ---- where a name sits
@@ -344,6 +358,9 @@ def find_assigned_secret(text: str, config: ScrubConfig) -> Iterator[Hit]:
                     yield from _named_value(text, start, end, config)
 
 
+_CALL_OPENS = re.compile(r"[ \t]*[({]")
+
+
 def _named_value(text: str, start: int, end: int, config: ScrubConfig) -> Iterator[Hit]:
     name = text[start:end]
     kind = credential_kind(name)
@@ -353,11 +370,13 @@ def _named_value(text: str, start: int, end: int, config: ScrubConfig) -> Iterat
         for hit in _bound_value(text, start, end, kind or Kind.API_KEY, config, weak):
             found = True
             yield hit
-    if found:
+    if found and not _CALL_OPENS.match(text, end):
         return
+    # a call or brace-init binds more than its first literal: `AWSCredentials creds("AKIA..",
+    # "<secret>")` has its secret second
     call_kind = positional_kind(name)
     if call_kind is not None:
-        yield from _positional_values(text, end, call_kind, config)
+        yield from _positional_values(text, end, call_kind, config, by_position=wifi_call(name))
     if kind is not None or call_kind is not None:
         yield from _pair_password(text, start, end, config)
 
@@ -484,7 +503,9 @@ _CALL_TOKEN = re.compile(
 )
 
 
-def _positional_values(text: str, end: int, kind: Kind, config: ScrubConfig) -> Iterator[Hit]:
+def _positional_values(
+    text: str, end: int, kind: Kind, config: ScrubConfig, by_position: bool = False
+) -> Iterator[Hit]:
     """`client.login("svc", "p")`, `AWSCredentials creds("id", "s")`: a call whose callee
     says it takes a credential holds it in one of its literal arguments; the one that
     looks random on its own account (user names, hosts and database names do not)."""
@@ -492,6 +513,7 @@ def _positional_values(text: str, end: int, kind: Kind, config: ScrubConfig) -> 
     if m is None:
         return
     depth = 1
+    literals = 0
     for t in _CALL_TOKEN.finditer(text, m.end(), min(len(text), m.end() + 512)):
         if t.group("open"):
             depth += 1
@@ -499,8 +521,20 @@ def _positional_values(text: str, end: int, kind: Kind, config: ScrubConfig) -> 
             depth -= 1
             if depth == 0 or t.group(0) == ";":
                 return
+        elif depth == 1 and t.group("body") and by_position:
+            if literals == 1:  # the password's place: judged as a named value
+                yield from _hit(text, *t.span("body"), kind, config, False, "password")
+            literals += 1
         elif depth == 1 and t.group("body"):
-            yield from _hit(text, *t.span("body"), kind, config, False, random_only=True)
+            hits = list(_hit(text, *t.span("body"), kind, config, False, random_only=True))
+            if not hits and kind is Kind.API_KEY and literals:
+                # a credential's later literal (`setCredentials("user", "Mq77pass!x")`,
+                # `Credentials{"bob", "Tr0ub4dor&3"}`) may be a password, judged as one
+                hits = list(
+                    _hit(text, *t.span("body"), Kind.PASSWORD, config, False, random_only=True)
+                )
+            literals += 1
+            yield from hits
 
 
 # `login: admin / S3cr3t!`, `credentials are admin:S3cr3t!` (a user, then its password)
