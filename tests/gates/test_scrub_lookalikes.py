@@ -10,6 +10,7 @@ from megacpp_pipeline.gates.scrub import ScrubConfig, scrub_text
 
 CONFIG = ScrubConfig()
 BODY = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
+ED25519_SEED = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"  # RFC 8032's
 
 
 def scrubbed(text: str) -> str:
@@ -50,6 +51,13 @@ def scrubbed(text: str) -> str:
         'WiFi.begin("MyNet", "YOUR_PASSWORD");\n',
         "WiFi.begin(ssid, password);\n",
         'auto c = credentials("label", "value");\n',
+        # crypt(3) hashes and salts, a standard's test vector, a trace id, a mechanism's name
+        'EXPECT_TRUE(bcrypt_checkpw("password", '
+        '"$2a$10$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy"));\n',
+        'EXPECT_EQ(crypt("password", "$6$saltsalt$"), expected);\n',
+        f'// RFC 8032 TEST 1\nconst char* secret_key = "{ED25519_SEED}";\n',
+        'headers["traceparent"] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";\n',
+        'auth_method = "SCRAM-SHA-256";\n',
     ],
 )
 def test_lookalikes_are_left_as_they_are(text: str) -> None:
@@ -83,6 +91,15 @@ def test_lookalikes_are_left_as_they_are(text: str) -> None:
         ),
         ('WiFi.softAP("ESP-AP", "ap-pass-2024");\n', 'WiFi.softAP("ESP-AP", "<PASSWORD>");\n'),
         ('#define STAPSK "sunshine42"\n', '#define STAPSK "<PASSWORD>"\n'),
+        # the same key with no test vector named near it; a bot token's digits prefix
+        (
+            f'const char* secret_key = "{ED25519_SEED}";\n',
+            'const char* secret_key = "<API_KEY>";\n',
+        ),
+        (
+            'const char* bot = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw";\n',
+            'const char* bot = "<API_KEY>";\n',
+        ),
     ],
 )
 def test_the_real_thing_beside_them_is_still_replaced_whole(text: str, expected: str) -> None:

@@ -61,6 +61,7 @@ NOT_A_VALUE = frozenset(
     | {"fmt", "pattern", "regex", "policy", "hash", "digest", "salt", "url", "uri", "id"}
     | {"index", "idx", "prefix", "suffix", "char", "chars", "mask", "flag", "mode", "error"}
     | {"message", "msg", "timeout", "ttl", "expiry", "expires", "endpoint", "callback"}
+    | {"method", "scheme", "mechanism", "algorithm", "alg", "cipher", "provider", "version"}
 )
 
 _KEY_SPELLINGS = sorted(

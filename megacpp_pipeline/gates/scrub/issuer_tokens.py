@@ -90,6 +90,8 @@ def _prefixed_token(token: str) -> bool:
     for i, c in enumerate(token[:40]):
         if c in _SEPARATORS and i >= 2 and _PREFIX.fullmatch(token, 0, i):
             prefix, tail = token[:i], token[i + 1 :]
+            if c != ":" and not any(ch.isalpha() for ch in prefix):
+                continue  # an issuer names itself (`00-<trace id>-...` is W3C's traceparent)
             if _DIGEST_LABEL.fullmatch(prefix.split("-")[-1]):
                 return False  # `SHA256:…` (an ssh fingerprint), `sha512-…` (SRI)
             if _random_tail(tail):

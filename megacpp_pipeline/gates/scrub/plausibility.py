@@ -45,6 +45,12 @@ def context(
 _HASH_WORDS = re.compile(
     r"sha|md5|md4|hash|digest|crc|checksum|hmac|fingerprint|blake|siphash|murmur|fnv|xxh"
     r"|test.?vector|expected|golden|known.?answer"
+    # a standard's published vectors (`// RFC 8032 TEST 1`, NIST / FIPS known answers)
+    r"|rfc\s*\d+|nist|fips|wycheproof|test\s*(?:case|\d)|\bkat\b"
+)
+# a password hash or salt in crypt(3)'s modular format (`$6$salt$...`, bcrypt's `$2b$10$...`)
+_MODULAR_CRYPT = re.compile(
+    r"\$(?:1|2[abxy]?|5|6|7|y|gy|md5|sha1|argon2(?:id|i|d)|scrypt|pbkdf2[\w-]*)\$"
 )
 _UUID_WORDS = re.compile(r"uuid|guid|__declspec|midl_interface|clsid|iid_|interface_id")
 _HEX = re.compile(r"(?:0x)?[0-9A-Fa-f]{16,}")
@@ -54,7 +60,10 @@ _UUID = re.compile(
 
 
 def is_hash_or_uuid(value: str, text: str, start: int, end: int) -> bool:
-    """Hash test vectors, CRC tables and COM interface ids are high-entropy but public."""
+    """Hash test vectors, CRC tables, COM interface ids and crypt(3) hashes are high-entropy
+    but public (a password hash in a test is what the test checks, not a secret)."""
+    if _MODULAR_CRYPT.match(value):
+        return True
     if _HEX.fullmatch(value):
         return _HASH_WORDS.search(context(text, start, end)) is not None
     if _UUID.fullmatch(value):
