@@ -4,12 +4,19 @@ varied realistic code around the detectors."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from megacpp_pipeline.gates.scrub import ScrubConfig, scrub_text
 
 CONFIG = ScrubConfig()
 BODY = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
+# a Discord bot token: the bot's id in base64url, a timestamp, an HMAC (D++'s examples)
+DISCORD = (
+    base64.urlsafe_b64encode(b"1086453067926644942").decode().rstrip("=")
+    + ".GhIjKl.Xq9vB2mN4pL7sT0wY3zA6cE8fH1jK5nR9uV2xZ"
+)
 ED25519_SEED = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"  # RFC 8032's
 
 
@@ -58,6 +65,8 @@ def scrubbed(text: str) -> str:
         f'// RFC 8032 TEST 1\nconst char* secret_key = "{ED25519_SEED}";\n',
         'headers["traceparent"] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";\n',
         'auth_method = "SCRAM-SHA-256";\n',
+        "auto f = MainWindowControllerImpl.update.someVeryLongFunctionNameHereX;\n",
+        "// version 1.2.3.4\n",
     ],
 )
 def test_lookalikes_are_left_as_they_are(text: str) -> None:
@@ -91,6 +100,12 @@ def test_lookalikes_are_left_as_they_are(text: str) -> None:
         ),
         ('WiFi.softAP("ESP-AP", "ap-pass-2024");\n', 'WiFi.softAP("ESP-AP", "<PASSWORD>");\n'),
         ('#define STAPSK "sunshine42"\n', '#define STAPSK "<PASSWORD>"\n'),
+        (f'dpp::cluster bot("{DISCORD}");\n', 'dpp::cluster bot("<API_KEY>");\n'),
+        # a URL's host is an address, whatever words (`build`) are near it
+        (
+            "// build artifacts at http://52.14.88.201/builds\n",
+            "// build artifacts at http://<IP_ADDRESS>/builds\n",
+        ),
         # the same key with no test vector named near it; a bot token's digits prefix
         (
             f'const char* secret_key = "{ED25519_SEED}";\n',

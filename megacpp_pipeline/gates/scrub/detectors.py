@@ -40,7 +40,12 @@ from megacpp_pipeline.gates.scrub.vendor_rules import (
     find_vendor_rule_secrets,
     screen_entries,
 )
-from megacpp_pipeline.gates.scrub.vendor_tokens import VENDOR_KEYS, vendor_finder
+from megacpp_pipeline.gates.scrub.vendor_tokens import (
+    DISCORD_TOKEN_TRIGGER,
+    VENDOR_KEYS,
+    find_discord_token,
+    vendor_finder,
+)
 
 if TYPE_CHECKING:
     from megacpp_pipeline.gates.scrub.config import ScrubConfig
@@ -104,6 +109,7 @@ DETECTORS: tuple[Detector, ...] = (
         Detector(pats[0].name, 2, vendor_finder(pats), triggers=trig, ignore_case=ic)
         for trig, ic, pats in VENDOR_KEYS
     ),
+    _structural("discord_token", 2, find_discord_token, DISCORD_TOKEN_TRIGGER),
     # URLs and dotted numbers are in most C++ files; the screen's RE2 pass finds them
     # cheaper than `re` per file
     _structural("url_password", 3, find_url_password, URL_USERINFO_TRIGGER),

@@ -149,6 +149,11 @@ def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
         end = start + len(value)
         if not _is_public(value, config) or on_include_line(text, start):
             continue
+        if text.endswith("://", 0, start) or text.endswith("@", 0, start):
+            # a URL's host (`http://52.14.88.201/builds`): an address whatever words
+            # (`build`, `release`) are near it
+            yield Hit(start, end, Kind.IP_ADDRESS, "ipv4")
+            continue
         line_start, _ = line_bounds(text, start)
         before = text[max(line_start, start - 40) : start].lower()
         if _VERSION_CONTEXT.search(before) or _NAME_DASH.search(before):
