@@ -5,10 +5,11 @@ varied realistic code around the detectors."""
 from __future__ import annotations
 
 import base64
+import random
 
 import pytest
 
-from megacpp_pipeline.gates.scrub import ScrubConfig, scrub_text
+from megacpp_pipeline.gates.scrub import ScrubConfig, personal, scrub_text
 
 CONFIG = ScrubConfig()
 BODY = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"
@@ -119,3 +120,17 @@ def test_lookalikes_are_left_as_they_are(text: str) -> None:
 )
 def test_the_real_thing_beside_them_is_still_replaced_whole(text: str, expected: str) -> None:
     assert scrubbed(text) == expected
+
+
+def test_ipv4_found_line_by_line_is_the_whole_texts_search() -> None:
+    """find_ip runs detect-secrets' pattern only on lines holding a dotted quad: it must
+    find exactly what the pattern finds over the whole text, edges and all."""
+    rnd = random.Random(7)
+    texts = [
+        "".join(rnd.choice("0123456789.\n a:x") for _ in range(rnd.randint(0, 60)))
+        for _ in range(5000)
+    ]
+    texts += ["// server 52.14.88.201\nint x = 1.2;\n10.0.0.1 8.8.8.8.8\n1.2.3.4"]
+    for text in texts:
+        whole = [m.span() for m in personal._IPV4.finditer(text)]
+        assert [m.span() for m in personal._ipv4_matches(text)] == whole, repr(text)

