@@ -395,14 +395,20 @@ class Registry:
 
 
 def module_source(name: str) -> bytes:
-    """The source of a module, or of every module of a package (a gate split into a
-    package is still one gate's code)."""
+    """The source of a module, or every file of a package, its data included (a gate split
+    into a package is still one gate's code, and the rule files it reads decide as its code
+    does: an SPDX list or gitleaks' rules changed under the same .py files must not let the
+    per-file result cache serve the old decisions). Each file by its path in the package."""
     module = importlib.import_module(name)
     paths = getattr(module, "__path__", None)
     if paths is None:
         return inspect.getsource(module).encode()
-    files = sorted(f for root in paths for f in Path(root).rglob("*.py"))
-    return b"\0".join(f.read_bytes() for f in files)
+    parts = []
+    for root in sorted(Path(p) for p in paths):
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                parts.append(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return b"\0".join(parts)
 
 
 def catalog_defaults(stage: Stage, catalog: Catalog) -> Mapping[str, Any]:

@@ -104,7 +104,9 @@ def check_files(snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline)
     out = CheckOutcome("file_checksums", True)
     listed = {f.path for f in manifest.files}
     recorded = manifest_sha256_recorded(snap)
-    if recorded is not None and sha256_file(snap / MANIFEST) != recorded:
+    if recorded is None:  # a one-token marker vouches for no manifest: nothing is checked
+        out.fail(f"{snap / COMPLETE}: records no manifest sha256 (an older marker)")
+    elif sha256_file(snap / MANIFEST) != recorded:
         out.fail(f"{snap / MANIFEST}: sha256 differs from the one {COMPLETE} recorded")
     entries = {f.path: f for f in manifest.files}
     for facts in mapper(file_facts, snap, [f.path for f in manifest.files]):

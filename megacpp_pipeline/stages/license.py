@@ -16,6 +16,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import LICENSED_FILES
 from megacpp_pipeline.gates import license
+from megacpp_pipeline.gates.license.spdx import SPDX_DATA
 from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
@@ -126,7 +127,8 @@ STAGE = Stage(
     reads=(names.RAW_FILES,),
     config_key="license",
     config=license.LicenseConfig,
-    code=(license.__name__, __name__),
+    # the SPDX lists the gate validates ids against are data beside it, not in its package
+    code=(license.__name__, SPDX_DATA, __name__),
     schema=LICENSED_FILES,
     content_column="content_sha256",
     drop_reasons=tuple(_REASON_DECISION),

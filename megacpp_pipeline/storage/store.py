@@ -1017,12 +1017,15 @@ class ShardStore:
         except OSError as e:
             raise StoreError(f"{describe(self.fs, vdir)}: list failed ({e})") from e
         sizes = {i.path[len(vdir) + 1 :]: i.size for i in infos}
+        # the manifest itself first: shards that match an edited manifest prove nothing
+        problems = self._verify_manifest_bytes(vdir)
+        if problems:
+            return problems
         shards = manifest.all_shards()
         whole = [s for s in shards if sizes.get(s.path) == s.bytes]
         digests = dict(
             zip([s.path for s in whole], self._sha256s(vdir, whole, mapper), strict=True)
         )
-        problems = []
         for shard in shards:
             path = f"{vdir}/{shard.path}"
             size = sizes.get(shard.path)
@@ -1053,14 +1056,22 @@ class ShardStore:
         return [d for batch in mapper(_sha256_batch, self.fs, batches) for d in batch]
 
     def _verify_manifest_bytes(self, vdir: str) -> list[str]:
-        """The manifest's sha256 against the one `_COMPLETE` recorded (older versions have
-        none)."""
+        """The manifest's sha256 against the one `_COMPLETE` recorded, and the marker's
+        version id against the folder's name. A marker that records no sha256 (the earliest
+        versions wrote only the id) cannot vouch for its manifest: it is a problem too, so
+        such a version is computed again rather than trusted."""
         try:
-            recorded = recorded_manifest_sha256(self.read_bytes(f"{vdir}/{COMPLETE}"))
+            marker = self.read_bytes(f"{vdir}/{COMPLETE}")
+            recorded = recorded_manifest_sha256(marker)
             actual = hashlib.sha256(self.read_bytes(f"{vdir}/{MANIFEST}")).hexdigest()
+            named = marker.decode().split()[:1]
         except (StoreError, UnicodeDecodeError) as e:
             return [f"{vdir}/{MANIFEST}: cannot check against {COMPLETE} ({e})"]
-        if recorded is not None and recorded != actual:
+        if named != [vdir.rstrip("/").rsplit("/", 1)[-1]]:
+            return [f"{vdir}/{COMPLETE}: names version {named[0] if named else '(none)'!r}"]
+        if recorded is None:
+            return [f"{vdir}/{COMPLETE}: records no manifest sha256 (an older marker)"]
+        if recorded != actual:
             return [f"{vdir}/{MANIFEST}: sha256 differs from the one {COMPLETE} recorded"]
         return []
 

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from megacpp_pipeline.pipeline.registry import Grain, Registry, RegistryError, Stage
+from megacpp_pipeline.gates.license.spdx import SPDX_DATA
+from megacpp_pipeline.pipeline.registry import (
+    Grain,
+    Registry,
+    RegistryError,
+    Stage,
+    module_source,
+)
 from megacpp_pipeline.stages import default_registry
 from tests.fixtures.catalogs import load_catalog
 
@@ -125,3 +132,25 @@ def test_code_versions_are_stable_and_distinct() -> None:
     first = [r.code_version(s, catalog) for s in r]
     assert first == [default_registry().code_version(s, load_catalog(DEMO)) for s in r]
     assert len(set(first)) == len(first)
+
+
+def test_a_packages_data_files_are_part_of_its_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule file a gate reads decides as its code does: with only .py files hashed, an
+    SPDX list edited under the same code let the result cache serve the old decisions
+    (files the new list rejects were kept)."""
+    package = tmp_path / "rulepkg"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "data" / "rules.json").write_text('{"allowed": ["MIT", "BSL-1.0"]}')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = module_source("rulepkg")
+    (package / "data" / "rules.json").write_text('{"allowed": ["MIT"]}')
+    assert module_source("rulepkg") != before
+    (package / "data" / "renamed.json").write_bytes((package / "data" / "rules.json").read_bytes())
+    (package / "data" / "rules.json").unlink()
+    assert module_source("rulepkg") not in (before, b"")
+    licensed = default_registry().get("licensed_files")
+    assert SPDX_DATA in licensed.code
+    assert b"spdx-licenses.json" in module_source(SPDX_DATA)

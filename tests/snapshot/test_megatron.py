@@ -28,6 +28,7 @@ from megacpp_pipeline.snapshot.megatron import (
     megatron_token_dtype,
     write_indexed_dataset,
 )
+from megacpp_pipeline.storage.versions import complete_marker
 from tests.fixtures.snapshot_fixture import SnapshotFixture, build_snapshot
 
 
@@ -145,6 +146,8 @@ def _record_again(snapshot: Path, rel: str) -> None:
         if entry["path"] == rel:
             entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     (snapshot / "manifest.json").write_text(json.dumps(manifest))
+    marker = complete_marker(manifest["snapshot_id"], (snapshot / "manifest.json").read_bytes())
+    (snapshot / "_COMPLETE").write_bytes(marker)
 
 
 @pytest.mark.parametrize("rel", ["train/part-00000.parquet", "pieces.parquet"])

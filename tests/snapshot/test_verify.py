@@ -465,3 +465,14 @@ def test_the_ledger_check_names_what_does_not_add_up(tmp_path: Path, change, exp
     out = verify.check_ledger(fixture.path, manifest)
     assert not out.passed
     assert any(expected in p for p in out.problems), out.problems
+
+
+def test_a_marker_that_records_no_manifest_sha256_fails_the_file_checks(tmp_path: Path) -> None:
+    """A one-token _COMPLETE vouched for no manifest, and the manifest check was skipped:
+    an edited manifest (a forged revision) passed behind it."""
+    fixture = build_snapshot(tmp_path / "snap")
+    manifest = read_manifest(fixture.path)
+    assert verify.check_files(fixture.path, manifest).passed
+    (fixture.path / "_COMPLETE").write_text(manifest.snapshot_id + "\n")
+    out = verify.check_files(fixture.path, manifest)
+    assert not out.passed and "records no manifest sha256" in out.problems[0]

@@ -354,3 +354,31 @@ def test_a_large_previous_version_is_hashed_by_the_callers_tasks_and_an_edit_sti
     v.commit(stats={"rows": 5})
     replaced = store.latest("raw_files", "demo").extra["replaced_unverified"]
     assert replaced["version"] == m.version and shard.path in replaced["problem"]
+
+
+@pytest.mark.parametrize("edit", ["manifest", "old marker", "marker of another version"])
+def test_a_version_whose_manifest_its_marker_does_not_vouch_for_fails_verify_objects(
+    tmp_path: Path, edit: str
+) -> None:
+    """verify_objects (what decides whether a version stands in a later run) checked only
+    the objects the manifest lists: a manifest edited with its shards, or a marker in the
+    older one-token form, let an edited record be reused and reported as checked."""
+    store = ShardStore(str(tmp_path))
+    _write_version(store)
+    m = store.latest("raw_files", "demo")
+    vdir = Path(store.version_dir(m))
+    assert store.verify_objects(m) == []
+    marker = (vdir / COMPLETE).read_text()
+    if edit == "manifest":
+        raw = json.loads((vdir / "manifest.json").read_text())
+        raw["extra"]["revision"] = "forged"
+        (vdir / "manifest.json").write_text(json.dumps(raw))
+        expected = "sha256 differs"
+    elif edit == "old marker":
+        (vdir / COMPLETE).write_text(marker.split()[0] + "\n")
+        expected = "records no manifest sha256"
+    else:
+        (vdir / COMPLETE).write_text("v-other " + marker.split()[1] + "\n")
+        expected = "names version 'v-other'"
+    [problem] = store.verify_objects(m)
+    assert expected in problem

@@ -37,9 +37,14 @@ class SpdxLists:
     deprecated: Mapping[str, str | None]  # canonical deprecated id -> replacement, if one
 
 
+# the folder of SPDX's license and exception lists (data, no module: the licence stage
+# names it among its code, so a new list makes its cached decisions stale)
+SPDX_DATA = "megacpp_pipeline.gates.spdx"
+
+
 @cache
 def spdx_lists() -> SpdxLists:
-    data = resources.files("megacpp_pipeline.gates") / "spdx"
+    data = resources.files(SPDX_DATA)
     lic = json.loads((data / "spdx-licenses.json").read_text(encoding="utf-8"))
     exc = json.loads((data / "spdx-exceptions.json").read_text(encoding="utf-8"))
     licenses = {item["licenseId"].lower(): item["licenseId"] for item in lic["licenses"]}
