@@ -63,7 +63,8 @@ def file_facts(root: Path, rel: str) -> FileFacts:
 
 def token_problems(job: tuple[int, int], path: Path) -> tuple[int, list[str]]:
     """(rows, problems) of one rows shard: every id in [0, vocab); targets in range or
-    ignored; pads only after valid_token_count (there: loss masked, doc_ids -1)."""
+    ignored, each the next input token of its row; loss_mask 0/1 exactly where a target
+    is; pads only after valid_token_count (there: loss masked, doc_ids -1)."""
     vocab, seq = job
     columns = ["input_ids", "target_ids", "loss_mask", "doc_ids", "valid_token_count"]
     rows, low, high, bad_targets = 0, None, None, 0
@@ -90,6 +91,15 @@ def token_problems(job: tuple[int, int], path: Path) -> tuple[int, list[str]]:
             found[f"{path}: loss counted on pad positions"] = None
         if ((mask == 1) & (tgt == IGNORE_INDEX)).any():
             found[f"{path}: loss counted where the target is ignored"] = None
+        if ((mask != 0) & (mask != 1)).any():
+            found[f"{path}: loss_mask holds values other than 0 and 1"] = None
+        if (mask.astype(bool) != (tgt != IGNORE_INDEX)).any():
+            found[f"{path}: loss_mask is not where the targets are"] = None
+        # a target is the next input token of its row (a piece's last slot has none)
+        following = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
+        following[:, :-1] = ids[:, 1:]
+        if ((tgt != IGNORE_INDEX) & (tgt != following)).any():
+            found[f"{path}: target_ids that are not the next input token"] = None
     problems: list[str] = []
     if low is not None and high is not None and (low < 0 or high >= vocab):
         problems.append(f"{path}: input_ids outside [0, {vocab}): min {low} max {high}")

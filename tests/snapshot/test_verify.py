@@ -9,6 +9,7 @@ import io
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -476,3 +477,47 @@ def test_a_marker_that_records_no_manifest_sha256_fails_the_file_checks(tmp_path
     (fixture.path / "_COMPLETE").write_text(manifest.snapshot_id + "\n")
     out = verify.check_files(fixture.path, manifest)
     assert not out.passed and "records no manifest sha256" in out.problems[0]
+
+
+def _rewrite_column(path: Path, name: str, edit) -> None:  # type: ignore[no-untyped-def]
+    table = pq.read_table(path)
+    seq = table.schema.field(name).type.list_size
+    values = table[name].combine_chunks().values.to_numpy(zero_copy_only=False).copy()
+    values = edit(values.reshape(-1, seq)).reshape(-1)
+    column = pa.FixedSizeListArray.from_arrays(
+        pa.array(values, table.schema.field(name).type.value_type), seq
+    )
+    pq.write_table(table.set_column(table.schema.get_field_index(name), name, column), path)
+
+
+@pytest.mark.parametrize("tamper", ["target not the next token", "mask of 2", "mask cut"])
+def test_targets_and_loss_mask_must_agree_with_the_inputs(tmp_path: Path, tamper: str) -> None:
+    """Targets in the vocabulary but not the next input token, a loss_mask of 2, half a
+    row's loss masked off: every check passed them, so a packer bug would be promoted."""
+    fixture = build_snapshot(tmp_path / "snap")
+    manifest = read_manifest(fixture.path)
+    shard = fixture.path / manifest.splits["train"].shards[0]
+    job = (manifest.vocab_size, manifest.seq_len)
+    assert shard_checks.token_problems(job, shard)[1] == []
+
+    def targets(t):  # type: ignore[no-untyped-def]
+        at = np.argwhere(t != -100)[0]
+        t[tuple(at)] = (t[tuple(at)] + 1) % manifest.vocab_size
+        return t
+
+    def mask_two(m):  # type: ignore[no-untyped-def]
+        m[m == 1] = 2
+        return m
+
+    def mask_cut(m):  # type: ignore[no-untyped-def]
+        m[:, : m.shape[1] // 2] = 0
+        return m
+
+    column, edit, expected = {
+        "target not the next token": ("target_ids", targets, "not the next input token"),
+        "mask of 2": ("loss_mask", mask_two, "other than 0 and 1"),
+        "mask cut": ("loss_mask", mask_cut, "loss_mask is not where the targets are"),
+    }[tamper]
+    _rewrite_column(shard, column, edit)
+    problems = shard_checks.token_problems(job, shard)[1]
+    assert any(expected in p for p in problems), problems
