@@ -117,15 +117,20 @@ class PlacedPieces:
     doc: np.ndarray
     offset: np.ndarray
     length: np.ndarray
+    split: np.ndarray  # each piece's split, an index into `splits`
+    splits: tuple[str, ...]
 
 
-def row_problems(job: PlacedPieces, path: Path) -> tuple[int, list[str]]:
-    """(rows, problems) of one rows shard against the pieces: each row's doc_ids must be its
-    pieces' doc ids over their spans and pads elsewhere, num_docs and valid_token_count must
-    agree, and no target may cross a document's last token."""
+def row_problems(job: PlacedPieces, shard: tuple[str, Path]) -> tuple[int, list[str]]:
+    """(rows, problems) of one rows shard (its split, its path) against the pieces: each
+    row's pieces must be of the shard's split, its doc_ids their doc ids over their spans
+    and pads elsewhere, num_docs and valid_token_count must agree, and no target may cross
+    a document's last token."""
+    split, path = shard
     columns = ["pack_id", "doc_ids", "target_ids", "num_docs", "valid_token_count"]
     rows = 0
     no_pieces: list[str] = []
+    other_split: list[str] = []
     kinds = (
         f"doc_ids disagree with {layout.PIECES}",
         "num_docs/valid_token_count disagree",
@@ -136,9 +141,19 @@ def row_problems(job: PlacedPieces, path: Path) -> tuple[int, list[str]]:
         rows += t.num_rows
         pack_ids, bad = _group_row_problems(job, t)
         no_pieces += [f"{path}: row pack_id {p} has no pieces" for p in pack_ids[bad[0]].tolist()]
+        lo = np.searchsorted(job.pack, pack_ids, side="left")
+        held = lo < len(job.pack)
+        held[held] = job.pack[lo[held]] == pack_ids[held]
+        code = job.splits.index(split) if split in job.splits else -1
+        wrong = np.flatnonzero(held)[job.split[lo[held]] != code][:MAX_PROBLEMS]
+        other_split += [
+            f"{path}: row pack_id {p} is packed for split {job.splits[job.split[i]]!r}, "
+            f"in a {split!r} shard"
+            for p, i in zip(pack_ids[wrong].tolist(), lo[wrong].tolist(), strict=True)
+        ]
         for kind, rows_bad in zip(kinds, bad[1:], strict=True):
             found[kind] += [f"{path}: pack_id {p} {kind}" for p in pack_ids[rows_bad].tolist()]
-    problems = no_pieces[:MAX_PROBLEMS]
+    problems = no_pieces[:MAX_PROBLEMS] + other_split[:MAX_PROBLEMS]
     for kind in kinds:
         problems += found[kind][:MAX_PROBLEMS]
     return rows, problems

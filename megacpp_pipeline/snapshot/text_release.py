@@ -348,8 +348,16 @@ def check_release(
     release = read_release(folder)
     manifest = read_manifest(snap)
     recorded = recorded_manifest_sha256((folder / COMPLETE).read_bytes())
-    if recorded is not None and sha256_file(folder / MANIFEST) != recorded:
+    if recorded is None:
+        out.problems.append(f"{folder / COMPLETE}: records no manifest sha256 (an older marker)")
+    elif sha256_file(folder / MANIFEST) != recorded:
         out.problems.append(f"{folder / MANIFEST}: sha256 differs from the one {COMPLETE} recorded")
+    # a reader of the folder (`load_dataset("parquet", data_dir=...)`) takes every file in
+    # it, listed or not
+    listed = {f.path for f in release.files} | {MANIFEST, COMPLETE}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.relative_to(folder).as_posix() not in listed:
+            out.problems.append(f"{p}: not listed in the release's manifest")
     if release.snapshot_id != manifest.snapshot_id:
         out.problems.append(
             f"{folder / MANIFEST}: a release of {release.snapshot_id}, "

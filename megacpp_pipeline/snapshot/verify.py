@@ -242,8 +242,9 @@ def check_documents(
     # every row against the pieces that say what it holds, a shard at a time and vectorized
     # (a frame per pack_id would cost a few KB for each row of the snapshot)
     placed = pq.read_table(
-        snap / layout.PIECES, columns=["pack_id", "doc_id", "row_offset", "length"]
+        snap / layout.PIECES, columns=["pack_id", "doc_id", "row_offset", "length", "split"]
     )
+    split_codes = pc.dictionary_encode(placed["split"]).combine_chunks()
     pack = placed["pack_id"].to_numpy()
     offset = placed["row_offset"].to_numpy().astype(np.int64)
     by_place = np.lexsort([offset, pack])
@@ -253,11 +254,12 @@ def check_documents(
         doc=placed["doc_id"].to_numpy().astype(np.int32)[by_place],
         offset=offset[by_place],
         length=placed["length"].to_numpy().astype(np.int64)[by_place],
+        split=split_codes.indices.to_numpy().astype(np.int8)[by_place],
+        splits=tuple(split_codes.dictionary.to_pylist()),
     )
     del placed, pack, offset, by_place
     rows = 0
-    paths = [path for _split, path in _shards(snap, manifest)]
-    for n, problems in mapper(row_problems, job_rows, paths):
+    for n, problems in mapper(row_problems, job_rows, _shards(snap, manifest)):
         rows += n
         for problem in problems:
             out.fail(problem)

@@ -211,3 +211,17 @@ def test_write_release_bounds_shards_by_bytes_too(
     ]
     assert len(sizes) > 2
     assert all(size <= 4000 for size, f in zip(sizes, release.files, strict=True) if f.rows > 1)
+
+
+def test_a_file_the_release_does_not_list_is_refused(
+    snapshots: dict[str, Path], tmp_path: Path
+) -> None:
+    """`load_dataset("parquet", data_dir=text/)` reads every file of the folder: an extra
+    shard passed `verify --full` because only the listed files were read."""
+    folder = tmp_path / "extra"
+    shutil.copytree(snapshots["file"] / TEXT_DIR, folder)
+    listed = read_release(folder).files[0].path
+    extra = folder / Path(listed).with_name("part-00099.parquet")
+    shutil.copy(folder / listed, extra)
+    (problem,) = check_release(folder, snapshots["file"]).problems
+    assert str(extra) in problem and "not listed" in problem

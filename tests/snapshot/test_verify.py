@@ -521,3 +521,16 @@ def test_targets_and_loss_mask_must_agree_with_the_inputs(tmp_path: Path, tamper
     _rewrite_column(shard, column, edit)
     problems = shard_checks.token_problems(job, shard)[1]
     assert any(expected in p for p in problems), problems
+
+
+def test_rows_in_the_other_splits_shards_are_named(tmp_path: Path) -> None:
+    """Train and validation shards swapped (with a manifest and card made to agree) passed
+    every check from disk: the rows were compared with the pieces by pack_id alone."""
+    fixture = build_snapshot(tmp_path / "snap")
+    manifest = read_manifest(fixture.path)
+    assert verify.check_documents(fixture.path, manifest).passed
+    splits = dict(manifest.splits)
+    splits["train"], splits["validation"] = splits["validation"], splits["train"]
+    swapped = manifest.model_copy(update={"splits": splits})
+    out = verify.check_documents(fixture.path, swapped)
+    assert any("packed for split 'validation', in a 'train' shard" in p for p in out.problems)
