@@ -218,7 +218,10 @@ def check_documents(
         for kind, problems in window.problems.items():  # the first few of each kind
             faults[kind] += problems[: MAX_PROBLEMS - len(faults[kind])]
     kept = {src: counts["kept"] for src, counts in manifest.ledger.items()}
-    for source, n in kept.items():
+    # every source either side: a document of a source the ledger does not know is a file
+    # that nothing accounts for
+    for source in sorted(set(kept) | set(files)):
+        n = kept.get(source, 0)
         if files.get(source, 0) != n:
             out.fail(
                 f"{layout.DOCUMENT_FILES}: {source}: {n} kept files but {files.get(source, 0)}"

@@ -534,3 +534,15 @@ def test_rows_in_the_other_splits_shards_are_named(tmp_path: Path) -> None:
     swapped = manifest.model_copy(update={"splits": splits})
     out = verify.check_documents(fixture.path, swapped)
     assert any("packed for split 'validation', in a 'train' shard" in p for p in out.problems)
+
+
+def test_documents_of_a_source_the_ledger_does_not_list_are_named(tmp_path: Path) -> None:
+    """Kept files were compared with the documents' files only for the sources the ledger
+    lists: a document relabelled to a source of its own, with no ledger row, passed."""
+    fixture = build_snapshot(tmp_path / "snap")
+    manifest = read_manifest(fixture.path)
+    assert verify.check_documents(fixture.path, manifest).passed
+    source = sorted(manifest.ledger)[0]
+    ledger = {s: counts for s, counts in manifest.ledger.items() if s != source}
+    out = verify.check_documents(fixture.path, manifest.model_copy(update={"ledger": ledger}))
+    assert any(f"{source}: 0 kept files but" in p for p in out.problems), out.problems
