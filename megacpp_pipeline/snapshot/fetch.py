@@ -12,7 +12,9 @@ import os
 import uuid
 from pathlib import Path
 
-from megacpp_pipeline.snapshot.layout import CARD, COMPLETE, MANIFEST, SnapshotManifest
+import pyarrow.fs as pafs
+
+from megacpp_pipeline.snapshot.layout import CARD, COMPLETE, MANIFEST, REPORT_DIR, SnapshotManifest
 from megacpp_pipeline.storage.filesystem import resolve
 
 CACHE_ENV = "MEGACPP_CACHE_DIR"
@@ -56,6 +58,14 @@ def local_snapshot(
     local = Path(cache_dir) if cache_dir is not None else default_cache()
     local = local / snapshot_id
     marker = local / COMPLETE
+    # what else the folder holds comes too: a reader of the folder takes every file in it
+    # (the card's `train/*.parquet`, `load_dataset` on text/), so verify must see them;
+    # only the report, derived and rebuilt, is left
+    for rel, size in _unlisted(fs, root, manifest):
+        path = local / rel
+        if not (path.is_file() and path.stat().st_size == size):
+            marker.unlink(missing_ok=True)
+            _write(path, read(rel))
     if marker.exists() and marker.read_bytes() == complete:
         return local
     marker.unlink(missing_ok=True)
@@ -71,6 +81,25 @@ def local_snapshot(
     _write(local / MANIFEST, raw)
     _write(marker, complete)
     return local
+
+
+def _unlisted(fs: pafs.FileSystem, root: str, manifest: SnapshotManifest) -> list[tuple[str, int]]:
+    """(path, size) of every file under `root` that the manifest does not list."""
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    except OSError as e:
+        raise SnapshotFetchError(f"{root}: cannot list the snapshot's folder ({e})") from e
+    listed = {f.path for f in manifest.files} | {MANIFEST, COMPLETE, CARD}
+    out = []
+    for info in infos:
+        rel = info.path[len(root.rstrip("/")) + 1 :]
+        if (
+            info.type == pafs.FileType.File
+            and rel not in listed
+            and not rel.startswith(f"{REPORT_DIR}/")
+        ):
+            out.append((rel, info.size or 0))
+    return sorted(out)
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -546,3 +546,19 @@ def test_documents_of_a_source_the_ledger_does_not_list_are_named(tmp_path: Path
     ledger = {s: counts for s, counts in manifest.ledger.items() if s != source}
     out = verify.check_documents(fixture.path, manifest.model_copy(update={"ledger": ledger}))
     assert any(f"{source}: 0 kept files but" in p for p in out.problems), out.problems
+
+
+def test_verify_by_uri_sees_the_files_the_manifest_does_not_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By URI (file:// takes the path s3:// does) only the manifest's files were fetched,
+    so an extra train shard, which the card's `train/*.parquet` makes readers load, failed
+    `verify <path>` but passed `verify <uri>`."""
+    monkeypatch.setenv("MEGACPP_CACHE_DIR", str(tmp_path / "cache"))
+    fixture = build_snapshot(tmp_path / "snap")
+    uri = f"file://{fixture.path}"
+    assert megacpp_line(uri) == ""
+    listed = fixture.path / read_manifest(fixture.path).splits["train"].shards[0]
+    shutil.copy(listed, listed.with_name("part-00099.parquet"))
+    line = megacpp_line(uri)
+    assert "file_checksums" in line and "part-00099.parquet: not listed" in line, line
