@@ -340,7 +340,8 @@ def _member_spans(
     lens = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     flat_arr = pc.list_flatten(col)
     if flat_arr.null_count:
-        bad = int(doc_ids[pc.list_parent_indices(col).to_numpy()[0]])
+        first_null = np.flatnonzero(flat_arr.is_null().to_numpy(zero_copy_only=False))[0]
+        bad = int(doc_ids[pc.list_parent_indices(col).to_numpy()[first_null]])
         raise PackingInputError(f"doc_id {bad}: member_starts holds a null")
     flat = flat_arr.to_numpy(zero_copy_only=False).astype(np.int64)
     k = np.maximum(lens, 1)

@@ -176,6 +176,8 @@ class PackedRowsLoader:
             raise LoaderConfigError("batch_size", "must be at least 1")
         if world_size < 1 or not 0 <= rank < world_size:
             raise LoaderConfigError("rank", f"need 0 <= rank < world_size, got {rank}/{world_size}")
+        if seed < 0:  # the shuffle's generator takes non-negative seeds only
+            raise LoaderConfigError("seed", f"must be >= 0, got {seed}")
         self.snapshot_dir = local_snapshot(snapshot_dir)  # a URI: a local copy, fetched once
         self.manifest = read_snapshot_manifest(self.snapshot_dir)
         self.seq_len = self.manifest.seq_len
@@ -247,6 +249,8 @@ class PackedRowsLoader:
         return iterator
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch < 0:
+            raise LoaderConfigError("epoch", f"must be >= 0, got {epoch}")
         self._close_active()
         self.epoch, self.batch_index = epoch, 0
 
@@ -305,6 +309,8 @@ class PackedRowsLoader:
         batch_index = int(state["batch_index"])
         if not 0 <= batch_index <= len(self):
             raise LoaderStateError("batch_index", f"0..{len(self)}", batch_index)
+        if int(state["epoch"]) < 0:
+            raise LoaderStateError("epoch", ">= 0", int(state["epoch"]))
         self._close_active()
         self.epoch, self.batch_index = int(state["epoch"]), batch_index
 

@@ -104,7 +104,8 @@ def fixed_list_to_numpy(column: pa.ChunkedArray | pa.Array, seq_len: int) -> np.
     """[rows, seq_len] view of a fixed_size_list column (zero-copy for a single chunk)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    values = column.flatten() if column.offset else column.values
+    # the values of this array's rows only: `.values` is the parent's, whatever the slice
+    values = column.values.slice(column.offset * seq_len, len(column) * seq_len)
     return values.to_numpy(zero_copy_only=False).reshape(-1, seq_len)
 
 

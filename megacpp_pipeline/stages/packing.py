@@ -331,7 +331,9 @@ STAGE = Stage(
         Check(
             "every_row_is_exactly_seq_len",
             "Every row has the seven required columns at exactly seq_len, token ids in range, "
-            "and doc_ids consistent with the pieces table.",
+            "targets the next input token, loss masked exactly where no target is, pads only "
+            "after valid_token_count (rows against the pieces table: the snapshot's "
+            "document_consistency check).",
             _every_row_is_seq_len,
         ),
     ),

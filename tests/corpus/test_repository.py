@@ -680,3 +680,14 @@ def test_row_figures_of_separate_batches_add_up_to_those_of_the_whole_run() -> N
     for batch in batches[1:]:
         merged = merged.merge(whole_document_rows([batch], 16))
     assert merged == whole_document_rows(batches, 16)
+
+
+def test_a_null_member_start_names_its_own_document() -> None:
+    """The error named the window's first document with members, not the broken one."""
+    table = member_docs([[2, 3], [5], [2, 3]])
+    starts = pa.array([[0, 2], [0], [0, None]], pa.list_(pa.int32()))
+    broken = table.set_column(
+        table.schema.get_field_index("member_starts"), "member_starts", starts
+    )
+    with pytest.raises(PackingInputError, match=r"^doc_id 2: member_starts holds a null"):
+        list(pack([broken], PackingConfig(seq_len=8), SPECIAL))

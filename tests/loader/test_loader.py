@@ -642,3 +642,18 @@ def test_tensors_carry_the_same_values_as_arrays(
         iter(PackedRowsLoader(snapshot.path, shuffle=False, to_torch=True, cache_dir=shared_cache))
     )
     np.testing.assert_array_equal(tensors["input_ids"].numpy(), arrays["input_ids"])
+
+
+def test_a_negative_seed_or_epoch_is_refused_up_front_naming_it(
+    snapshot: SnapshotFixture, shared_cache: Path
+) -> None:
+    """They failed at the first batch with numpy's "expected non-negative integer"."""
+    with pytest.raises(LoaderConfigError, match="'seed'"):
+        PackedRowsLoader(snapshot.path, cache_dir=shared_cache, seed=-1)
+    loader = PackedRowsLoader(snapshot.path, cache_dir=shared_cache)
+    with pytest.raises(LoaderConfigError, match="'epoch'"):
+        loader.set_epoch(-1)
+    state = {**loader.state_dict(), "epoch": -1}
+    with pytest.raises(LoaderStateError, match="'epoch'"):
+        loader.load_state_dict(state)
+    loader.close()

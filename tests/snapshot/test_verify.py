@@ -562,3 +562,12 @@ def test_verify_by_uri_sees_the_files_the_manifest_does_not_list(
     shutil.copy(listed, listed.with_name("part-00099.parquet"))
     line = megacpp_line(uri)
     assert "file_checksums" in line and "part-00099.parquet: not listed" in line, line
+
+
+def test_a_slice_from_offset_zero_gives_only_its_own_rows() -> None:
+    """`.values` is the parent's: a slice(0, n) came back with every row of the parent."""
+    from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
+
+    column = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(16, dtype=np.int32)), 4)
+    assert fixed_list_to_numpy(column.slice(0, 2), 4).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert fixed_list_to_numpy(column.slice(1, 2), 4).tolist() == [[4, 5, 6, 7], [8, 9, 10, 11]]
