@@ -175,6 +175,11 @@ def _flag_values(argv: list[str], start: int, msvc: bool) -> Iterator[tuple[str,
     while i < len(argv):
         arg = argv[i]
         i += 1
+        if arg == "--":  # what follows are inputs (CMake's clang-cl rule: `-c -- <SOURCE>`)
+            return
+        if arg == "-o":  # an output path, never a flag (`-o /Data/x.obj` to clang-cl)
+            i += 1
+            continue
         for flag in flags:
             if arg == flag:
                 if i < len(argv):
@@ -189,12 +194,17 @@ def _flag_values(argv: list[str], start: int, msvc: bool) -> Iterator[tuple[str,
                 yield "-std", re.split(r"[=:]", arg, maxsplit=1)[1]
 
 
+_MACRO_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
 def _context(argv: list[str], directory: str, tu_path: str, root: str | None) -> BuildContext:
     family, start = _compiler_family(argv)
     standard: str | None = None
     defines: dict[str, str | None] = {}
     roots: list[str] = []
     for flag, value in _flag_values(argv, start, _msvc_style(argv)):
+        if flag in ("-D", "-U") and not _MACRO_NAME.fullmatch(value.partition("=")[0]):
+            continue  # a POSIX path read as `/D...` by an MSVC-style driver, not a macro
         if flag == "-D":
             name, eq, val = value.partition("=")
             if name:
@@ -286,6 +296,11 @@ def parse_compile_commands(
             continue
         args = entry.get("arguments")
         argv = list(args) if args is not None else _split_command(entry["command"], origin, i)
+        if any(a.startswith("@") for a in argv[1:]):
+            # its flags are in a response file we do not read: a context without them would
+            # pass for the build's, so the file keeps the syntax evidence instead
+            db.stats["response_file_entries"] += 1
+            continue
         db.contexts[rel] = _context(argv, directory, rel, root)
         db.stats["translation_units"] += 1
     return db

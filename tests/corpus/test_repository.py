@@ -172,6 +172,29 @@ def test_directives_are_read_with_blanks_and_skipped_when_commented_or_built_by_
     ]
 
 
+def test_directives_inside_block_comments_or_raw_strings_are_no_edges() -> None:
+    """A commented-out `#include "b.h"` in z.h invented the cycle b.h <-> z.h: b.h was
+    placed before the z.h it really includes, and that real edge reported broken."""
+    text = (
+        '/* old:\n#include "old.h"\n*/\n#include "a.h"\nconst char* s = "/*";\n'
+        '#include "b.h"\nauto r = R"(\n#include "raw.h"\n)";\n// a /* b\n#include "c.h"\n'
+        '/* x */ /* y\n#include "doc.h"\n*/\n'
+    )
+    assert [i.name for i in scan_includes(text)] == ["a.h", "b.h", "c.h"]
+    tree = {"b.h": '#include "z.h"\n', "z.h": '/*\n#include "b.h"\n*/\nint z;\n'}
+    assert edges_by_path(tree) == {("b.h", "z.h")}
+
+
+def test_declared_roots_come_before_the_source_root_and_absolute_names_stay_outside() -> None:
+    """The source root "" holds every file, so it sorted first among the roots holding the
+    includer: `-I include` lost to a same-named file at the top. An absolute name was
+    joined to the includer's folder (`/abs/x.h` -> `src/abs/x.h`)."""
+    tree = {"config.h": "", "include/config.h": "", "tests/t.cpp": "#include <config.h>\n"}
+    assert edges_by_path(tree, roots=["include", ""]) == {("tests/t.cpp", "include/config.h")}
+    tree = {"src/abs/x.h": "", "src/a.cpp": '#include "/abs/x.h"\n'}
+    assert edges_by_path(tree) == set()
+
+
 # --- ordering --------------------------------------------------------------------------------
 def test_every_file_comes_after_the_files_it_includes_and_ties_go_by_path() -> None:
     tree = {

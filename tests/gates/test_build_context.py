@@ -225,3 +225,35 @@ def test_command_and_arguments_forms_agree_and_never_leak_absolute_paths(
         assert "/home/" not in value and "/usr/" not in value
     for root in ctx["include_roots"]:
         assert root == LOCAL_PATH or not root.startswith(("/", ".."))
+
+
+def test_clang_cl_inputs_outputs_and_posix_paths_are_not_read_as_flags() -> None:
+    """To an MSVC-style driver `/Data/alice/...` looks like `/D`: the source after `--`
+    (CMake's clang-cl rule) and the object after `-o` became the define
+    `ata/alice/proj/src/a.cpp`, a local path fragment the stage's check did not look for."""
+    data = db(
+        {
+            "directory": "/Data/alice/proj/build",
+            "file": "/Data/alice/proj/src/a.cpp",
+            "arguments": [
+                *("/usr/bin/clang-cl", "/nologo", "/DNDEBUG", "/I/Data/alice/proj/include"),
+                *("-o", "/Data/alice/proj/build/a.obj", "/DFOO=1", "-c", "--"),
+                "/Data/alice/proj/src/a.cpp",
+            ],
+        }
+    )
+    record = parse_compile_commands(data, {"src/a.cpp"}).contexts["src/a.cpp"].as_record()
+    assert record["defines"] == ["NDEBUG", "FOO=1"]
+    assert record["include_roots"] == ["include"]
+
+
+def test_an_entry_whose_flags_are_in_a_response_file_keeps_the_syntax_evidence() -> None:
+    """`g++ @CMakeFiles/a.rsp -c a.cpp` gave a context with no defines and no include
+    roots, presented as the build's."""
+    data = db(
+        {"directory": "/w/b", "file": "/w/src/a.cpp", "command": "g++ @a.rsp -c ../src/a.cpp"},
+        {"directory": "/w/b", "file": "/w/src/b.cpp", "command": "g++ -DX -c ../src/b.cpp"},
+    )
+    parsed = parse_compile_commands(data, {"src/a.cpp", "src/b.cpp"})
+    assert set(parsed.contexts) == {"src/b.cpp"}
+    assert parsed.stats["response_file_entries"] == 1

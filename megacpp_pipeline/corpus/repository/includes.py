@@ -68,12 +68,56 @@ class IncludeGraph:
         return [(i, j) for i, ds in enumerate(self.deps) for j in ds]
 
 
+# What can hide a directive's line from the compiler: a /* */ comment or a raw string (a
+# `//` cannot: a directive's `#` starts its line). Each directive is looked back from, to the
+# nearest opener that is not inside a literal or a `//` comment on its own line; lexing
+# whole files for this cost 8x the directive scan.
+_LITERAL = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
+_RAW_OPEN = re.compile(r'R"([^()\\\s"]{0,16})\(')
+
+
+def _opens(text: str, at: int) -> bool:
+    """Whether the `/*` or `R"` at `at` is code, not inside a literal or a `//` comment."""
+    prefix = text[text.rfind("\n", 0, at) + 1 : at]
+    if '"' not in prefix and "'" not in prefix and "/" not in prefix:
+        return True
+    bare = _LITERAL.sub("", prefix)
+    return "//" not in bare and bare.count('"') % 2 == 0
+
+
+def _hidden(text: str, pos: int) -> bool:
+    """Whether `pos` lies inside a block comment or a raw string."""
+    end = pos
+    while (at := text.rfind("/*", 0, end)) >= 0:
+        if _opens(text, at):
+            if text.find("*/", at + 2, pos) < 0:
+                return True
+            break
+        end = at
+    end = pos
+    while (at := text.rfind('R"', 0, end)) >= 0:
+        m = _RAW_OPEN.match(text, at)
+        if (
+            m is not None
+            and (at == 0 or not text[at - 1].isalnum() or text[at - 1] in "uUL8")
+            and _opens(text, at)
+        ):
+            return text.find(f'){m.group(1)}"', m.end(), pos) < 0
+        end = at
+    return False
+
+
 def scan_includes(text: str) -> list[Include]:
-    """The `#include` directives of one file, in text order."""
+    """The `#include` directives of one file, in text order (not those inside a block
+    comment or a raw string: a commented-out include is no edge, and inventing one made
+    cycles that put files before what they really include)."""
     if "include" not in text:
         return []
+    found = list(_DIRECTIVE.finditer(text))
+    if found and ("/*" in text or 'R"' in text):
+        found = [m for m in found if not _hidden(text, m.start())]
     out = []
-    for m in _DIRECTIVE.finditer(text):
+    for m in found:
         angled = m.group(2) is not None
         name = (m.group(2) if angled else m.group(3)).strip().replace("\\", "/")
         out.append(Include(name, angled or m.group(1) == "include_next", m.group(1) != "include"))
@@ -102,6 +146,8 @@ def _normal(path: str) -> str | None:
 
 
 def _join(directory: str, name: str) -> str | None:
+    if name.startswith("/"):  # an absolute name is outside the tree, whatever the directory
+        return None
     return _normal(f"{directory}/{name}" if directory else name)
 
 
@@ -130,15 +176,18 @@ class _Resolver:
         self.cache: dict[tuple[str, Include], tuple[int | None, str]] = {}
 
     def roots_for(self, includer: str) -> list[str]:
+        """The declared roots, those holding the includer first (deepest first), then the
+        others (nearest first), then the source root "" if declared: last, as the roots'
+        docs say (it holds every file, so it would otherwise come before every root)."""
         inside = sorted(
-            (r for r in self.roots if _contains(r, includer)),
-            key=lambda r: -(r.count("/") + 1 if r else 0),
+            (r for r in self.roots if r and _contains(r, includer)),
+            key=lambda r: -(r.count("/") + 1),
         )
         others = sorted(
-            (r for r in self.roots if not _contains(r, includer)),
+            (r for r in self.roots if r and not _contains(r, includer)),
             key=lambda r: -_shared_dirs(f"{r}/_", includer),
         )
-        return inside + others
+        return inside + others + ([""] if "" in self.roots else [])
 
     def resolve(self, includer: str, inc: Include) -> tuple[int | None, str]:
         """(file index or None, the rule that decided: relative|root|suffix|external)."""
