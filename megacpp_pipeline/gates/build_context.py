@@ -161,10 +161,55 @@ def _split_command(command: str, origin: str, entry: int) -> list[str]:
     try:
         argv = shlex.split(command, posix=True)
         if (argv and _msvc_style(argv)) or _DRIVE.match(command.lstrip('"')):
-            # cl.exe command lines use backslash paths that POSIX quoting would eat.
-            argv = [a.strip('"') for a in shlex.split(command, posix=False)]
+            # cl.exe command lines use backslash paths that POSIX quoting would eat
+            argv = _split_windows(command)
     except ValueError as exc:
         raise CompileDatabaseError(origin, entry, f"'command' does not split: {exc}") from exc
+    return argv
+
+
+def _split_windows(command: str) -> list[str]:
+    """A Windows command line split as the C runtime splits it (CommandLineToArgvW): blanks
+    outside quotes separate, `"` toggles quoting, 2n backslashes before a quote are n and
+    the quote counts, 2n+1 are n and a literal quote, other backslashes are themselves.
+    (`-DVERSION=\\"1.0\\"` is VERSION="1.0"; `-DMSG=\\"a b\\"` one argument, not two.)"""
+    argv: list[str] = []
+    arg: list[str] = []
+    quoted = started = False
+    i, n = 0, len(command)
+    while i < n:
+        c = command[i]
+        if c == "\\":
+            j = i
+            while j < n and command[j] == "\\":
+                j += 1
+            if j < n and command[j] == '"':
+                arg.append("\\" * ((j - i) // 2))
+                if (j - i) % 2:
+                    arg.append('"')
+                else:
+                    quoted = not quoted
+                i, started = j + 1, True
+                continue
+            arg.append(command[i:j])
+            i, started = j, True
+            continue
+        if c == '"':
+            if quoted and command.startswith('"', i + 1):  # `""` inside quotes: a quote
+                arg.append('"')
+                i += 2
+                continue
+            quoted, started = not quoted, True
+        elif c in " \t" and not quoted:
+            if started:
+                argv.append("".join(arg))
+                arg, started = [], False
+        else:
+            arg.append(c)
+            started = True
+        i += 1
+    if started:
+        argv.append("".join(arg))
     return argv
 
 

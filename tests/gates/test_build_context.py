@@ -257,3 +257,23 @@ def test_an_entry_whose_flags_are_in_a_response_file_keeps_the_syntax_evidence()
     parsed = parse_compile_commands(data, {"src/a.cpp", "src/b.cpp"})
     assert set(parsed.contexts) == {"src/b.cpp"}
     assert parsed.stats["response_file_entries"] == 1
+
+
+def test_a_windows_command_line_is_split_as_the_c_runtime_splits_it() -> None:
+    """shlex(posix=False) then stripping quotes left `VERSION=\\"1.0\\` for CMake's
+    `-DVERSION=\\"1.0\\"` and cut `"/IC:\\src\\my include"` at its space."""
+    command = (
+        r"C:\VS\bin\Hostx64\x64\cl.exe /nologo /TP -DVERSION=\"1.0\" "
+        r'"/IC:\src\fmt\my include" /DNDEBUG -std:c++20 -c C:\src\fmt\src\format.cc'
+    )
+    data = db(
+        {
+            "directory": "C:\\src\\fmt\\build",
+            "file": "C:\\src\\fmt\\src\\format.cc",
+            "command": command,
+        }
+    )
+    record = parse_compile_commands(data, {"src/format.cc"}).contexts["src/format.cc"].as_record()
+    assert record["defines"] == ['VERSION="1.0"', "NDEBUG"]
+    assert record["include_roots"] == ["my include"]
+    assert record["language_standard"] == "c++20"
