@@ -194,7 +194,11 @@ _LINE_MACRO = re.compile(
 )
 _HEAD_MACRO = re.compile(
     rb"(?:class(?<!\wclass)|struct(?<!\wstruct)|union(?<!\wunion))"
-    rb"((?:[ \t]+" + _CAPS + rb"(?:\([^()\n]*\))?)+)(?=[ \t]+[A-Za-z_])"
+    # then the class's own name: not `final` (`class HTTP final {`: HTTP is the name), and
+    # one a base list, a body, template arguments or `final` follows (`struct RGB make_rgb(`
+    # is C: RGB is the type's name, make_rgb a function's)
+    rb"((?:[ \t]+" + _CAPS + rb"(?:\([^()\n]*\))?)+)"
+    rb"(?=[ \t]+(?!final\b)[A-Za-z_]\w*[ \t]*(?:[:{<\n]|final\b|$))"
 )
 
 

@@ -626,3 +626,27 @@ def test_an_empty_or_fully_dropped_shard_still_has_the_enriched_schema() -> None
     assert empty.kept.num_rows == 0 and empty.kept.schema.equals(ENRICHED_FILES)
     all_dropped = enrich.run(deduped({"NOTES": PROSE}), EnrichConfig())
     assert all_dropped.kept.num_rows == 0 and all_dropped.kept.schema.equals(ENRICHED_FILES)
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "name"),
+    [
+        (b"class HTTP final {\n int x;\n};\n", "class_decl", "HTTP"),
+        (b"struct RGB final : Base {\n int r;\n};\n", "class_decl", "RGB"),
+        (
+            b"struct RGB make_rgb(int r)\n{\n  struct RGB c;\n  return c;\n}\n",
+            "func_signature",
+            "make_rgb",
+        ),
+    ],
+)
+def test_an_all_caps_name_that_is_the_types_own_is_not_blanked(
+    source: bytes, kind: str, name: str
+) -> None:
+    """`class HTTP final` and C's `struct RGB make_rgb(...)` had their names blanked as if
+    attribute macros: the class lost its name, the function its type."""
+    assert enrich.parse_view(source) == source
+    fs = enrich.CppStructureParser().structure(source)
+    assert (kind, name) in [
+        (enrich.KIND_NAMES[k], n) for k, n in zip(fs.kinds, fs.names, strict=True)
+    ]
