@@ -5,12 +5,22 @@ until a person switches it on."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
 from assets.defs import build_defs
 from megacpp_pipeline.stages import default_registry
 from tests.fixtures.git_repo import git as _git
+
+
+def _nightly(catalog: Path, tmp_path: Path) -> tuple[Any, Any, dg.DagsterInstance, Any]:
+    """The definitions over `catalog`, their nightly schedule, a temporary instance, the
+    repository a tick is evaluated against."""
+    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
+    (tmp_path / "home").mkdir()
+    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
+    return defs, defs.get_schedule_def("nightly_refresh"), instance, defs.get_repository_def()
 
 
 def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path) -> None:
@@ -32,11 +42,7 @@ def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path
         f"  - id: upstream\n    kind: git\n    uri: {repo}\n    track: main\n"
         f"  - id: tree\n    kind: dir\n    uri: {tree}\n"
     )
-    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
-    sched = defs.get_schedule_def("nightly_refresh")
-    (tmp_path / "home").mkdir()
-    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
-    repo = defs.get_repository_def()
+    defs, sched, instance, repo = _nightly(catalog, tmp_path)
     ticks = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
     first = [
         (r.partition_key, r.run_key, r.tags.get("megacpp/revision")) for r in ticks.run_requests
@@ -86,11 +92,7 @@ def test_a_directorys_revision_moves_when_only_its_reuse_metadata_changes(tmp_pa
     catalog.write_text(
         f"snapshot: nightly\nsources:\n  - id: tree\n    kind: dir\n    uri: {tree}\n"
     )
-    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
-    sched = defs.get_schedule_def("nightly_refresh")
-    (tmp_path / "home").mkdir()
-    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
-    repo = defs.get_repository_def()
+    _, sched, instance, repo = _nightly(catalog, tmp_path)
 
     def key() -> str:
         tick = sched.evaluate_tick(
