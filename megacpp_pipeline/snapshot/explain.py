@@ -278,7 +278,9 @@ def _cmd(args: argparse.Namespace) -> int:
         journeys = _by_name(snap, source, path)
     for j in journeys:
         print(render(j))
-    return 0 if journeys and journeys[0].in_corpus else 1
+    # several files can match (copies under other names, a name in two spellings): the
+    # answer is whether any of them reached the corpus
+    return 0 if any(j.in_corpus for j in journeys) else 1
 
 
 def _by_name(snap: Path, source: str, path: str) -> list[Journey]:

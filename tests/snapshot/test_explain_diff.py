@@ -6,6 +6,7 @@ whether some content is in the corpus; and what changed when a source moved to a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import subprocess
@@ -134,3 +135,15 @@ def test_diff_names_the_moved_source_and_the_added_file(two_snapshots: dict) -> 
     assert "Tokenizer changed:" in text
     card = (two_snapshots["second"] / CARD).read_text()
     assert "## Changes since the previous snapshot" in card and "include/late.hpp" in card
+
+
+def test_sha256_answers_in_corpus_when_any_copy_is_kept(two_snapshots: dict) -> None:
+    """The copies a hash finds come in ledger order, a dropped duplicate perhaps first (here
+    the kept copy leads): the answer is whether any of them reached the corpus."""
+    root, snap = two_snapshots["root"], str(two_snapshots["first"])
+    digest = hashlib.sha256(
+        (root / "corpus_dir" / "include" / "lib1" / "container.hpp").read_bytes()
+    ).hexdigest()
+    code, text = megacpp("explain", snap, "--sha256", digest)
+    assert "repo:third_party/lib1/container.hpp" in text, text  # the dropped copy
+    assert "tree:include/lib1/container.hpp" in text and code == 0, text
