@@ -37,6 +37,7 @@ from megacpp_pipeline.collect.source import (
     Scope,
     SourceFiles,
     glob_to_regex,
+    record_license_path,
     safe_relpath,
     too_large,
     unescape_name,
@@ -68,6 +69,7 @@ __all__ = [
     "max_record_bytes",
     "open_source",
     "read_entry",
+    "record_license_path",
     "resolve_branch",
     "safe_relpath",
     "slice_source",
@@ -156,9 +158,7 @@ def list_source(
     if spec.kind == "dir":
         return dir_listing(spec, uri, scope, max_file_bytes)
     if spec.kind == "jsonl":
-        path = Path(uri.removeprefix("file://"))
-        if not path.is_file():
-            raise CollectError(f"source {spec.id!r}: {path} not found")
+        path = _jsonl_export(spec, uri)
         lines = 0
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):
@@ -174,12 +174,23 @@ def max_record_bytes(max_file_bytes: int) -> int:
     return 6 * max_file_bytes + (64 << 10)
 
 
-def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> SourceFiles:
+def _jsonl_export(spec: SourceSpec, uri: str) -> Path:
+    """The export file a jsonl source names, refused when missing or compressed."""
     from megacpp_pipeline.collect.jsonl_stream import reader
 
     path = Path(uri.removeprefix("file://"))
     if not path.is_file():
         raise CollectError(f"source {spec.id!r}: {path} not found")
+    with path.open("rb") as f:
+        if problem := reader.compression_problem(path, f.read(reader.MAGIC_BYTES)):
+            raise CollectError(f"source {spec.id!r}: {problem}")
+    return path
+
+
+def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int) -> SourceFiles:
+    from megacpp_pipeline.collect.jsonl_stream import reader
+
+    path = _jsonl_export(spec, uri)
 
     def entry(rec: dict[str, object]) -> Entry:
         rel = safe_relpath(str(rec["path"]))
@@ -191,24 +202,30 @@ def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int)
             return too_large(rel, size, max_file_bytes)
         return Entry(rel, content)
 
+    def named(meant: str | None, line_no: int) -> str:
+        return f"<line {line_no}>" if meant is None else safe_relpath(meant) or meant
+
     def entries() -> Iterator[Entry]:
         # Every source's files come out in path order (what the later stages and the
         # snapshot's ledger merge keep), whatever order the export's lines are in: a first
         # pass keeps each record's path and where its line is, a second reads them in path
         # order (a line at a time: memory follows the number of records, not their text).
+        # The export is pinned (its sha256 is the revision): a last line without a newline
+        # is a record like any other.
         rejects: list[reader.RecordReject] = []
         found: list[tuple[str, int, tuple[int, int] | reader.RecordReject]] = [
-            (safe_relpath(str(rec["path"])) or str(rec["path"]), int(rec["line_no"]), (at, size))
+            (named(str(rec["path"]), int(rec["line_no"])), int(rec["line_no"]), (at, size))
             for rec, at, size in reader.iter_located_records(
-                path, rejects, max_line_bytes=max_record_bytes(max_file_bytes)
+                path, rejects, max_line_bytes=max_record_bytes(max_file_bytes), at_rest=True
             )
         ]
-        # a malformed line has no usable path: it is named by its line
-        found += [(f"<line {r.line_no}>", r.line_no, r) for r in rejects]
+        # a malformed line is named by the path its record meant, else by its line
+        found += [(named(r.path, r.line_no), r.line_no, r) for r in rejects]
         found.sort(key=lambda item: (item[0], item[1]))
-        # two records naming one path (`src/a.h`, `./src/a.h`): which is meant is ambiguous,
-        # as for an archive's repeated member; every copy is dropped, each with its line
-        copies = Counter(n for n, _, at in found if not isinstance(at, reader.RecordReject))
+        # two records naming one path (`src/a.h` and `./src/a.h`, or a malformed record
+        # meaning it): which is meant is ambiguous, as for an archive's repeated member;
+        # every copy is dropped, each with its line
+        copies = Counter(n for n, _, _ in found)
         with open(path, "rb") as f:
             for name, line_no, where in found:
                 if isinstance(where, reader.RecordReject):
@@ -220,7 +237,17 @@ def _jsonl_source(spec: SourceSpec, uri: str, scope: Scope, max_file_bytes: int)
                     )
                     yield Entry(name, None, DropReason.UNSAFE_PATH, why)
                 else:
-                    yield entry(reader.record_at(f, *where, line_no))
+                    record = reader.record_at(f, *where, line_no)
+                    got = entry(record)
+                    yield got
+                    declared = record["license"]
+                    if got.content is not None and isinstance(declared, str):
+                        # what the record says the file's licence is, for the licence gate
+                        yield Entry(
+                            record_license_path(got.path),
+                            declared.encode("utf-8"),
+                            metadata_only=True,
+                        )
 
     return SourceFiles(revision=sha256_file(path), entries=entries)
 
@@ -285,8 +312,13 @@ def _batch(
     wanted: PathFilter,
     digests: Sequence[str | None] | None = None,
 ) -> CollectBatch:
+    said = [e for e in entries if e.metadata_only]  # what the source says of its files
+    if said:
+        if digests is not None:
+            digests = [d for d, e in zip(digests, entries, strict=True) if not e.metadata_only]
+        entries = [e for e in entries if not e.metadata_only]
     kept = [e for e in entries if e.content is not None and wanted(e.path)]
-    meta = [
+    meta = said + [
         e for e in entries if e.content is not None and not wanted(e.path) and is_metadata(e.path)
     ]
     contents = [e.content or b"" for e in kept]

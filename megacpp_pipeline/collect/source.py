@@ -21,12 +21,28 @@ class CollectError(Exception):
 
 @dataclass(frozen=True)
 class Entry:
-    """One file seen in a source. `content` is None when the file is dropped."""
+    """One file seen in a source. `content` is None when the file is dropped.
+    `metadata_only`: not a file of the source but what the source says of one (a JSONL
+    record's licence), handed to the gates with the metadata and never in the ledger."""
 
     path: str
     content: bytes | None
     reason: DropReason | None = None
     detail: str | None = None
+    metadata_only: bool = False
+
+
+# Where a JSONL record's `license` travels to the licence gate: a metadata row named by the
+# record's path under this prefix (absolute, so no file of a source can have the name).
+RECORD_LICENSE_PREFIX = "/record-license/"
+
+
+def record_license_path(rel: str) -> str:
+    return RECORD_LICENSE_PREFIX + rel
+
+
+def is_record_license_path(path: str) -> bool:
+    return path.startswith(RECORD_LICENSE_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ CLASSIFIED_FILES = _schema("classified_files", [*_KEY, *_TEXT, *_CLASS])
 
 _LICENSE = [
     pa.field("license_expression", pa.string()),  # normalized SPDX expression
-    # file | reuse | notice-text | repo-declared | none
+    # file | reuse | notice-text | record | repo-declared | none
     pa.field("license_source", pa.string(), nullable=False),
     pa.field("license_decision", pa.string(), nullable=False),  # allowed|denied|invalid|unknown
     pa.field("license_detail", pa.string()),  # which notice matched, deprecated ids, ...

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from megacpp_pipeline.collect.source import RECORD_LICENSE_PREFIX, is_record_license_path
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import LICENSED_FILES
@@ -34,20 +35,34 @@ from megacpp_pipeline.storage.store import Manifest
 def _gate(inputs: SourceInputs) -> PreparedGate:
     config, spec = inputs.config, inputs.source
     reuse_files = inputs.metadata_files(license.is_reuse_metadata_path)
+    records = {
+        path.removeprefix(RECORD_LICENSE_PREFIX): declared.decode("utf-8")
+        for path, declared in inputs.metadata_files(is_record_license_path).items()
+    }
     return PreparedGate(
         lambda table: license.run(
-            table, config, declared_license=spec.declared_license, reuse_files=reuse_files
+            table,
+            config,
+            declared_license=spec.declared_license,
+            reuse_files=reuse_files,
+            record_licenses=records,
         ),
-        salt=inputs_outside_the_file(spec.declared_license, reuse_files),
+        salt=inputs_outside_the_file(spec.declared_license, reuse_files, records),
     )
 
 
-def inputs_outside_the_file(declared_license: str | None, reuse_files: Mapping[str, bytes]) -> str:
-    """What a file's decision depends on besides its own text: the declared licence and the
-    source's REUSE metadata."""
+def inputs_outside_the_file(
+    declared_license: str | None,
+    reuse_files: Mapping[str, bytes],
+    record_licenses: Mapping[str, str] | None = None,
+) -> str:
+    """What a file's decision depends on besides its own text: the declared licence, the
+    source's REUSE metadata and the licences its records declare (a JSONL export's)."""
     h = hashlib.sha256(str(declared_license).encode())
     for path in sorted(reuse_files):
         h.update(path.encode() + b"\0" + hashlib.sha256(reuse_files[path]).digest())
+    for path in sorted(record_licenses or {}):
+        h.update(b"\1" + path.encode() + b"\0" + (record_licenses or {})[path].encode())
     return h.hexdigest()[:16]
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import lzma
 import os
 import re
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,7 @@ MAIN_CC = b'#include "vector.h"\nint main() { demo::small_vector<int> v; return 
 
 def _files(spec: SourceSpec, uri: str, tmp: Path, **kw: object) -> dict[str, collect.Entry]:
     sf = collect.open_source(spec, uri, cache_dir=tmp / "cache", limits=CollectLimits(**kw))  # type: ignore[arg-type]
-    return {e.path: e for e in sf.entries()}
+    return {e.path: e for e in sf.entries() if not e.metadata_only}  # the files seen
 
 
 @pytest.fixture
@@ -269,7 +271,15 @@ def test_jsonl_source_keeps_good_records_and_ledgers_malformed_lines(tmp_path: P
     assert any("export.jsonl:2: field 'content'" in (e.detail or "") for e in malformed)
     # whatever order the export's lines are in, the files come out in path order
     assert list(files) == sorted(files)
-    assert list(files) == ["../escape.h", "<line 2>", "<line 3>", "include/vector.h", "src/main.cc"]
+    # a record rejected for its content is named by its path; a line that is no JSON, by
+    # its number
+    assert list(files) == [
+        "../escape.h",
+        "<line 3>",
+        "include/vector.h",
+        "src/broken.cc",
+        "src/main.cc",
+    ]
 
 
 def _entries(spec: SourceSpec, uri: str, tmp: Path) -> list[collect.Entry]:
@@ -493,7 +503,122 @@ def test_a_jsonl_line_longer_than_any_allowed_record_is_rejected_unread(tmp_path
     assert files["src/big.h"].reason == DropReason.TOO_LARGE
     long = files["<line 2>"]
     assert long.reason == DropReason.MALFORMED_RECORD
-    assert f"line of {len(huge) + 1} bytes is longer than the {limit}" in (long.detail or "")
+    assert f"line of {len(huge)} bytes is longer than the {limit}" in (long.detail or "")
+
+
+def test_a_jsonl_line_of_exactly_the_longest_record_is_read_and_the_next_is_not_lost(
+    tmp_path: Path,
+) -> None:
+    """A line whose bytes before its newline are exactly the limit was taken as too long, and
+    skipping "the rest of it" swallowed the next record whole, with no ledger row."""
+    import json
+
+    limit = collect.max_record_bytes(100)
+    head = json.dumps({"path": "src/exact.h", "content": ""})
+    exact = json.dumps({"path": "src/exact.h", "content": "z" * (limit - len(head))})
+    over = json.dumps({"path": "src/long1.h", "content": "z" * (limit - len(head) + 1)})
+    assert len(exact) == limit and len(over) == limit + 1
+    lines = [
+        exact,
+        json.dumps({"path": "src/lost.h", "content": "int lost;"}),
+        over,
+        json.dumps({"path": "src/b.h", "content": "int b;"}),
+    ]
+    export = tmp_path / "export.jsonl"
+    export.write_text("\n".join(lines) + "\n")
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export), max_file_bytes=100)
+    sf = collect.open_source(
+        spec, str(export), cache_dir=tmp_path / "c", limits=CollectLimits(), max_file_bytes=100
+    )
+    files = {e.path: e for e in sf.entries()}
+    assert files["src/exact.h"].reason == DropReason.TOO_LARGE  # read, and over 100 bytes
+    assert files["src/lost.h"].content == b"int lost;"
+    too_long = files["<line 3>"].detail or ""  # the line too long, by its number
+    assert f"export.jsonl:3: field '<line>': line of {limit + 1} bytes" in too_long
+    assert files["src/b.h"].content == b"int b;"
+
+
+def test_a_pinned_jsonl_export_is_read_to_its_last_record_newline_or_not(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    export = tmp_path / "export.jsonl"
+    export.write_text(
+        json.dumps({"path": "src/a.h", "content": "int a;"})
+        + "\n"
+        + json.dumps({"path": "src/last.h", "content": "int last;"})  # no newline after it
+    )
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
+    files = _files(spec, str(export), tmp_path)
+    assert files["src/last.h"].content == b"int last;"
+    assert list(files) == ["src/a.h", "src/last.h"]
+
+
+def test_a_malformed_jsonl_record_is_named_by_the_path_it_meant(tmp_path: Path) -> None:
+    """A record rejected for a field other than its path is ledgered under that path (so
+    `megacpp explain` finds it); one naming the path of a good record makes both ambiguous;
+    a line too deeply nested for the JSON reader is a malformed line, not a crash."""
+    import json
+
+    export = tmp_path / "export.jsonl"
+    lines = [
+        json.dumps({"path": "src/bad.h", "content": 7}),
+        json.dumps({"path": "src/twice.h", "content": "int t;"}),
+        json.dumps({"path": "./src/twice.h", "license": ["MIT"], "content": "int u;"}),
+        '{"path": "src/deep.h", "content": "x", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        json.dumps({"path": "src/ok.h", "content": "int ok;"}),
+    ]
+    export.write_text("\n".join(lines) + "\n")
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
+    entries = _entries(spec, str(export), tmp_path)
+    by_path = {e.path: e for e in entries}
+    bad = by_path["src/bad.h"]
+    assert bad.reason == DropReason.MALFORMED_RECORD
+    assert "export.jsonl:1: field 'content': a string expected, got int" in (bad.detail or "")
+    twice = [e for e in entries if e.path == "src/twice.h"]
+    assert {e.reason for e in twice} == {DropReason.MALFORMED_RECORD, DropReason.UNSAFE_PATH}
+    deep = by_path["<line 4>"]
+    assert deep.reason == DropReason.MALFORMED_RECORD and "nested deeper" in (deep.detail or "")
+    assert by_path["src/ok.h"].content == b"int ok;"
+
+
+def test_a_jsonl_records_licence_reaches_the_metadata_and_no_ledger_row(tmp_path: Path) -> None:
+    """The record's `license` was checked and thrown away: a GPL record shipped under the
+    source's declared MIT. It now travels with the source's metadata to the licence gate."""
+    import json
+
+    export = tmp_path / "export.jsonl"
+    lines = [
+        json.dumps({"path": "src/gpl.h", "content": "int g;", "license": "GPL-3.0-only"}),
+        json.dumps({"path": "src/plain.h", "content": "int p;"}),
+        json.dumps({"path": "../out.h", "content": "int o;", "license": "MIT"}),
+    ]
+    export.write_text("\n".join(lines) + "\n")
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
+    files = collect.open_source(spec, str(export), cache_dir=tmp_path / "c", limits=CollectLimits())
+    (batch,) = collect.collect_batches(spec, files, is_metadata=lambda _: False)
+    assert batch.kept["path"].to_pylist() == ["src/gpl.h", "src/plain.h"]
+    assert sorted(batch.ledger["path"].to_pylist()) == ["../out.h", "src/gpl.h", "src/plain.h"]
+    meta = dict(
+        zip(batch.metadata["path"].to_pylist(), batch.metadata["content"].to_pylist(), strict=True)
+    )
+    assert meta == {collect.record_license_path("src/gpl.h"): b"GPL-3.0-only"}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "compress"),
+    [("export.jsonl.gz", "gzip", gzip.compress), ("export.jsonl.xz", "xz", lzma.compress)],
+)
+def test_a_compressed_jsonl_export_is_refused_by_name(
+    tmp_path: Path, name: str, kind: str, compress: Callable[[bytes], bytes]
+) -> None:
+    """It was read as text: every line rejected, and the source "collected" with no file."""
+    export = tmp_path / name
+    export.write_bytes(compress(b'{"path": "a.h", "content": "int a;"}\n'))
+    spec = SourceSpec(id="dump", kind="jsonl", uri=str(export))
+    with pytest.raises(collect.CollectError, match=rf"{name}: is {kind}-compressed"):
+        collect.open_source(spec, str(export), cache_dir=tmp_path / "c", limits=CollectLimits())
 
 
 # odd files named in the ledger ------------------------------------------------------------

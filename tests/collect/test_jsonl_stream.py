@@ -4,6 +4,7 @@ after SIGKILL without lost or duplicated rows. Converters and writers are real p
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from megacpp_pipeline.collect.jsonl_stream import (
     MANIFEST_FILE,
     REJECTS_FILE,
     STATE_FILE,
+    CompressedInputError,
     InputChangedError,
     JsonlConverterConfig,
     OutputLockedError,
@@ -247,6 +249,25 @@ def test_bad_records_are_rejected_with_line_and_field_and_the_rest_continue(tmp_
     assert "not UTF-8" in rejects[6].reason
     byte_of_line_3 = len(lines[0]) + len(lines[1])
     assert rejects[1].byte_offset == byte_of_line_3
+
+
+def test_a_compressed_input_is_refused_before_anything_is_written(tmp_path):
+    """A .jsonl.gz was read as text: every line rejected, and the conversion "complete"."""
+    src = tmp_path / "corpus.jsonl.gz"
+    src.write_bytes(gzip.compress(b"".join(jsonl_line(cpp_record(i)) for i in range(3))))
+    with pytest.raises(CompressedInputError, match=r"corpus\.jsonl\.gz: is gzip-compressed"):
+        convert(src, tmp_path / "out", JsonlConverterConfig(rows_per_file=2))
+    assert not (tmp_path / "out" / COMPLETE_FILE).exists()
+
+
+def test_a_line_nested_too_deep_is_a_reject_not_a_crash(tmp_path):
+    src = tmp_path / "corpus.jsonl"
+    deep = b'{"path": "d.h", "content": "x", "extra": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    src.write_bytes(jsonl_line(cpp_record(0)) + deep + jsonl_line(cpp_record(1)))
+    report = convert(src, tmp_path / "out", JsonlConverterConfig(rows_per_file=4))
+    assert [row[4] for row in shard_rows(tmp_path / "out")] == [1, 3]
+    assert [(r.line_no, r.field) for r in report.first_rejects] == [(2, "<json>")]
+    assert "nested deeper" in report.first_rejects[0].reason
 
 
 def test_iter_records_reads_a_finished_file_by_the_same_rules(tmp_path):

@@ -193,6 +193,7 @@ def license_gate(
     files: dict[str, str],
     declared: str | None = "MIT",
     reuse_files: dict[str, str] | None = None,
+    record_licenses: dict[str, str] | None = None,
     **policy: object,
 ):
     """Run the gate; return (rows by path for every file, GateResult)."""
@@ -202,6 +203,7 @@ def license_gate(
         config,
         declared_license=declared,
         reuse_files={k: v.encode() for k, v in (reuse_files or {}).items()},
+        record_licenses=record_licenses,
     )
     assert result.kept.schema.equals(schemas.LICENSED_FILES)
     assert result.dropped.schema.equals(LEDGER_SCHEMA)
@@ -646,6 +648,35 @@ def test_repo_declared_fallback_can_be_switched_off():
     rows, result = license_gate({"a.cpp": CODE}, declared="MIT", allow_repo_declared=False)
     assert rows["a.cpp"] == ("unknown", "none", None)
     assert result.dropped.to_pylist()[0]["reason"] == DropReason.LICENSE_UNKNOWN
+
+
+def test_a_record_licence_stands_in_for_the_declared_one_and_narrows_a_files_own():
+    """A JSONL record's `license`: where the file says nothing it replaces the source's
+    declared licence; where the file says, both must allow the file (a record can narrow,
+    never widen)."""
+    gpl_tagged = "// SPDX-License-Identifier: GPL-3.0-only\n" + CODE
+    mit_tagged = "// SPDX-License-Identifier: MIT\n" + CODE
+    rows, result = license_gate(
+        {"bare.cpp": CODE, "gpl.cpp": gpl_tagged, "mit.cpp": mit_tagged, "plain.cpp": CODE},
+        declared="MIT",
+        record_licenses={"bare.cpp": "GPL-3.0-only", "gpl.cpp": "MIT", "mit.cpp": "GPL-3.0-only"},
+    )
+    assert rows["bare.cpp"] == ("denied", "record", "GPL-3.0-only")
+    assert rows["gpl.cpp"] == ("denied", "file", "GPL-3.0-only AND MIT")
+    assert rows["mit.cpp"] == ("denied", "file", "MIT AND GPL-3.0-only")
+    assert rows["plain.cpp"] == ("allowed", "repo-declared", "MIT")  # no record licence
+    detail = {r["path"]: r["detail"] for r in result.dropped.to_pylist()}
+    assert "the licence its JSONL record declares" in detail["bare.cpp"]
+    assert "the licence its JSONL record declares" in detail["mit.cpp"]
+    rows, _ = license_gate({"bare.cpp": CODE}, record_licenses={"bare.cpp": "Apache-2.0"})
+    assert rows["bare.cpp"] == ("allowed", "record", "Apache-2.0")
+    # declared licences switched off: a record's cannot make a file allowed either
+    rows, _ = license_gate(
+        {"bare.cpp": CODE}, record_licenses={"bare.cpp": "MIT"}, allow_repo_declared=False
+    )
+    assert rows["bare.cpp"] == ("unknown", "none", None)
+    rows, _ = license_gate({"bare.cpp": CODE}, record_licenses={"bare.cpp": "MIT OR"})
+    assert rows["bare.cpp"][:2] == ("invalid", "record")
 
 
 def test_no_declared_licence_and_no_metadata_is_unknown():

@@ -13,6 +13,7 @@ from megacpp_pipeline.collect.jsonl_stream.config import JsonlConverterConfig
 from megacpp_pipeline.collect.jsonl_stream.convert import convert
 from megacpp_pipeline.collect.jsonl_stream.crash import CRASH_ENV, CRASH_POINTS, CrashPlan
 from megacpp_pipeline.collect.jsonl_stream.errors import (
+    CompressedInputError,
     InputChangedError,
     InputMissingError,
     JsonlIngestError,
@@ -53,6 +54,7 @@ __all__ = [
     "STATE_FILE",
     "TRAIN_DIR",
     "VALIDATION_DIR",
+    "CompressedInputError",
     "ConversionReport",
     "CrashPlan",
     "InputChangedError",

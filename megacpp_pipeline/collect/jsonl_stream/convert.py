@@ -27,6 +27,7 @@ from megacpp_pipeline.collect.jsonl_stream.durable import (
     write_atomic,
 )
 from megacpp_pipeline.collect.jsonl_stream.errors import (
+    CompressedInputError,
     InputChangedError,
     InputMissingError,
     OutputLockedError,
@@ -34,7 +35,9 @@ from megacpp_pipeline.collect.jsonl_stream.errors import (
 )
 from megacpp_pipeline.collect.jsonl_stream.reader import (
     JSONL_RECORDS,
+    MAGIC_BYTES,
     RecordReject,
+    compression_problem,
     parse_line,
     torn_tail_reject,
 )
@@ -288,6 +291,8 @@ def convert(
         resumed_from = state.offset
         with _open_input_waiting(input_path, config) as f:
             size = os.fstat(f.fileno()).st_size
+            if problem := compression_problem(input_path, os.pread(f.fileno(), MAGIC_BYTES, 0)):
+                raise CompressedInputError(problem)
             output.check_input_matches_state(input_path, state, f, size)
             if state.finalized:
                 if size > state.input_bytes_at_end:

@@ -31,3 +31,7 @@ class OutputLockedError(JsonlIngestError):
 
 class ShardTooLargeError(JsonlIngestError):
     pass
+
+
+class CompressedInputError(JsonlIngestError):
+    """The input is a compressed file (gzip, zstd, ...), not JSONL text."""

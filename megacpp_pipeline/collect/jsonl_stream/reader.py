@@ -38,6 +38,9 @@ class RecordReject(BaseModel):
     byte_offset: int  # where the line starts in the input
     field: str  # a record field, or "<json>" / "<record>" / "<line>" for the line itself
     reason: str
+    # the record's `path` where it was a non-empty string: a record rejected for another
+    # field is still named by the file it meant
+    path: str | None = None
 
     def describe(self, input_path: Path | str) -> str:
         return f"{input_path}:{self.line_no}: field '{self.field}': {self.reason}"
@@ -47,6 +50,13 @@ def parse_line(line: bytes, line_no: int, offset: int) -> dict[str, object] | Re
     """One JSONL line -> a normalized record, or the reject naming the first bad field."""
     try:
         obj = json.loads(line)
+    except RecursionError:
+        return RecordReject(
+            line_no=line_no,
+            byte_offset=offset,
+            field="<json>",
+            reason="nested deeper than the JSON reader can follow",
+        )
     except UnicodeDecodeError as exc:
         return RecordReject(
             line_no=line_no, byte_offset=offset, field="<json>", reason=f"not UTF-8: {exc.reason}"
@@ -63,12 +73,16 @@ def parse_line(line: bytes, line_no: int, offset: int) -> dict[str, object] | Re
             reason=f"a JSON object expected, got {type(obj).__name__}",
         )
     record: dict[str, object] = {}
+    meant = obj.get("path")
+    path = meant if isinstance(meant, str) and meant and _encodable(meant) else None
     for name in (*_REQUIRED_FIELDS, *_OPTIONAL_FIELDS):
         value = obj.get(name)
         if value is None:
             if name in _REQUIRED_FIELDS:
                 reason = "missing" if name not in obj else "null, a string expected"
-                return RecordReject(line_no=line_no, byte_offset=offset, field=name, reason=reason)
+                return RecordReject(
+                    line_no=line_no, byte_offset=offset, field=name, reason=reason, path=path
+                )
             record[name] = None
             continue
         if not isinstance(value, str):
@@ -77,24 +91,60 @@ def parse_line(line: bytes, line_no: int, offset: int) -> dict[str, object] | Re
                 byte_offset=offset,
                 field=name,
                 reason=f"a string expected, got {type(value).__name__}",
+                path=path,
             )
         if name == "path" and not value:
             return RecordReject(line_no=line_no, byte_offset=offset, field=name, reason="empty")
-        # A JSON \uD800-style escape decodes to a lone surrogate that UTF-8 (and Arrow)
-        # cannot hold. isascii() is O(1) in CPython, so only non-ASCII text pays for the check.
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return RecordReject(
-                    line_no=line_no,
-                    byte_offset=offset,
-                    field=name,
-                    reason="holds a lone UTF-16 surrogate escape, not encodable as UTF-8",
-                )
+        if not _encodable(value):
+            return RecordReject(
+                line_no=line_no,
+                byte_offset=offset,
+                field=name,
+                reason="holds a lone UTF-16 surrogate (escaped or raw), not encodable as UTF-8",
+                path=path,
+            )
         record[name] = value
     record["line_no"] = line_no
     return record
+
+
+def _encodable(value: str) -> bool:
+    """Whether UTF-8 (and Arrow) can hold `value`: a JSON \\uD800-style escape (or its raw
+    bytes, which json decodes with surrogatepass) gives a lone surrogate that it cannot.
+    isascii() is O(1) in CPython, so only non-ASCII text pays for the check."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# What a compressed file starts with: JSONL read as text would be nothing but rejected lines
+_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"BZh", "bzip2"),
+)
+MAGIC_BYTES = max(len(magic) for magic, _ in _MAGIC)
+
+
+def compressed_format(head: bytes) -> str | None:
+    """The compression a file starting with `head` is in (gzip, zstd, xz, bzip2), if any."""
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
+
+
+def compression_problem(path: Path, head: bytes) -> str | None:
+    """Why `path` (starting with `head`) cannot be read as JSONL text, when it is compressed."""
+    kind = compressed_format(head)
+    if kind is None:
+        return None
+    return (
+        f"{path}: is {kind}-compressed, not JSONL text; decompress it first "
+        "(records are located by byte offset, which a compressed stream does not have)"
+    )
 
 
 def torn_tail_reject(line_no: int, offset: int, size: int) -> RecordReject:
@@ -114,26 +164,35 @@ def iter_records(path: Path, rejects: list[RecordReject] | None = None) -> Itera
 
 
 def iter_located_records(
-    path: Path, rejects: list[RecordReject] | None = None, max_line_bytes: int | None = None
+    path: Path,
+    rejects: list[RecordReject] | None = None,
+    max_line_bytes: int | None = None,
+    *,
+    at_rest: bool = False,
 ) -> Iterator[tuple[dict, int, int]]:
     """iter_records, each record with its line's byte offset and length (record_at reads
-    it again from there). A line longer than `max_line_bytes` is rejected unread: memory
-    holds at most that much of one line (a file of a single 10 GB line is not read whole)."""
+    it again from there). A line longer than `max_line_bytes` (its newline not counted) is
+    rejected unread: memory holds at most that much of one line (a file of a single 10 GB
+    line is not read whole). A last line without a newline is a record still being written
+    and rejected, unless the file is `at_rest` (a pinned export, which may simply not end in
+    a newline): then it is read like any other."""
     line_no = 0
     offset = 0
+    limit = -1 if max_line_bytes is None else max_line_bytes + 1
     with open(path, "rb") as f:
-        while line := f.readline(-1 if max_line_bytes is None else max_line_bytes + 1):
+        while line := f.readline(limit):
             line_no += 1
             start = offset
             offset += len(line)
-            if max_line_bytes is not None and len(line) > max_line_bytes:
-                offset += _skip_line(f)
+            complete = line.endswith(b"\n")
+            if max_line_bytes is not None and len(line) > max_line_bytes and not complete:
+                skipped, newline = _skip_line(f)
+                offset += skipped
                 if rejects is not None:
-                    rejects.append(
-                        _long_line_reject(line_no, start, offset - start, max_line_bytes)
-                    )
+                    size = offset - start - newline  # the line's bytes, its newline not counted
+                    rejects.append(_long_line_reject(line_no, start, size, max_line_bytes))
                 continue
-            if not line.endswith(b"\n"):
+            if not complete and not at_rest:
                 if rejects is not None:
                     rejects.append(torn_tail_reject(line_no, start, len(line)))
                 break
@@ -147,14 +206,15 @@ def iter_located_records(
                 yield parsed, start, len(line)
 
 
-def _skip_line(f: BinaryIO) -> int:
-    """Bytes up to and through the next newline (or the end), read a block at a time."""
+def _skip_line(f: BinaryIO) -> tuple[int, bool]:
+    """(bytes up to and through the next newline or the end, read a block at a time;
+    whether a newline ended them)."""
     skipped = 0
     while block := f.readline(1 << 20):
         skipped += len(block)
         if block.endswith(b"\n"):
-            break
-    return skipped
+            return skipped, True
+    return skipped, False
 
 
 def _long_line_reject(line_no: int, offset: int, size: int, limit: int) -> RecordReject:

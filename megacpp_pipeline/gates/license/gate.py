@@ -1,6 +1,12 @@
 """The license gate over an Arrow table: per file, the licence it rests on (SPDX tags, REUSE
 metadata, a standard notice, the repository's declared licence, none, in that order), the
 policy's decision, the kept table with the licence columns, the ledger and the stats.
+
+A licence the file's record declares (a JSONL export's `license` field) is another party's
+word on the file, like the source's declared licence: where the file says nothing itself it
+takes that licence's place (when the policy lets declared licences count), and where the file
+does say, both must allow the file (their AND is decided), so a record can narrow what a file
+may be used for but never widen it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from megacpp_pipeline.gates.license.reuse import (
 )
 from megacpp_pipeline.gates.license.spdx import spdx_lists
 
-LicenseSource = Literal["file", "reuse", "notice-text", "repo-declared", "none"]
+LicenseSource = Literal["file", "reuse", "notice-text", "record", "repo-declared", "none"]
 
 
 class LicenseInputError(ValueError):
@@ -62,11 +68,13 @@ def run(
     *,
     declared_license: str | None,
     reuse_files: Mapping[str, bytes] | None = None,
+    record_licenses: Mapping[str, str] | None = None,
 ) -> GateResult:
     """Keep the files whose licence policy allows (their columns plus the licence ones,
     schemas.LICENSE_FIELDS); ledger the rest
     with the expression and the reason. `reuse_files` maps POSIX paths relative to the
-    source root to the bytes of every REUSE.toml, .reuse/dep5 and *.license file."""
+    source root to the bytes of every REUSE.toml, .reuse/dep5 and *.license file;
+    `record_licenses` maps a path to the expression its record declares (module docstring)."""
     missing = [name for name in schemas.NORMALIZED_FILES.names if name not in table.column_names]
     if missing:
         raise LicenseInputError(missing)
@@ -130,6 +138,11 @@ def run(
         else:
             findings.append(fallback)
 
+    if record_licenses:
+        for k, path in enumerate(paths):
+            if (declared := record_licenses.get(path)) is not None:
+                findings[k] = _with_record(findings[k], declared, policy)
+
     verdicts: dict[_Finding, _Verdict] = {}
     decided: dict[str, Decision] = {}
     stats: Counter[str] = Counter()
@@ -175,6 +188,19 @@ def run(
     stats["files_in"] = table.num_rows
     stats["files_kept"] = kept.num_rows
     return GateResult(kept=kept, dropped=dropped, stats=stats)
+
+
+def _with_record(finding: _Finding, declared: str, policy: LicensePolicy) -> _Finding:
+    """`finding` once the file's record declares `declared` (the module docstring's rule)."""
+    source, origin, expressions = finding
+    said = "the licence its JSONL record declares"
+    if source in ("repo-declared", "none"):
+        if not policy.allow_repo_declared:
+            return finding
+        return ("record", said, (declared,))
+    if not expressions:  # REUSE metadata that cannot be read: invalid whatever the record says
+        return finding
+    return (source, f"{origin}, and {said}", (*expressions, declared))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ ReuseSource = Literal["file", "reuse"]
 def is_reuse_metadata_path(path: str) -> bool:
     """Files the collector must hand to this gate: REUSE.toml anywhere, the root
     .reuse/dep5, and `<file>.license` sidecars."""
+    if path.startswith("/"):  # not a file of the source (a JSONL record's licence)
+        return False
     name = PurePosixPath(path).name
     return (
         name == "REUSE.toml"
