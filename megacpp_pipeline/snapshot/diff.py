@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,17 +143,38 @@ def _merged_changes(old_dir: Path, new_dir: Path) -> dict[str, dict[str, list[st
     for source in dict.fromkeys([*new.runs, *old.runs]):
         found: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
         before = Cursor(old.rows(source), "path", _LEDGER_SCHEMA)
-        for chunk in new.rows(source):
+        for chunk in _whole_paths(new.rows(source)):
             _compare(before.upto(chunk["path"][-1].as_py()), chunk, found)
         for rest in before.rest():
             found["removed"] += rest["path"].to_pylist()
-        out[source] = {what: sorted(paths) for what, paths in found.items() if paths}
+        out[source] = {
+            what: sorted(set(paths)) for what, paths in found.items() if paths
+        }  # a path ledgered twice (ambiguous copies) is named once
     return out
+
+
+def _whole_paths(chunks: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    """`chunks` (sorted by path) re-cut so that no path's rows span two of them: a source's
+    ledger can name a path twice (every copy of an ambiguous name is ledgered), and a row
+    group may end between those rows."""
+    held: pa.Table | None = None
+    for chunk in chunks:
+        if held is not None:
+            chunk = pa.concat_tables([held, chunk])
+        last = chunk["path"][-1]
+        tail = pc.equal(chunk["path"], last)
+        held = chunk.filter(tail)
+        if held.num_rows < chunk.num_rows:
+            yield chunk.filter(pc.invert(tail))
+    if held is not None:
+        yield held
 
 
 def _compare(old: pa.Table, new: pa.Table, found: dict[str, list[str]]) -> None:
     """The paths of `new` not in `old` (added), of `old` not in `new` (removed), and in both
-    with another sha256 (changed; a missing one counts as another), by two hash lookups."""
+    with another sha256 (changed; a missing one counts as another), by two hash lookups. A
+    path ledgered more than once compares the sorted sha256s of all its rows."""
+    old, new = _one_row_per_path(old), _one_row_per_path(new)
     at = pc.index_in(new["path"], value_set=old["path"])
     found["added"] += new["path"].filter(pc.is_null(at)).to_pylist()
     back = pc.index_in(old["path"], value_set=new["path"])
@@ -165,6 +186,27 @@ def _compare(old: pa.Table, new: pa.Table, found: dict[str, list[str]]) -> None:
         pc.fill_null(pc.equal(was, now), False), pc.and_(pc.is_null(was), pc.is_null(now))
     )
     found["changed"] += new["path"].filter(both).filter(pc.invert(same)).to_pylist()
+
+
+def _one_row_per_path(table: pa.Table) -> pa.Table:
+    """`table` with the rows of a path named more than once folded into one, its sha256 the
+    sorted sha256s of those rows (rare: every copy of an ambiguous name is ledgered)."""
+    if pc.count_distinct(table["path"]).as_py() == table.num_rows:
+        return table
+    hashes: dict[str, list[str]] = {}
+    first: dict[str, str] = {}
+    columns = (table[c].to_pylist() for c in ("source_id", "path", "sha256"))
+    for source, path, digest in zip(*columns, strict=True):
+        first.setdefault(path, source)
+        hashes.setdefault(path, []).append("" if digest is None else digest)
+    return pa.table(
+        {
+            "source_id": list(first.values()),
+            "path": list(first),
+            "sha256": [",".join(sorted(d)) for d in hashes.values()],
+        },
+        schema=_LEDGER_SCHEMA,
+    )
 
 
 def _joined_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:

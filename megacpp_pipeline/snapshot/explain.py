@@ -125,9 +125,10 @@ def find_by_sha256(snapshot_dir: Path, digest: str) -> list[tuple[str, str]]:
     snap = Path(snapshot_dir)
     digest = digest.lower()
     hits: list[tuple[str, str]] = []
-    ledger = pq.read_table(snap / layout.LEDGER, columns=["source_id", "path", "sha256"])
-    found = ledger.filter(pc.equal(ledger["sha256"], digest))
-    hits += list(zip(found["source_id"].to_pylist(), found["path"].to_pylist(), strict=True))
+    if "sha256" in pq.read_schema(snap / layout.LEDGER).names:  # older ledgers lack it
+        ledger = pq.read_table(snap / layout.LEDGER, columns=["source_id", "path", "sha256"])
+        found = ledger.filter(pc.equal(ledger["sha256"], digest))
+        hits += list(zip(found["source_id"].to_pylist(), found["path"].to_pylist(), strict=True))
     files = read_document_files(snap, ["source_id", "path", "content_sha256"])
     found = files.filter(pc.equal(files["content_sha256"], digest))
     hits += list(zip(found["source_id"].to_pylist(), found["path"].to_pylist(), strict=True))

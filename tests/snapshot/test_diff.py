@@ -80,3 +80,40 @@ def test_a_ledger_out_of_path_order_is_joined_whole(tmp_path: Path) -> None:
     assert diff._file_changes(old, new) == {
         "a": {"added": ["c.h"], "removed": ["z.h"], "changed": ["b.h"]}
     }
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
+def test_a_path_ledgered_twice_gives_one_answer_wherever_row_groups_end(
+    tmp_path: Path, group: int
+) -> None:
+    """Every copy of an ambiguous name is ledgered, so a source can name a path twice; the
+    merge said `changed` twice, or `added` and `changed`, depending on where a row group
+    ended between those rows."""
+    old_rows = [("a", "a.h", "1"), ("a", "dup.h", "7"), ("a", "z.h", "1")]
+    new_rows = [("a", "a.h", "1"), ("a", "dup.h", "7"), ("a", "dup.h", "8"), ("a", "z.h", "1")]
+    old = ledger(tmp_path / "old", old_rows, group=group)
+    new = ledger(tmp_path / "new", new_rows, group=group)
+    expected = {"a": {"changed": ["dup.h"]}}
+    assert diff._merged_changes(old, new) == expected
+    assert diff._joined_changes(old, new) == expected
+    same = ledger(tmp_path / "same", new_rows, group=5 - group)
+    assert diff._merged_changes(new, same) == {"a": {}}
+    assert diff._merged_changes(new, old) == expected
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_merge_agrees_with_the_join_when_paths_repeat(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    paths = [f"{k:02d}.h" for k in range(12)]
+
+    def draw() -> list[tuple[str, str, str | None]]:
+        rows = [
+            ("a", p, rng.choice(["h1", "h2"]))
+            for p in paths
+            for _ in range(rng.choice([0, 1, 1, 2, 3]))
+        ]
+        return sorted(rows, key=lambda r: r[1])
+
+    old = ledger(tmp_path / "old", draw(), group=rng.randrange(1, 5))
+    new = ledger(tmp_path / "new", draw(), group=rng.randrange(1, 5))
+    assert diff._merged_changes(old, new) == diff._joined_changes(old, new)

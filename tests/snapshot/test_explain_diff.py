@@ -147,3 +147,23 @@ def test_sha256_answers_in_corpus_when_any_copy_is_kept(two_snapshots: dict) -> 
     code, text = megacpp("explain", snap, "--sha256", digest)
     assert "repo:third_party/lib1/container.hpp" in text, text  # the dropped copy
     assert "tree:include/lib1/container.hpp" in text and code == 0, text
+
+
+def test_sha256_reads_a_ledger_written_before_it_held_hashes(
+    two_snapshots: dict, tmp_path: Path
+) -> None:
+    """Snapshots from before the ledger's sha256 column: the kept documents still answer."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    old = tmp_path / "old-snapshot"
+    shutil.copytree(two_snapshots["first"], old)
+    ledger = pq.read_table(old / "ledger.parquet")
+    pq.write_table(ledger.drop_columns(["sha256"]), old / "ledger.parquet")
+    data = (
+        two_snapshots["root"] / "corpus_dir" / "include" / "lib3" / "container.hpp"
+    ).read_bytes()
+    code, text = megacpp("explain", str(old), "--sha256", hashlib.sha256(data).hexdigest())
+    assert code == 0, text
+    assert "tree:include/lib3/container.hpp" in text
