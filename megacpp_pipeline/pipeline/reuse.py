@@ -96,6 +96,11 @@ def fingerprint(root: Path, libraries: Iterable[str]) -> str:
     return h.hexdigest()
 
 
+# catalog sections whose readers declare them (Stage.version_data), and no per-source stage
+# reads undeclared
+_DECLARED_SECTIONS = ("removals", "benchmarks")
+
+
 def inputs_id(
     ctx: StageContext,
     stage: Stage,
@@ -115,6 +120,11 @@ def inputs_id(
     del catalog["stages"]  # a stage's config is in its code version, with those it reads
     if stage.per_source:  # a source's partition sees the catalog's settings and its own entry
         catalog["sources"] = [s for s in catalog["sources"] if s["id"] == partition]
+        # the removal requests and the benchmarks are read by the stages that declare them
+        # (their code versions hold them, their salts what each source's files meet), so an
+        # edit to them leaves every other stage's version of a source standing
+        for section in _DECLARED_SECTIONS:
+            del catalog[section]
     h.update(canonical_json(catalog) + b"\0")
     h.update(canonical_json(sorted(set(salts))) + b"\0")
     only = None

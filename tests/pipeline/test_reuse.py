@@ -435,6 +435,7 @@ def test_a_removal_request_added_that_removes_nothing_still_moves_the_snapshot(
     first = context(tmp_path, catalog, "first", workers=2)
     run_all(first)
     promoted = first.store.latest("snapshot")
+    before = _latest(first)
     assert promoted.extra["removals"]["entries"] == 1
     with requests.open("a") as f:
         f.write('{"source": "repo", "path": "nor/this/**"}\n')
@@ -443,3 +444,30 @@ def test_a_removal_request_added_that_removes_nothing_still_moves_the_snapshot(
     rebuilt = again.store.latest("snapshot")
     assert rebuilt.version != promoted.version and rebuilt.extra["removals"]["entries"] == 2
     assert f"snapshot: its inputs are those of {promoted.version}, {STANDING}" not in lines
+    after = _latest(again)
+    for stage in ("normalized_files", "licensed_files", "scrubbed_files", "tokenized_docs"):
+        assert after[stage, "tree"] == before[stage, "tree"], stage
+
+
+def test_a_removal_written_into_the_catalog_leaves_the_other_stages_versions_standing(
+    tmp_path: Path,
+) -> None:
+    """Every per-source stage's identity held the whole catalog, so a `removals:` entry
+    added to it computed every gate of every source again; the requests are in the removals
+    gate's identity (its code version and each source's salt), not in every stage's."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    first = context(tmp_path, catalog, "first", workers=2)
+    run_all(first)
+    before = _latest(first)
+    data = yaml.safe_load(catalog.read_text())
+    data["removals"] = [{"source": "repo", "path": "no/such/**"}]
+    catalog.write_text(yaml.safe_dump(data, sort_keys=False))
+    again = context(tmp_path, catalog, "again", workers=2)
+    run_all(again)
+    after = _latest(again)
+    for stage in ("normalized_files", "classified_files", "quality_files", "licensed_files"):
+        for source in ("tree", "repo"):
+            assert after[stage, source] == before[stage, source], (stage, source)
+    # the removals gate and what reads it are computed again: its code version, which every
+    # reader's identity holds, changed
+    assert after["removed_files", "repo"] != before["removed_files", "repo"]
