@@ -317,9 +317,12 @@ def _batch(
         if digests is not None:
             digests = [d for d, e in zip(digests, entries, strict=True) if not e.metadata_only]
         entries = [e for e in entries if not e.metadata_only]
-    kept = [e for e in entries if e.content is not None and wanted(e.path)]
+    is_kept = [e.content is not None and wanted(e.path) for e in entries]
+    kept = [e for e, k in zip(entries, is_kept, strict=True) if k]
     meta = said + [
-        e for e in entries if e.content is not None and not wanted(e.path) and is_metadata(e.path)
+        e
+        for e, k in zip(entries, is_kept, strict=True)
+        if not k and e.content is not None and is_metadata(e.path)
     ]
     contents = [e.content or b"" for e in kept]
     kept_table = pa.table(
@@ -336,8 +339,8 @@ def _batch(
     status: list[str] = []
     reasons: list[str | None] = []
     details: list[str | None] = []
-    for e in entries:
-        if e.content is not None and wanted(e.path):
+    for e, k in zip(entries, is_kept, strict=True):
+        if k:
             status.append("kept")
             reasons.append(None)
             details.append(None)

@@ -85,14 +85,25 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
 
 
 class PathFilter:
+    """Whether a path matches one of the include globs and none of the exclude globs; each
+    list is one regex (an alternation), so a path costs two matches however many globs."""
+
     def __init__(self, include: list[str], exclude: list[str]) -> None:
-        self._include = [glob_to_regex(p) for p in include]
-        self._exclude = [glob_to_regex(p) for p in exclude]
+        self._include = _any_of(include)
+        self._exclude = _any_of(exclude)
 
     def __call__(self, path: str) -> bool:
-        return any(r.match(path) for r in self._include) and not any(
-            r.match(path) for r in self._exclude
+        return (
+            self._include is not None
+            and self._include.match(path) is not None
+            and (self._exclude is None or self._exclude.match(path) is None)
         )
+
+
+def _any_of(globs: list[str]) -> re.Pattern[str] | None:
+    if not globs:
+        return None
+    return re.compile("|".join(f"(?:{glob_to_regex(g).pattern})" for g in globs))
 
 
 def safe_relpath(name: str) -> str | None:

@@ -711,3 +711,22 @@ def test_one_size_policy_refuses_a_file_naming_the_setting_without_reading_past_
     big = files["big.h"]
     assert big.reason == DropReason.TOO_LARGE and big.content is None
     assert big.detail is not None and "14000 bytes > max_file_bytes 4096" in big.detail
+
+
+@pytest.mark.parametrize("size_then", [0, 5, 99, 100, 5000])
+def test_a_file_is_read_to_its_end_whatever_size_it_had_when_stat_saw_it(
+    tmp_path: Path, size_then: int
+) -> None:
+    """read_entry reads straight from the descriptor, sized by fstat: a file that grew or
+    shrank after that is still read to its end, never past the limit."""
+    from megacpp_pipeline.collect.directory import _read_at_most
+
+    path = tmp_path / "f.h"
+    path.write_bytes(bytes(range(256)) * 12)  # 3,072 bytes
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _read_at_most(fd, size_then, 1 << 20) == path.read_bytes()
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert _read_at_most(fd, size_then, 1001) == path.read_bytes()[:1001]
+    finally:
+        os.close(fd)
