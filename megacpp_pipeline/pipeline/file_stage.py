@@ -102,10 +102,10 @@ class SliceResult:
 # Per process: each stage's gate and cache for one source, for the job it last ran. The
 # driver fills it before a local map forks (workers inherit the compiled gates); a Ray
 # worker fills it on its first task of a job.
-_PREPARED: dict[tuple[str, str, str], tuple[Any, FileResultCache]] = {}
+_PREPARED: dict[tuple[str, str, str], tuple[Any, FileResultCache | None]] = {}
 
 
-def _prepared(job: GateJob, link: Link, output: Output) -> tuple[Any, FileResultCache]:
+def _prepared(job: GateJob, link: Link, output: Output) -> tuple[Any, FileResultCache | None]:
     key = (job.token, link.stage.name, output.source)
     if key not in _PREPARED:
         if any(k[0] != job.token for k in _PREPARED):
@@ -122,7 +122,9 @@ def prepare_gate(ctx: StageContext, stage: Stage, source: str) -> PreparedGate:
 
 def _cache(
     ctx: StageContext, stage: Stage, output: Output, prepared: PreparedGate
-) -> FileResultCache:
+) -> FileResultCache | None:
+    if not prepared.cached:
+        return None
     return ctx.file_cache(stage, output.code_version, prepared.salt, output.source)
 
 

