@@ -22,6 +22,7 @@ import tiktoken
 import tokenizers
 from tokenizers import Tokenizer, decoders
 
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.snapshot import layout
 
 # tokenizers' ByteLevel pre-tokenizer regex (GPT-2's), as tiktoken takes it.
@@ -34,7 +35,7 @@ class EncoderMode(StrEnum):
     FAST = "fast"  # the fast encoder, or an error saying why not
 
 
-class FastEncoderRefusedError(ValueError):
+class FastEncoderRefusedError(FieldedError, ValueError):
     """`encoder: fast` was configured but the fast encoder cannot reproduce this artifact."""
 
     def __init__(self, artifact: str, rule: str) -> None:

@@ -19,6 +19,7 @@ import tokenizers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.storage.versions import sha256_file, write_bytes_atomic
 
 BOS = "<|bos|>"
@@ -44,7 +45,7 @@ PLACEHOLDER_TOKENS = (
 SPECIAL_TOKENS = (*CONTROL_TOKENS, *PLACEHOLDER_TOKENS)  # the id of each is its index here
 
 
-class TokenizerArtifactError(ValueError):
+class TokenizerArtifactError(FieldedError, ValueError):
     """The tokenizer artifact is not the one pinned, or breaks the special-token contract."""
 
     def __init__(self, path: str | os.PathLike[str], rule: str) -> None:

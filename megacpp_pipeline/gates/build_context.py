@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from megacpp_pipeline.core.errors import FieldedError
+
 LOCAL_PATH = "<LOCAL_PATH>"
 
 # Extensions of translation units. Header-like entries (.h, .hpp, none, ...) are ignored.
@@ -42,7 +44,7 @@ _PATH_IN_VALUE = re.compile(
 )
 
 
-class CompileDatabaseError(ValueError):
+class CompileDatabaseError(FieldedError, ValueError):
     """A compile database that is not a JSON compilation database; names file, entry, rule."""
 
     def __init__(self, origin: str, entry: int | None, rule: str) -> None:

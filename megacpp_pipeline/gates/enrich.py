@@ -54,6 +54,7 @@ import tree_sitter
 import tree_sitter_cpp
 from pydantic import BaseModel, ConfigDict, Field
 
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.core.schemas import BUILD_CONTEXT, ENRICH_FIELDS, extend
@@ -116,7 +117,7 @@ class EnrichConfig(BaseModel):
     mask_macro_noise: bool = True
 
 
-class ParseTimeout(Exception):
+class ParseTimeout(FieldedError):
     """tree-sitter was cancelled because one file ran over its parse budget."""
 
     def __init__(self, budget_seconds: float, offset: int, size: int) -> None:

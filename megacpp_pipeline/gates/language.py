@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates import cpp_text, vendored
@@ -106,7 +107,7 @@ class LanguageConfig(BaseModel):
         return value
 
 
-class LanguageInputError(ValueError):
+class LanguageInputError(FieldedError, ValueError):
     """The table handed to the gate lacks columns of normalized_files."""
 
     def __init__(self, missing: list[str]) -> None:

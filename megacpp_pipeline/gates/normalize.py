@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 
@@ -106,7 +107,7 @@ class NormalizeConfig(BaseModel):
         return value
 
 
-class NormalizeInputError(ValueError):
+class NormalizeInputError(FieldedError, ValueError):
     """The table handed to the gate is not a raw_files table."""
 
     def __init__(self, missing: Sequence[str]) -> None:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates import cpp_text
@@ -71,7 +72,7 @@ class QualityConfig(BaseModel):
         return self
 
 
-class QualityInputError(ValueError):
+class QualityInputError(FieldedError, ValueError):
     """The table handed to the gate lacks columns of normalized_files."""
 
     def __init__(self, missing: list[str]) -> None:

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from megacpp_pipeline.collect.source import glob_to_regex
 from megacpp_pipeline.core.catalog import RemovalSpec
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.core.schemas import git_blob_sha
@@ -34,7 +35,7 @@ from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.dedup import DedupConfig
 
 
-class RemovalError(ValueError):
+class RemovalError(FieldedError, ValueError):
     """A removal entry is wrong; names the file (and line) and the field."""
 
     def __init__(self, origin: str, field: str, rule: str) -> None:

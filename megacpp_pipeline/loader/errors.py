@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from megacpp_pipeline.core.errors import FieldedError
 
-class LoaderError(Exception):
+
+class LoaderError(FieldedError):
     """Base of every error the loader raises on purpose."""
 
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.loader import read_snapshot_manifest, split_shards
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.layout import COMPLETE, MANIFEST, SnapshotManifest
@@ -51,7 +52,7 @@ _DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 _NO_TOKENS = "no tokens to write: megatron-core cannot memory-map an empty .bin"
 
 
-class IndexedDatasetFormatError(Exception):
+class IndexedDatasetFormatError(FieldedError):
     def __init__(self, path: Path, field: str, rule: str) -> None:
         super().__init__(f"{path}: {field}: {rule}")
         self.path = path
@@ -59,7 +60,7 @@ class IndexedDatasetFormatError(Exception):
         self.rule = rule
 
 
-class MegatronExportError(Exception):
+class MegatronExportError(FieldedError):
     def __init__(self, source: Path, field: str, rule: str) -> None:
         super().__init__(f"{source}: {field}: {rule}")
         self.source = source

@@ -14,10 +14,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.core.catalog import BenchmarkSpec
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.storage.versions import sha256_file
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(FieldedError, ValueError):
     """A benchmark file does not match its entry; names the file, the field and the record."""
 
     def __init__(self, benchmark: str, file: Path, field: str, rule: str, line: int | None = None):

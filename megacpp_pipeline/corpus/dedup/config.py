@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.schemas import SCRUBBED_FILES
 
 
@@ -75,7 +76,7 @@ class DedupConfig(BaseModel):
         return self
 
 
-class DedupOrderError(ValueError):
+class DedupOrderError(FieldedError, ValueError):
     """The shard stream is not in canonical order, so 'lowest doc_index' would not mean
     'first source in the catalog, then path' and the kept copy would depend on the run."""
 
@@ -86,7 +87,7 @@ class DedupOrderError(ValueError):
         self.rule = rule
 
 
-class DedupInputError(ValueError):
+class DedupInputError(FieldedError, ValueError):
     """A shard lacks columns of schemas.SCRUBBED_FILES; names the shard."""
 
     def __init__(self, where: str, missing: list[str]) -> None:

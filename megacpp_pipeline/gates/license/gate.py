@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates.license.config import LicenseConfig
@@ -38,7 +39,7 @@ from megacpp_pipeline.gates.license.spdx import spdx_lists
 LicenseSource = Literal["file", "reuse", "notice-text", "record", "repo-declared", "none"]
 
 
-class LicenseInputError(ValueError):
+class LicenseInputError(FieldedError, ValueError):
     def __init__(self, missing: list[str]) -> None:
         super().__init__(f"license input lacks normalized_files column(s): {', '.join(missing)}")
         self.missing = missing

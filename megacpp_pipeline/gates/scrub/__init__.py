@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from megacpp_pipeline.core import schemas
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
 from megacpp_pipeline.gates.scrub.config import Placeholders, ScrubConfig
@@ -68,7 +69,7 @@ AUDIT_SCHEMA = pa.schema(
 )
 
 
-class ScrubError(ValueError):
+class ScrubError(FieldedError, ValueError):
     """A file whose scrubbed text still trips a detector (names the file and the detector)."""
 
     def __init__(self, path: str, finding: Finding) -> None:

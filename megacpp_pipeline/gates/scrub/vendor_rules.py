@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from re2 import _re2
 
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.gates.scrub.hits import Hit, Kind
 from megacpp_pipeline.gates.scrub.issuer_tokens import (
     PREFIXED_SCREEN,
@@ -52,7 +53,7 @@ GENERIC_RULE_PRIORITY = 5  # see detectors.DETECTORS
 PREFIXED_TOKEN_PRIORITY = 5
 
 
-class VendorRulesError(ValueError):
+class VendorRulesError(FieldedError, ValueError):
     """The vendored rule file is not the pinned one or does not parse (names the file and,
     where one is at fault, the rule)."""
 
