@@ -10,7 +10,9 @@ arrays); text never travels through the executor.
 Results come back in item order whatever order the tasks finish in, so the reduce, and so
 every version and the snapshot, is the same on either executor and any number of workers.
 A task whose worker dies (killed, out of memory) runs again, up to `retries` times; a task
-that raises fails the map with its own exception (a gate error still names its file).
+that raises fails the map with its own exception (a gate error still names its file), carried
+back by the worker as a result (pipeline/task_error.py), so it is never mistaken for a dead
+worker and run again.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 from megacpp_pipeline.pipeline.memory import bound_malloc
 from megacpp_pipeline.pipeline.parallel import cpu_count, worker_init
+from megacpp_pipeline.pipeline.task_error import TaskError
 
 J = TypeVar("J")
 T = TypeVar("T")
@@ -103,10 +106,29 @@ class Timed:
     busy_s: float
 
 
+# what a worker sends back for a task: its result, timed, or its error (never raised there)
+Outcome = Timed | TaskError
+
+
 def run_timed(task: Task[J, T, R], job: J, item: T, node: str) -> Timed:
     started = time.perf_counter()
     value = task(job, item)
     return Timed(value, node, time.perf_counter() - started)
+
+
+def run_carried(task: Task[J, T, R], job: J, item: T, node: str) -> Outcome:
+    """`run_timed` in a worker: the task's error comes back as its result, whole."""
+    try:
+        return run_timed(task, job, item, node)
+    except Exception as error:
+        return TaskError.of(error)
+
+
+def taken(result: Outcome) -> Timed:
+    """A worker's result, or its task's error raised here."""
+    if isinstance(result, TaskError):
+        raise result.error()
+    return result
 
 
 # A forked worker's job, set by its initializer (never in the parent: the pool hands the job
@@ -122,10 +144,10 @@ def _worker_init(task: Callable[..., Any], job: Any) -> None:
     _JOB = (task, job)
 
 
-def _run_in_worker(item: Any) -> Timed:
+def _run_in_worker(item: Any) -> Outcome:
     assert _JOB is not None, "worker started without a fork"
     task, job = _JOB
-    return run_timed(task, job, item, _HOST)
+    return run_carried(task, job, item, _HOST)
 
 
 class LocalExecutor:
@@ -238,7 +260,7 @@ class LocalExecutor:
         worker dies, what finished is kept and a new pool runs the rest."""
         n = len(items)
         width = n if window is None else window
-        results: dict[int, Timed] = {}
+        results: dict[int, Outcome] = {}
         next_out = 0
         attempts = 0
         while next_out < n:
@@ -270,7 +292,7 @@ class LocalExecutor:
                         except BrokenProcessPool:
                             broken = True
                             break
-                    timed = results.pop(next_out)
+                    timed = taken(results.pop(next_out))
                     self.stats.count(timed.node, timed.busy_s)
                     next_out += 1
                     yield timed
@@ -286,6 +308,7 @@ class LocalExecutor:
                         exc = future.exception()
                         if exc is None:
                             results[i] = future.result()
+                            taken(results[i])  # a task's error fails the map now
                         elif not isinstance(exc, BrokenProcessPool):
                             raise exc
             except BaseException:
@@ -306,7 +329,7 @@ class LocalExecutor:
 
 def _start_pool(
     task: Callable[..., Any], job: Any, items: list[Any], todo: list[int], workers: int
-) -> tuple[ProcessPoolExecutor, dict[int, Future[Timed]], multiprocessing.util.Finalize]:
+) -> tuple[ProcessPoolExecutor, dict[int, Future[Outcome]], multiprocessing.util.Finalize]:
     """A pool forked now, the job handed to its workers through the fork, and every item of
     `todo` submitted to it (a fork-context pool forks all its workers at the first submit);
     more items may be submitted later."""
@@ -324,7 +347,7 @@ def _start_pool(
         # exiting: a forked process's exit joins its children (after the finalizers with an
         # exit priority, which end the pool first).
         end = multiprocessing.util.Finalize(pool, _terminate, args=(pool,), exitpriority=10)
-        futures: dict[int, Future[Timed]] = {}
+        futures: dict[int, Future[Outcome]] = {}
         for i in todo:  # a worker that dies this early breaks the pool: the map sees it
             if not _submit(pool, None, items[i], futures, i):
                 break
@@ -409,7 +432,7 @@ def _submit(
     pool: ProcessPoolExecutor,
     light: tuple[int, bytes] | None,
     item: Any,
-    futures: dict[int, Future[Timed]],
+    futures: dict[int, Future[Outcome]],
     i: int,
 ) -> bool:
     """Item `i` handed to the pool (into `futures`); False when the pool is broken."""
@@ -423,13 +446,13 @@ def _submit(
     return True
 
 
-def _run_light(key: int, blob: bytes, item: Any) -> Timed:
+def _run_light(key: int, blob: bytes, item: Any) -> Outcome:
     global _LIGHT_JOB
     if _LIGHT_JOB is None or _LIGHT_JOB[0] != key:
         task, job = pickle.loads(blob)
         _LIGHT_JOB = (key, task, job)
     _, task, job = _LIGHT_JOB
-    return run_timed(task, job, item, _HOST)
+    return run_carried(task, job, item, _HOST)
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:

@@ -8,7 +8,9 @@ before the first result is taken, and results are taken in item order, so the dr
 reduce and commit are the local engine's, and so is the snapshot.
 
 A task whose worker or node dies is retried by Ray (`max_retries`); a task that raises (a
-gate error naming a file) fails the map with that error.
+gate error naming a file) fails the map with that error, carried back as the task's result
+(pipeline/task_error.py): Ray would otherwise hand the driver an error whose class does not
+pickle as an UnserializableException, its type lost.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from megacpp_pipeline.pipeline.executor import (
     T,
     Task,
     Timed,
+    run_carried,
     run_timed,
+    taken,
 )
 from megacpp_pipeline.pipeline.memory import bound_malloc
+from megacpp_pipeline.pipeline.task_error import TaskError
 
 try:
     import ray
@@ -63,10 +68,10 @@ def release() -> None:
 
 
 @ray.remote(max_retries=TASK_RETRIES, num_cpus=1)
-def _run(job: tuple[Any, Any], item: Any) -> Timed:
+def _run(job: tuple[Any, Any], item: Any) -> Timed | TaskError:
     bound_malloc()  # once per worker process
     task, value = job
-    return run_timed(task, value, item, ray.get_runtime_context().get_node_id())
+    return run_carried(task, value, item, ray.get_runtime_context().get_node_id())
 
 
 class RayExecutor:
@@ -100,7 +105,7 @@ class RayExecutor:
     def run_apart(self, task: Task[J, T, R], job: J, item: T) -> R:
         """One task on the cluster, not in the driver."""
         connect(self.engine, self.local_cpus)
-        timed: Timed = ray.get(_run.remote(ray.put((task, job)), item))
+        timed = taken(ray.get(_run.remote(ray.put((task, job)), item)))
         self.stats.count(timed.node, timed.busy_s)
         value: R = timed.value
         return value
@@ -116,15 +121,16 @@ class RayExecutor:
         connect(self.engine, self.local_cpus)
         job_ref = ray.put((task, job))
         refs = [_run.remote(job_ref, item) for item in items]
-        taken = 0
+        done = 0
         try:
             for ref in refs:
-                timed = ray.get(ref)
-                taken += 1
+                result = ray.get(ref)
+                done += 1
+                timed = taken(result)  # a task's error raised here, whole
                 self.stats.count(timed.node, timed.busy_s)
                 yield timed
         finally:
             # a failed or abandoned map leaves nothing running (only the tasks not taken:
             # cancelling a finished one can trip Ray's own task bookkeeping)
-            for ref in refs[taken:]:
+            for ref in refs[done:]:
                 ray.cancel(ref)

@@ -16,10 +16,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from megacpp_pipeline.corpus.dedup.config import DedupOrderError
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.pipeline import executor as executor_module
 from megacpp_pipeline.pipeline.executor import LocalExecutor, TaskLost
 from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
+from megacpp_pipeline.pipeline.task_error import TaskFailed
 from tests.gates.test_normalize import HEADER, raw_table
 
 
@@ -96,6 +98,52 @@ def _refuse(job: None, x: int) -> int:
 def test_a_task_error_is_raised_with_its_type_and_message():
     with pytest.raises(ValueError, match=r"include/a7.hpp: refused by the test gate"):
         list(LocalExecutor(2, cap=False).map(_refuse, None, range(10)))
+
+
+def _out_of_order(job: None, x: int) -> int:
+    if x == 3:
+        raise DedupOrderError("tree", "src/a.cc", "paths must increase in a source")
+    return x
+
+
+class _Unpicklable(ValueError):
+    """An error built from fields with no way back through pickle (what DedupOrderError was)."""
+
+    def __init__(self, path: str, rule: str) -> None:
+        super().__init__(f"{path}: {rule}")
+        self.path = path
+
+
+def _refuse_unpicklably(job: None, x: int) -> int:
+    if x == 4:
+        raise _Unpicklable("include/a4.hpp", "refused by a gate whose error does not pickle")
+    return x
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["map", "light map"])
+def test_a_gate_error_built_from_fields_reaches_the_driver_whole_and_is_not_rerun(light: bool):
+    executor = LocalExecutor(2, cap=False)
+    run = executor.map_light if light else executor.map
+    with pytest.raises(DedupOrderError) as raised:
+        list(run(_out_of_order, None, range(8)))
+    assert str(raised.value) == "tree:src/a.cc: paths must increase in a source"
+    assert raised.value.path == "src/a.cc"
+    assert "_out_of_order" in str(raised.value.__cause__)  # the worker's traceback
+    assert executor.stats.retried == 0  # an error is not a dead worker
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["map", "light map"])
+def test_an_error_that_cannot_be_rebuilt_is_raised_naming_its_type_and_message(light: bool):
+    executor = LocalExecutor(2, cap=False)
+    run = executor.map_light if light else executor.map
+    with pytest.raises(TaskFailed) as raised:
+        list(run(_refuse_unpicklably, None, range(8)))
+    assert raised.value.type_name == f"{__name__}._Unpicklable"
+    assert str(raised.value) == (
+        f"{__name__}._Unpicklable: include/a4.hpp: refused by a gate whose error does not pickle"
+    )
+    assert "_refuse_unpicklably" in str(raised.value.__cause__)
+    assert executor.stats.retried == 0
 
 
 def _started(folder: str, x: int) -> pa.Table:

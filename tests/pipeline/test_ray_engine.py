@@ -38,10 +38,12 @@ except ImportError:  # the ray (or cluster) extra; deselected tests then report 
     ray = None
 
 from megacpp_pipeline.core.gate import GateResult
+from megacpp_pipeline.corpus.dedup.config import DedupOrderError
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.engine import Engine, EngineKind
 from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Registry, Stage
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
+from megacpp_pipeline.pipeline.task_error import TaskFailed
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 from tests.fixtures.catalogs import load_catalog
@@ -328,6 +330,7 @@ from tests.fixtures.catalogs import load_catalog
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.engine import Engine, EngineKind
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
+from megacpp_pipeline.pipeline.task_error import TaskFailed
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 
@@ -580,3 +583,52 @@ def test_a_ray_worker_killed_in_every_corpus_wide_map_is_retried_to_the_local_ve
                 got = on_ray.store.read_table(m, table)
                 assert got.equals(local.store.read_table(base, table)), (name, table)
         assert [f.sha256 for f in m.files] == [f.sha256 for f in base.files], name
+
+
+# --- a task's error, and a local instance beside a cluster ----------------------------------
+@pytest.fixture
+def local_instance() -> Iterator[RayExecutor]:
+    """The ray engine with no address: a local Ray instance of two CPUs, ended after."""
+    try:
+        yield RayExecutor(Engine(EngineKind.RAY), 2)
+    finally:
+        release()
+
+
+def _out_of_order(job: None, x: int) -> int:
+    if x == 3:
+        raise DedupOrderError("tree", "src/a.cc", "paths must increase in a source")
+    return x
+
+
+class _Unpicklable(ValueError):
+    """An error built from fields with no way back through pickle."""
+
+    def __init__(self, path: str, rule: str) -> None:
+        super().__init__(f"{path}: {rule}")
+        self.path = path
+
+
+def _refuse_unpicklably(job: None, x: int) -> int:
+    if x == 4:
+        raise _Unpicklable("include/a4.hpp", "refused by a gate whose error does not pickle")
+    return x
+
+
+def test_a_gate_error_on_ray_reaches_the_driver_with_its_own_type(local_instance: RayExecutor):
+    with pytest.raises(DedupOrderError) as raised:
+        list(local_instance.map(_out_of_order, None, range(6)))
+    assert type(raised.value) is DedupOrderError  # not Ray's wrapper, not a lost type
+    assert str(raised.value) == "tree:src/a.cc: paths must increase in a source"
+    assert "_out_of_order" in str(raised.value.__cause__)  # the worker's traceback
+
+
+def test_an_error_that_does_not_pickle_on_ray_is_raised_naming_its_type_and_message(
+    local_instance: RayExecutor,
+):
+    with pytest.raises(TaskFailed) as raised:
+        list(local_instance.map(_refuse_unpicklably, None, range(6)))
+    assert raised.value.type_name.endswith("._Unpicklable")
+    assert str(raised.value).endswith(
+        "._Unpicklable: include/a4.hpp: refused by a gate whose error does not pickle"
+    )
