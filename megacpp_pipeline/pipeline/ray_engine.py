@@ -43,7 +43,8 @@ except ImportError as e:  # the `ray` extra is optional
 
 def connect(engine: Engine, local_cpus: int) -> None:
     """Join the engine's cluster once per process; with no address (and no RAY_ADDRESS), a
-    local Ray instance of `local_cpus`, on loopback."""
+    local Ray instance of `local_cpus`, on loopback, started for this process whatever
+    cluster already runs on the host."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -51,9 +52,12 @@ def connect(engine: Engine, local_cpus: int) -> None:
     if engine.address:
         ray.init(address=engine.address, **kwargs)
     else:
-        # Ray otherwise resolves the host's own address, which a sandboxed or firewalled
-        # host may not route back to itself; a local instance needs nothing beyond loopback.
+        # "local": a new instance of our own, even where `ray start` left a cluster on this
+        # host (with no address Ray joins that one, and refuses our num_cpus). Ray otherwise
+        # resolves the host's own address, which a sandboxed or firewalled host may not route
+        # back to itself; a local instance needs nothing beyond loopback.
         ray.init(
+            address="local",
             num_cpus=local_cpus,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

@@ -632,3 +632,21 @@ def test_an_error_that_does_not_pickle_on_ray_is_raised_naming_its_type_and_mess
     assert str(raised.value).endswith(
         "._Unpicklable: include/a4.hpp: refused by a gate whose error does not pickle"
     )
+
+
+def test_with_no_address_the_engine_starts_its_own_instance_beside_a_hosts_cluster(
+    local_instance: RayExecutor,
+):
+    """A `ray start` cluster on the host (Ray records it in /tmp/ray/ray_current_cluster)
+    is not joined by a run that gave no address: it gets its own local instance."""
+    hosts = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    try:
+        assert local_instance.workers == 2  # its own two CPUs, not the cluster's one
+        assert list(local_instance.map(_out_of_order, None, range(3))) == [0, 1, 2]
+        assert ray.get_runtime_context().gcs_address != hosts.address
+    finally:
+        release()
+        hosts.shutdown()
