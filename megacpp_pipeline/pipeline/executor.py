@@ -9,7 +9,8 @@ arrays); text never travels through the executor.
 
 Results come back in item order whatever order the tasks finish in, so the reduce, and so
 every version and the snapshot, is the same on either executor and any number of workers.
-A task whose worker dies (killed, out of memory) runs again, up to `retries` times; a task
+A task whose worker dies (killed, out of memory) runs again, up to `retries` times for each
+task (as Ray's `max_retries`): the deaths are charged to the task the dead worker ran; a task
 that raises fails the map with its own exception (a gate error still names its file), carried
 back by the worker as a result (pipeline/task_error.py), so it is never mistaken for a dead
 worker and run again.
@@ -23,6 +24,7 @@ import multiprocessing
 import multiprocessing.util
 import os
 import pickle
+import signal
 import socket
 import time
 from collections import deque
@@ -44,7 +46,8 @@ TASK_RETRIES = 3  # a task whose worker died runs again, this many times
 
 
 class TaskLost(RuntimeError):
-    """A task's worker died more than `retries` times; names the task."""
+    """A task's worker died more than `retries` times (or workers died that often with no
+    task to charge); names the task."""
 
 
 @dataclass
@@ -131,23 +134,74 @@ def taken(result: Outcome) -> Timed:
     return result
 
 
+class _Running:
+    """Which task each worker of a pool is running, in memory the pool's workers share with
+    the driver: a worker writes its pid when it starts, and its map and item around each
+    task. When a worker dies, the pool fails every pending task alike; this says which task
+    the dead worker ran, so the death is charged to that task alone."""
+
+    def __init__(self, workers: int) -> None:
+        context = multiprocessing.get_context("fork")
+        self.workers = workers
+        self._slots = context.RawArray("q", 3 * workers)  # per worker: pid, map, item + 1
+        self._claimed = context.Value("i", 0)
+
+    def claim(self) -> None:
+        """In a worker, at its start: take a slot of its own."""
+        global _SLOT
+        with self._claimed.get_lock():
+            slot = self._claimed.value
+            self._claimed.value += 1
+        if slot < self.workers:
+            self._slots[3 * slot] = os.getpid()
+            _SLOT = (self, slot)
+
+    def mark(self, slot: int, key: int, item: int | None) -> None:
+        self._slots[3 * slot + 1] = key
+        self._slots[3 * slot + 2] = 0 if item is None else item + 1
+
+    def tasks(self, key: int) -> dict[int, int]:
+        """The items of map `key` a worker was running when it stopped: pid -> item."""
+        slots = self._slots
+        return {
+            slots[3 * s]: slots[3 * s + 2] - 1
+            for s in range(self.workers)
+            if slots[3 * s] and slots[3 * s + 2] and slots[3 * s + 1] == key
+        }
+
+
 # A forked worker's job, set by its initializer (never in the parent: the pool hands the job
 # to each worker it forks, as an argument the fork carries over without pickling).
 _JOB: tuple[Callable[..., Any], Any] | None = None
+# in a worker: its pool's `_Running` and its own slot there
+_SLOT: tuple[_Running, int] | None = None
 _HOST = socket.gethostname()
 
 
-def _worker_init(task: Callable[..., Any], job: Any) -> None:
+def _worker_init(task: Callable[..., Any], job: Any, running: _Running) -> None:
     global _JOB
     worker_init()
     bound_malloc()
+    running.claim()
     _JOB = (task, job)
 
 
-def _run_in_worker(item: Any) -> Outcome:
+def _run_in_worker(i: int, item: Any) -> Outcome:
     assert _JOB is not None, "worker started without a fork"
     task, job = _JOB
-    return run_carried(task, job, item, _HOST)
+    return _run_marked(0, i, task, job, item)
+
+
+def _run_marked(key: int, i: int, task: Callable[..., Any], job: Any, item: Any) -> Outcome:
+    """Item `i` of map `key`, this worker's slot saying so while it runs."""
+    if _SLOT is None:
+        return run_carried(task, job, item, _HOST)
+    running, slot = _SLOT
+    running.mark(slot, key, i)
+    try:
+        return run_carried(task, job, item, _HOST)
+    finally:
+        running.mark(slot, key, None)
 
 
 class LocalExecutor:
@@ -257,12 +311,14 @@ class LocalExecutor:
         """Every item's task on a pool forked for this map (or, `light`: the pickled task
         and job, on the process's long-lived pool), results in item order; with a `window`,
         no item more than `window` past the next one out is handed to the pool. When a
-        worker dies, what finished is kept and a new pool runs the rest."""
+        worker dies, what finished is kept and a new pool runs the rest; the death is charged
+        to the task the worker ran, and a task charged more than `retries` times is lost."""
         n = len(items)
         width = n if window is None else window
         results: dict[int, Outcome] = {}
         next_out = 0
-        attempts = 0
+        deaths: dict[int, int] = {}  # item -> workers that died running it
+        uncharged = 0  # deaths with no task to charge (a worker dying as it starts)
         while next_out < n:
             waiting = deque(i for i in range(next_out, n) if i not in results)
             first = []
@@ -273,14 +329,15 @@ class LocalExecutor:
             end: Callable[[], Any]
             lkey = None if light is None else (next(_LIGHT_MAPS), light)
             if lkey is None:
-                pool, futures, mine = _start_pool(task, job, items, first, size)
+                pool, futures, mine, running = _start_pool(task, job, items, first, size)
                 end = mine
             else:
-                pool, end = _light_pool(self._workers)
+                pool, end, running = _light_pool(self._workers)
                 futures = {}
                 for i in first:
                     if not _submit(pool, lkey, items[i], futures, i):
                         break
+            charged: list[int] = []
             # a pool breaks when a worker dies, which a submit may be the first to see
             broken = next_out not in futures and next_out not in results
             try:
@@ -311,6 +368,7 @@ class LocalExecutor:
                             taken(results[i])  # a task's error fails the map now
                         elif not isinstance(exc, BrokenProcessPool):
                             raise exc
+                    charged = _died_running(pool, running, 0 if lkey is None else lkey[0])
             except BaseException:
                 end()  # terminates the pool, once
                 raise
@@ -320,16 +378,44 @@ class LocalExecutor:
                     mine.cancel()
                 break
             end()
-            attempts += 1
             left = [i for i in range(next_out, n) if i not in results]
             self.stats.retried += len(left)
-            if attempts > self.retries:
-                raise TaskLost(f"task {left[0] + 1} of {n}: its worker died {attempts} times")
+            for i in charged:
+                deaths[i] = deaths.get(i, 0) + 1
+                if deaths[i] > self.retries:
+                    raise TaskLost(f"task {i + 1} of {n}: its worker died {deaths[i]} times")
+            if not charged:
+                uncharged += 1
+                if uncharged > self.retries:
+                    raise TaskLost(
+                        f"task {left[0] + 1} of {n}: workers died {uncharged} times, "
+                        "none of them running a task"
+                    )
+
+
+def _died_running(pool: ProcessPoolExecutor, running: _Running, key: int) -> list[int]:
+    """The items of map `key` whose workers died in a broken pool. The pool, once it sees a
+    worker die, ends the others with SIGTERM: a worker that ended otherwise (killed, out of
+    memory, crashed) died on its own, and its item is charged; when none can be told apart
+    (a SIGTERM from outside), every item that was running is."""
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:  # it ends and joins every worker of a broken pool
+        manager.join(timeout=10)
+    processes = getattr(pool, "_processes", None) or {}
+    at = running.tasks(key)
+    died = [
+        i
+        for pid, i in at.items()
+        if pid in processes and processes[pid].exitcode not in (None, -signal.SIGTERM)
+    ]
+    return sorted(died or at.values())
 
 
 def _start_pool(
     task: Callable[..., Any], job: Any, items: list[Any], todo: list[int], workers: int
-) -> tuple[ProcessPoolExecutor, dict[int, Future[Outcome]], multiprocessing.util.Finalize]:
+) -> tuple[
+    ProcessPoolExecutor, dict[int, Future[Outcome]], multiprocessing.util.Finalize, _Running
+]:
     """A pool forked now, the job handed to its workers through the fork, and every item of
     `todo` submitted to it (a fork-context pool forks all its workers at the first submit);
     more items may be submitted later."""
@@ -337,11 +423,13 @@ def _start_pool(
     # no gc.collect() first: on a Dagster run's heap it costs more than the map it precedes
     gc.freeze()
     try:
+        size = min(workers, max(1, len(todo)))
+        running = _Running(size)
         pool = ProcessPoolExecutor(
-            max_workers=min(workers, max(1, len(todo))),
+            max_workers=size,
             mp_context=multiprocessing.get_context("fork"),
             initializer=_worker_init,
-            initargs=(task, job),
+            initargs=(task, job, running),
         )
         # A map whose consumer failed and never closed it must not keep a process from
         # exiting: a forked process's exit joins its children (after the finalizers with an
@@ -353,15 +441,15 @@ def _start_pool(
                 break
     finally:
         gc.unfreeze()
-    return pool, futures, end
+    return pool, futures, end, running
 
 
 # A light map's pickled job is at most this big; a bigger one is inherited through a fork.
 LIGHT_JOB_BYTES = 1 << 20
 _LIGHT_MAPS = itertools.count()
-# this process's long-lived pool for light maps: (its pid, workers, the pool, its finalizer);
-# a process forked from this one sees another pid and forks its own
-_LIGHT: tuple[int, int, ProcessPoolExecutor, multiprocessing.util.Finalize] | None = None
+# this process's long-lived pool for light maps: (its pid, workers, the pool, its finalizer,
+# what its workers run); a process forked from this one sees another pid and forks its own
+_LIGHT: tuple[int, int, ProcessPoolExecutor, multiprocessing.util.Finalize, _Running] | None = None
 # in a light pool's worker: the last light map's (key, task, job), unpickled once per map
 _LIGHT_JOB: tuple[int, Callable[..., Any], Any] | None = None
 
@@ -375,7 +463,7 @@ def _light_job(task: Callable[..., Any], job: Any) -> bytes | None:
     return blob if len(blob) <= LIGHT_JOB_BYTES else None
 
 
-def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None]]:
+def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None], _Running]:
     """This process's pool for light maps, forked at the first one (all its workers at
     once, the heap frozen as `_start_pool` does), and what ends it: a light map that fails
     or whose worker died ends the pool, and the next light map forks a new one."""
@@ -389,10 +477,12 @@ def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None]]:
     if _LIGHT is None:
         gc.freeze()
         try:
+            running = _Running(workers)
             pool = ProcessPoolExecutor(
                 max_workers=workers,
                 mp_context=multiprocessing.get_context("fork"),
                 initializer=_light_init,
+                initargs=(running,),
             )
             finalize = multiprocessing.util.Finalize(
                 pool, _terminate, args=(pool,), exitpriority=10
@@ -400,7 +490,7 @@ def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None]]:
             pool.submit(int).result()  # a fork-context pool forks every worker at the first
         finally:
             gc.unfreeze()
-        _LIGHT = (os.getpid(), workers, pool, finalize)
+        _LIGHT = (os.getpid(), workers, pool, finalize, running)
     light = _LIGHT
 
     def end() -> None:
@@ -409,7 +499,7 @@ def _light_pool(workers: int) -> tuple[ProcessPoolExecutor, Callable[[], None]]:
         if _LIGHT is light:
             _LIGHT = None
 
-    return light[2], end
+    return light[2], end, light[4]
 
 
 def end_light_pool() -> None:
@@ -423,9 +513,10 @@ def end_light_pool() -> None:
         pool.shutdown(wait=True)
 
 
-def _light_init() -> None:
+def _light_init(running: _Running) -> None:
     worker_init()
     bound_malloc()
+    running.claim()
 
 
 def _submit(
@@ -438,21 +529,21 @@ def _submit(
     """Item `i` handed to the pool (into `futures`); False when the pool is broken."""
     try:
         if light is None:  # the pool forked for this map holds the job
-            futures[i] = pool.submit(_run_in_worker, item)
+            futures[i] = pool.submit(_run_in_worker, i, item)
         else:
-            futures[i] = pool.submit(_run_light, light[0], light[1], item)
+            futures[i] = pool.submit(_run_light, light[0], light[1], i, item)
     except BrokenProcessPool:
         return False
     return True
 
 
-def _run_light(key: int, blob: bytes, item: Any) -> Outcome:
+def _run_light(key: int, blob: bytes, i: int, item: Any) -> Outcome:
     global _LIGHT_JOB
     if _LIGHT_JOB is None or _LIGHT_JOB[0] != key:
         task, job = pickle.loads(blob)
         _LIGHT_JOB = (key, task, job)
     _, task, job = _LIGHT_JOB
-    return run_carried(task, job, item, _HOST)
+    return _run_marked(key, i, task, job, item)
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:

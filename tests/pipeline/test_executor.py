@@ -89,6 +89,43 @@ def test_a_task_that_always_kills_its_worker_is_lost_with_its_number():
         list(LocalExecutor(2, retries=1, cap=False).map(_always_die, None, range(6)))
 
 
+def _each_dies_once(markers: str, x: int) -> int:
+    """Every task's worker dies once, on the task's first run."""
+    marker = Path(markers, f"item-{x}")
+    if not marker.exists():
+        marker.touch()
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+@pytest.mark.parametrize("light", [False, True], ids=["map", "light map"])
+def test_the_retries_are_each_tasks_own_not_the_maps(tmp_path: Path, light: bool):
+    """Ten workers die, each running another task: no task died more than once, so the map
+    finishes (as Ray's per-task max_retries would), with one retry allowed."""
+    executor = LocalExecutor(2, retries=1, cap=False)
+    run = executor.map_light if light else executor.map
+    assert list(run(_each_dies_once, str(tmp_path), range(10))) == list(range(10))
+    assert len(list(tmp_path.iterdir())) == 10  # every task's first worker died
+
+
+def _slow_first_and_one_always_dies(job: None, x: int) -> int:
+    if x == 0:
+        time.sleep(1.0)  # still running, unfinished, whenever task 7's worker dies
+    if x == 6:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_a_lost_task_is_the_one_whose_worker_died_not_the_first_unfinished():
+    with pytest.raises(TaskLost, match=r"^task 7 of 8: its worker died 2 times$"):
+        list(
+            LocalExecutor(2, retries=1, cap=False).map(
+                _slow_first_and_one_always_dies, None, range(8)
+            )
+        )
+
+
 def _refuse(job: None, x: int) -> int:
     if x == 7:
         raise ValueError(f"include/a{x}.hpp: refused by the test gate")
