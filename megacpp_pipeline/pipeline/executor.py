@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -168,6 +169,21 @@ class _Running:
             for s in range(self.workers)
             if slots[3 * s] and slots[3 * s + 2] and slots[3 * s + 1] == key
         }
+
+
+@contextmanager
+def ending(results: Iterator[R]) -> Iterator[Iterator[R]]:
+    """A map's results, for a block that consumes them: leaving the block (a failure of the
+    driver's own, a return) ends the tasks still running, there and then. A body that maps
+    inside `with version:` takes its results through this inside that block, so no worker
+    is left writing into a version the failure aborts (a map merely dropped ends its
+    workers only when collected, and a kept traceback keeps it)."""
+    try:
+        yield results
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
 
 
 # A forked worker's job, set by its initializer (never in the parent: the pool hands the job

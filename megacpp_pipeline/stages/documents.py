@@ -31,7 +31,7 @@ from megacpp_pipeline.corpus import repository
 from megacpp_pipeline.corpus.repository import DocumentMode, DocumentsConfig
 from megacpp_pipeline.gates.build_context import LOCAL_PATH
 from megacpp_pipeline.pipeline.context import StageContext
-from megacpp_pipeline.pipeline.executor import Executor
+from megacpp_pipeline.pipeline.executor import Executor, ending
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, Materialized, Stage
 from megacpp_pipeline.snapshot import layout
@@ -248,12 +248,13 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         )
         lengths: Counter[int] = Counter()
         broken: list[str] = []
-        for out in results:
-            for table, schema, shard, written in out.shards:
-                version.table(table, schema).adopt(shard, written)
-            stats.update(out.stats)
-            lengths.update(out.lengths)
-            broken += out.broken
+        with ending(results):  # a failure here ends the tasks before the version is aborted
+            for out in results:
+                for table, schema, shard, written in out.shards:
+                    version.table(table, schema).adopt(shard, written)
+                stats.update(out.stats)
+                lengths.update(out.lengths)
+                broken += out.broken
         return _commit(ctx, stage, config, version, upstream, stats, lengths, broken, executor)
 
 

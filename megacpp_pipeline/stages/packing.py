@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from megacpp_pipeline.corpus import packing, repository, tokenizer
 from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows, nothing_left
 from megacpp_pipeline.pipeline.context import StageContext
-from megacpp_pipeline.pipeline.executor import Executor
+from megacpp_pipeline.pipeline.executor import Executor, ending
 from megacpp_pipeline.pipeline.metadata import summary_metadata
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -211,16 +211,19 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
         stats: Counter[str] = Counter(documents=0, valid_tokens=0)
         blocks = _plan(ctx, upstream, config)
         job = _Job(ctx.store, config, version.dir)
-        for block, out in zip(blocks, executor.map(_pack_task, job, blocks), strict=True):
-            for table, table_schema, shard, written in out.shards:
-                version.table(table, table_schema).adopt(shard, written)
-            stats.update(out.stats)
-            split = block.split
-            if out.telemetry is not None:
-                prev = telemetry.get(split)
-                telemetry[split] = prev.merge(out.telemetry) if prev else out.telemetry
-            if out.whole is not None:
-                whole[split] = whole[split].merge(out.whole) if split in whole else out.whole
+        # a failure here ends the tasks before the version is aborted
+        with ending(executor.map(_pack_task, job, blocks)) as results:
+            for block, out in zip(blocks, results, strict=True):
+                for table, table_schema, shard, written in out.shards:
+                    version.table(table, table_schema).adopt(shard, written)
+                stats.update(out.stats)
+                split = block.split
+                if out.telemetry is not None:
+                    prev = telemetry.get(split)
+                    telemetry[split] = prev.merge(out.telemetry) if prev else out.telemetry
+                if out.whole is not None:
+                    merged = whole[split].merge(out.whole) if split in whole else out.whole
+                    whole[split] = merged
         return _commit(ctx, stage, config, version, upstream, stats, telemetry, whole, executor)
 
 

@@ -26,6 +26,7 @@ from megacpp_pipeline.core.catalog import Catalog, SplitConfig
 from megacpp_pipeline.corpus import tokenizer
 from megacpp_pipeline.gates import tokenization
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.executor import ending
 from megacpp_pipeline.pipeline.registry import Grain, Materialized, PathValue, Stage
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.promote import promoted_in_store
@@ -183,11 +184,14 @@ def _train(
     )
     plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes)]
     job = _Job(ctx.store, split, config, work)
-    total = sum(executor.map(_train_bytes_task, job, plan))
+    with ending(executor.map(_train_bytes_task, job, plan)) as sizes:
+        total = sum(sizes)
     fraction = tokenizer.effective_fraction(config, total)
     job = replace(job, fraction=fraction)
     try:
-        drawn = [texts for texts, _ in executor.map(_sample_task, job, list(enumerate(plan)))]
+        # a failure here ends the tasks before the work folder goes
+        with ending(executor.map(_sample_task, job, list(enumerate(plan)))) as samples:
+            drawn = [texts for texts, _ in samples]
         trained = executor.run_apart(_train_task, job, drawn)
     finally:
         ctx.store.delete_dir(work)

@@ -17,6 +17,7 @@ store (`<version>/_work`, removed before the commit), so every task may run on a
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -427,7 +428,8 @@ def deduplicate(
 ) -> DedupOutcome:
     """Dedup decisions for the slices of `plan` (canonical order, `n_docs` files), their
     shards written into `out_dir`; `run` is an executor's map. The work folder goes away
-    whatever happens."""
+    whatever happens, after every map's tasks have ended (a failure here, the driver's own
+    included, ends those still running instead of leaving them writing into it)."""
     p = partitions or band_partition_count(n_docs, config, at_least=workers)
     bounds = np.array([s.first_doc for s in plan] + [n_docs], dtype=np.int64)
     area = WorkArea(store.fs, f"{out_dir}/_work-{uuid.uuid4().hex[:8]}")
@@ -436,20 +438,30 @@ def deduplicate(
     stats: Counter[str] = Counter(
         shards=shards, files=n_docs, bytes=0, tokens=0, empty_signatures=0, cached_files=0
     )
-    try:
+    with contextlib.ExitStack() as ending:
+        ending.callback(area.remove)  # last, once every map below is closed
+
+        def mapped(task: Callable[..., object], items: Sequence[object]) -> Iterator[object]:
+            """`run` over the job, closed when the block is left."""
+            results = run(task, job, items)
+            close = getattr(results, "close", None)
+            if close is not None:
+                ending.callback(close)
+            return results
+
         order = StreamOrder()
-        for signed in run(sign_task, job, plan):
+        for signed in mapped(sign_task, plan):
             assert isinstance(signed, SignResult)
             for source, first, last in signed.runs:  # the slices' boundaries, in stream order
                 paths = [first] if first == last else [first, last]
                 order.check(pa.chunked_array([[source] * len(paths)]), pa.chunked_array([paths]))
             stats.update(signed.stats)
-        exact_u, exact_v = _concat(run(exact_task, job, range(p)))
+        exact_u, exact_v = _concat(mapped(exact_task, range(p)))
         job = replace(job, exact_members=np.sort(exact_u))
         near_u, near_v = [exact_u], [exact_v]
         if config.near and n_docs:
             candidates, similar = [], []
-            for band in run(band_task, job, range(p)):
+            for band in mapped(band_task, range(p)):
                 assert isinstance(band, BandResult)
                 candidates.append(band.candidates)
                 similar.append(grouping.pair_keys(band.similar_u, band.similar_v, n_docs))
@@ -462,11 +474,9 @@ def deduplicate(
         member_exact = grouping.in_sorted(nodes, job.exact_members)
         named = decisions.cluster_samples(member_doc, member_rep)
         tasks = _apply_tasks(plan, member_doc, member_rep, member_exact, named)
-        applied = [a for a in run(apply_task, job, tasks) if isinstance(a, ApplyResult)]
+        applied = [a for a in mapped(apply_task, tasks) if isinstance(a, ApplyResult)]
         names = {k: v for a in applied for k, v in a.names.items()}
         clusters = decisions.clusters_table(member_doc, member_rep, member_exact, names)
-    finally:
-        area.remove()
     dropped = member_rep != member_doc
     exact = int(np.count_nonzero(dropped & member_exact))
     stats[f"dropped_{DropReason.EXACT_DUPLICATE}"] += exact
