@@ -18,6 +18,12 @@ after the blocking checks of the one before: it commits the version waiting for 
 if that version's input is the latest (the version the checks just passed), and its code,
 config and everything else its gate read are unchanged; otherwise it drops the version and
 runs its gate itself. A check that fails stops the run, and nothing it blocks is committed.
+
+The driver prepares every gate and records what it read and its salt in the version's
+inputs. A forked worker inherits those gates; a Ray worker prepares its own (a gate need
+not pickle), and refuses to run it unless its salt and reads are the driver's: a request
+file edited, or a version committed, while the stage runs would otherwise put content in
+the version that its recorded inputs do not say.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from megacpp_pipeline.core import ledger
+from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline import reuse
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
@@ -56,14 +63,32 @@ from megacpp_pipeline.storage.versions import config_hash, content_id
 ACCOUNTING_STATS = ("input_files", "kept_files", "dropped_files", "cached_files")
 
 
+class GateInputsChanged(FieldedError, RuntimeError):
+    """A task's gate, prepared where the task runs, is not the one the driver prepared and
+    records in the version's inputs (a request file edited, a version committed meanwhile);
+    names the stage, the source and what differs."""
+
+    def __init__(self, stage: str, source: str, what: str) -> None:
+        super().__init__(
+            f"{stage} [{source}]: the gate a task prepared is not the driver's: {what}; "
+            "run the stage again"
+        )
+        self.stage = stage
+        self.source = source
+        self.what = what
+
+
 @dataclass(frozen=True)
 class Output:
-    """Where one source's rows go: a version folder and the table in it."""
+    """Where one source's rows go (a version folder and the table in it), and what the
+    driver's gate for it read and its salt, as the version's inputs record them."""
 
     source: str
     table: str  # "data" in a per-source version, "data:<source>" in a corpus-wide one
     dir: str
     code_version: str
+    salt: str = ""
+    reads: tuple[str, ...] = ()  # the versions the gate read (`_read_ids`)
 
 
 @dataclass(frozen=True)
@@ -110,14 +135,30 @@ def _prepared(job: GateJob, link: Link, output: Output) -> tuple[Any, FileResult
     if key not in _PREPARED:
         if any(k[0] != job.token for k in _PREPARED):
             _PREPARED.clear()  # a new job: the last one's gates are done with
-        prepared = prepare_gate(link.ctx, link.stage, output.source)
+        prepared = _prepare_as_recorded(link, output)
         _PREPARED[key] = (prepared.gate, _cache(link.ctx, link.stage, output, prepared))
     return _PREPARED[key]
 
 
-def prepare_gate(ctx: StageContext, stage: Stage, source: str) -> PreparedGate:
+def _prepare_as_recorded(link: Link, output: Output) -> PreparedGate:
+    """The link's gate for `output`'s source, prepared here; refused unless its salt and
+    reads are those the driver recorded."""
+    ctx, stage = link.ctx, link.stage
     assert stage.gate is not None
-    return stage.gate(SourceInputs(ctx, stage, ctx.catalog.source(source), ctx.config(stage)))
+    reading = SourceInputs(ctx, stage, ctx.catalog.source(output.source), ctx.config(stage))
+    prepared = stage.gate(reading)
+    if prepared.salt != output.salt:
+        what = "its salt differs (what it reads besides its input: a request file, the entry)"
+        raise GateInputsChanged(stage.name, output.source, what)
+    reads = _read_ids(reading.read)
+    if reads != output.reads:
+        what = f"it read {', '.join(reads) or 'nothing'}, the driver {', '.join(output.reads)}"
+        raise GateInputsChanged(stage.name, output.source, what)
+    return prepared
+
+
+def _read_ids(read: Sequence[Manifest]) -> tuple[str, ...]:
+    return tuple(f"{m.asset}/{m.partition or '_'}/{m.version}" for m in read)
 
 
 def _cache(
@@ -316,7 +357,16 @@ def run_gate_stage(
                     ):
                         current.upstream.append(m)
                 table = layout.data_table(None if s.per_source else source)
-                outputs.append(Output(source, table, current.version.dir, code_version))
+                outputs.append(
+                    Output(
+                        source,
+                        table,
+                        current.version.dir,
+                        code_version,
+                        gate.salt,
+                        _read_ids(reading.read),
+                    )
+                )
                 gates[k].append(gate)
             links.append(
                 Link(replace(s_ctx, log=_ignore, workers=1, ahead=frozenset()), s, tuple(outputs))

@@ -6,6 +6,7 @@ Run by `make test-slow` and `make test-cluster`; needs the `cluster` (or `ray`) 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -41,11 +42,12 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.corpus.dedup.config import DedupOrderError
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.engine import Engine, EngineKind
+from megacpp_pipeline.pipeline.file_stage import GateInputsChanged
 from megacpp_pipeline.pipeline.registry import Grain, PreparedGate, Registry, Stage
 from megacpp_pipeline.pipeline.runner import checks_of, run_stage
 from megacpp_pipeline.pipeline.task_error import TaskFailed
 from megacpp_pipeline.stages import default_registry
-from megacpp_pipeline.storage.store import ShardStore
+from megacpp_pipeline.storage.store import NoVersionError, ShardStore
 from tests.fixtures.catalogs import load_catalog
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.s3_server import CREDENTIALS as S3_CREDENTIALS
@@ -650,3 +652,50 @@ def test_with_no_address_the_engine_starts_its_own_instance_beside_a_hosts_clust
     finally:
         release()
         hosts.shutdown()
+
+
+# --- a gate prepared on a Ray worker is the driver's ----------------------------------------
+def test_a_request_file_edited_while_the_stage_runs_on_ray_is_refused_not_half_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver prepares the removals gate from the request file as it is, and records
+    that in the version's inputs; a Ray worker prepares its own gate and must refuse when
+    the file has changed since, instead of committing removals the inputs do not record."""
+    catalog, _ = write_catalog(tmp_path)
+    request = tmp_path / "requests.jsonl"
+    request.write_text("")  # nothing to remove when the stage starts
+    data = yaml.safe_load(catalog.read_text())
+    data["removals"] = [{"file": request.name}]
+    catalog.write_text(yaml.safe_dump(data, sort_keys=False))
+    registry = default_registry()
+    ctx = StageContext(
+        load_catalog(catalog, registry), ShardStore(str(tmp_path / "data")), registry,
+        tmp_path / "cache", workers=2, engine=Engine(task_bytes=4096),
+    )  # fmt: skip
+    stage = registry.get("removed_files")
+    for s in registry:
+        if s is stage:
+            break
+        list(run_stage(ctx, s, ctx.partitions(s)))
+    on_ray = replace(ctx, engine=Engine(EngineKind.RAY, task_bytes=4096))
+    map_timed = RayExecutor.map_timed
+
+    def edited_meanwhile(self: RayExecutor, task: Any, job: Any, items: Any) -> Any:
+        # after the driver prepared its gates, before any task prepares its own
+        takedown = {"source": "tree", "path": "src/lib0.cc", "reason": "takedown"}
+        request.write_text(json.dumps(takedown) + "\n")
+        return map_timed(self, task, job, items)
+
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(RayExecutor, "map_timed", edited_meanwhile)
+            with pytest.raises(GateInputsChanged, match=r"removed_files \[tree\]: .* salt"):
+                list(run_stage(on_ray, stage, ["tree"]))
+        with pytest.raises(NoVersionError):  # nothing was committed
+            ctx.store.latest("removed_files", "tree")
+        # with the file as the driver reads it, the tasks' gates agree and the stage commits
+        list(run_stage(on_ray, stage, ["tree"]))
+    finally:
+        release()
+    m = ctx.store.latest("removed_files", "tree")
+    assert "src/lib0.cc" not in ctx.store.read_table(m, "data")["path"].to_pylist()
