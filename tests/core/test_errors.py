@@ -37,6 +37,8 @@ from megacpp_pipeline.loader.errors import (
     SnapshotIncompleteError,
     SnapshotManifestError,
 )
+from megacpp_pipeline.pipeline.file_stage import GateInputsChanged
+from megacpp_pipeline.pipeline.task_error import TaskFailed
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 
 EXAMPLES: list[BaseException] = [
@@ -63,6 +65,8 @@ EXAMPLES: list[BaseException] = [
     LoaderStateError("seed", 1, 2),
     IndexedDatasetFormatError(Path("out/data.idx"), "magic", "is not MMIDIDX"),
     MegatronExportError(Path("snap"), "tokens", "holds no token"),
+    TaskFailed("gates.custom.RuleError", "include/a.hpp: refused"),
+    GateInputsChanged("removed_files", "tree", "its salt differs"),
 ]
 
 
