@@ -10,9 +10,12 @@ that is older than an upstream stage, every source of a per-source group in one 
 corpus-wide stage ever reads a refresh half done, and the snapshot is promoted from one
 consistent state. An automation condition per asset (`eager`) cannot promise that: it
 launches assets of different partitionings as separate runs that race each other. Each
-launch's run key names the group and the upstream materializations it answers, so a failed
-step is not relaunched until something upstream changes."""
+launch's run key names the group and the materializations of the stages outside it that it
+reads, so a run of it that failed (a step or a blocking check) is not launched again until
+one of those changes."""
 
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,9 @@ _UNFINISHED = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
+_ENDED_WITHOUT_SUCCESS = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+# the tag the daemon gives a run it launched for a request's run key
+RUN_KEY_TAG = "dagster/run_key"
 
 
 def _already_requested(instance: dg.DagsterInstance, run_key: str) -> bool:
@@ -39,7 +45,7 @@ def _already_requested(instance: dg.DagsterInstance, run_key: str) -> bool:
     again would collect the same commit twice (a one-minute cron ticks faster than a run)."""
     runs = instance.get_runs(
         filters=dg.RunsFilter(
-            tags={"dagster/run_key": run_key},
+            tags={RUN_KEY_TAG: run_key},
             statuses=[dg.DagsterRunStatus.SUCCESS, *_UNFINISHED],
         ),
         limit=1,
@@ -47,38 +53,79 @@ def _already_requested(instance: dg.DagsterInstance, run_key: str) -> bool:
     return bool(runs)
 
 
-def _latest(instance: dg.DagsterInstance, name: str) -> float | None:
-    """When the asset (any partition) was last materialized."""
-    event = instance.get_latest_materialization_event(dg.AssetKey(name))
-    return event.timestamp if event is not None else None
+@dataclass(frozen=True)
+class _Latest:
+    """An asset's latest materialization (any partition): its place in the event log, which
+    orders events as they were written, and the run that wrote it."""
+
+    storage_id: int
+    run_id: str
+
+
+def _latest(instance: dg.DagsterInstance, names: list[str]) -> dict[str, _Latest | None]:
+    """Each asset's latest materialization, None for one never materialized."""
+    out: dict[str, _Latest | None] = dict.fromkeys(names)
+    for record in instance.get_asset_records([dg.AssetKey(n) for n in names]):
+        event = record.asset_entry.last_materialization_record
+        if event is not None:
+            name = record.asset_entry.asset_key.to_user_string()
+            out[name] = _Latest(event.storage_id, event.run_id)
+    return out
+
+
+def _outside_inputs(registry: Registry, group: tuple[str, ...]) -> tuple[str, ...]:
+    """The stages a group reads that it does not materialize itself: what a run of it
+    answers (its run key), whatever it wrote of its own before failing."""
+    return tuple(
+        dict.fromkeys(
+            up for name in group for up in registry.reads_of(registry.get(name)) if up not in group
+        )
+    )
+
+
+@dataclass(frozen=True)
+class _Stale:
+    """A group to launch, and the latest materializations of the stages outside it that it
+    reads."""
+
+    group: tuple[str, ...]
+    inputs: dict[str, _Latest]
 
 
 def _stale_group(
-    instance: dg.DagsterInstance, registry: Registry, groups: list[tuple[str, ...]]
-) -> tuple[tuple[str, ...], float] | None:
-    """The first group with a stage older than one of its upstream stages (or never
-    materialized), and the newest upstream materialization it is behind; None when every
-    group is up to date, or when a group's inputs from before it were never materialized
-    (nothing to cascade from yet)."""
-    when: dict[str, float | None] = {}
-
-    def latest(name: str) -> float | None:
-        if name not in when:
-            when[name] = _latest(instance, name)
-        return when[name]
-
+    latest: dict[str, _Latest | None], registry: Registry, groups: list[tuple[str, ...]]
+) -> _Stale | None:
+    """The first group with a stage older than one of the stages it reads (or never
+    materialized); None when every group is up to date, or when a group's inputs from
+    before it were never materialized (nothing to cascade from yet)."""
     for group in groups:
-        behind: list[float] = []
+        outside = _outside_inputs(registry, group)
+        inputs = {up: u for up in outside if (u := latest[up]) is not None}
+        if len(inputs) < len(outside):
+            return None
         for name in group:
-            upstream = registry.get(name).upstream
-            if any(latest(up) is None for up in upstream if up not in group):
-                return None
-            mine = latest(name)
-            ups = [t for up in upstream if (t := latest(up)) is not None]
-            if mine is None or any(t > mine for t in ups):
-                behind.append(max(ups, default=0.0))
-        if behind:
-            return group, max(behind)
+            mine = latest[name]
+            ups = [u for up in registry.reads_of(registry.get(name)) if (u := latest[up])]
+            if mine is None or any(u.storage_id > mine.storage_id for u in ups):
+                return _Stale(group, inputs)
+    return None
+
+
+def _cascade_key(stale: _Stale) -> str:
+    """The group and the materializations of the stages outside it that it reads: the same
+    for every tick until one of those moves, so a run of it that failed halfway (its first
+    stage written, a later one or a check failed) is not taken for new work."""
+    digest = hashlib.sha256(
+        "\0".join(f"{name}={u.storage_id}" for name, u in stale.inputs.items()).encode()
+    )
+    return f"cascade:{stale.group[0]}:{digest.hexdigest()[:16]}"
+
+
+def _ended_without_success(instance: dg.DagsterInstance, run_key: str) -> dg.DagsterRun | None:
+    """The last run with this key, when it ended without succeeding (failed or canceled)."""
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key}), limit=1)
+    if runs and runs[0].status in _ENDED_WITHOUT_SUCCESS:
+        return runs[0]
     return None
 
 
@@ -111,7 +158,7 @@ def build_refresh(
             yield dg.RunRequest(
                 run_key=run_key,
                 partition_key=source,
-                tags={REVISION_TAG: revision, "dagster/run_key": run_key},
+                tags={REVISION_TAG: revision, RUN_KEY_TAG: run_key},
             )
 
     # the run groups after the refresh head, in order (the catalog's group is not refreshed)
@@ -130,18 +177,26 @@ def build_refresh(
         instance = context.instance
         if instance.get_runs(filters=dg.RunsFilter(statuses=_UNFINISHED), limit=1):
             return dg.SkipReason("a run is queued or in progress: waiting for it")
-        stale = _stale_group(instance, registry, groups)
+        latest = _latest(instance, registry.names())
+        stale = _stale_group(latest, registry, groups)
         if stale is None:
             return dg.SkipReason(
                 "every stage after the refresh head is up to date (or has no input yet)"
             )
-        group, behind = stale
+        group, run_key = stale.group, _cascade_key(stale)
+        failed = _ended_without_success(instance, run_key)
+        if failed is not None:
+            return dg.SkipReason(
+                f"{', '.join(group)}: its last run on these inputs (run {failed.run_id}) "
+                f"ended {failed.status.value}; not launched again until a stage it reads "
+                "changes"
+            )
         stages = [registry.get(name) for name in group]
-        tags = {"megacpp/cascade": ", ".join(group)}
+        tags = {"megacpp/cascade": ", ".join(group), RUN_KEY_TAG: run_key}
         if stages[0].per_source:  # every source in one run, as `megacpp run` does
             tags |= {PARTITION_RANGE_START: keys[0], PARTITION_RANGE_END: keys[-1]}
         return dg.RunRequest(
-            run_key=f"cascade:{group[0]}:{behind:.6f}",
+            run_key=run_key,
             asset_selection=[dg.AssetKey(name) for name in group],
             asset_check_keys=[
                 dg.AssetCheckKey(dg.AssetKey(s.name), check.name)

@@ -112,37 +112,57 @@ def test_a_directorys_revision_moves_when_only_its_reuse_metadata_changes(tmp_pa
     assert key() == after
 
 
+class Cascade:
+    """The nightly cascade over two directory sources, on a temporary instance whose
+    materializations and runs the test reports itself (one event per partition, as a run
+    writes them)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        tree = tmp_path / "tree"
+        tree.mkdir()
+        (tree / "a.hpp").write_text("#pragma once\nint a();\n")
+        catalog = tmp_path / "sources.yaml"
+        catalog.write_text(
+            f"snapshot: c\nsources:\n  - {{id: s1, kind: dir, uri: {tree}}}\n"
+            f"  - {{id: s2, kind: dir, uri: {tree}}}\n"
+        )
+        self.defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
+        self.sensor = self.defs.get_sensor_def("nightly_cascade")
+        (tmp_path / "home").mkdir()
+        self.instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
+        self.registry = default_registry()
+
+    def tick(self) -> tuple[str | None, list[dg.RunRequest]]:
+        context = dg.build_sensor_context(
+            instance=self.instance, repository_def=self.defs.get_repository_def()
+        )
+        result = self.sensor.evaluate_tick(context)
+        return result.skip_message, list(result.run_requests or [])
+
+    def materialize(self, *names: str) -> None:
+        for name in names:
+            partitions = ["s1", "s2"] if self.registry.get(name).per_source else [None]
+            for p in partitions:
+                self.instance.report_runless_asset_event(
+                    dg.AssetMaterialization(asset_key=name, partition=p)
+                )
+
+    def ran(self, run_id: str, request: dg.RunRequest, status: dg.DagsterRunStatus) -> None:
+        """A run the daemon launched for `request` (it carries the request's run key)."""
+        self.instance.add_run(
+            dg.DagsterRun(job_name="__ASSET_JOB", run_id=run_id, tags=request.tags, status=status)
+        )
+
+
+def selected(request: dg.RunRequest) -> list[str]:
+    return [k.to_user_string() for k in request.asset_selection or []]
+
+
 def test_the_cascade_launches_one_stale_run_group_at_a_time_and_waits_for_runs(
     tmp_path: Path,
 ) -> None:
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    (tree / "a.hpp").write_text("#pragma once\nint a();\n")
-    catalog = tmp_path / "sources.yaml"
-    catalog.write_text(
-        f"snapshot: c\nsources:\n  - {{id: s1, kind: dir, uri: {tree}}}\n"
-        f"  - {{id: s2, kind: dir, uri: {tree}}}\n"
-    )
-    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
-    sensor = defs.get_sensor_def("nightly_cascade")
-    (tmp_path / "home").mkdir()
-    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
-    registry = default_registry()
-
-    def tick() -> tuple[str | None, list[dg.RunRequest]]:
-        context = dg.build_sensor_context(
-            instance=instance, repository_def=defs.get_repository_def()
-        )
-        result = sensor.evaluate_tick(context)
-        return result.skip_message, list(result.run_requests or [])
-
-    def materialize(*names: str) -> None:
-        for name in names:
-            partitions = ["s1", "s2"] if registry.get(name).per_source else [None]
-            for p in partitions:
-                instance.report_runless_asset_event(
-                    dg.AssetMaterialization(asset_key=name, partition=p)
-                )
+    cascade = Cascade(tmp_path)
+    tick, materialize, registry = cascade.tick, cascade.materialize, cascade.registry
 
     skip, requests = tick()
     assert requests == [] and "no input yet" in str(skip)  # nothing was ever collected
@@ -152,26 +172,44 @@ def test_the_cascade_launches_one_stale_run_group_at_a_time_and_waits_for_runs(
 
     materialize("raw_files", "scrubbed_files")  # a refresh of the head
     _, (request,) = tick()
-    assert [k.to_user_string() for k in request.asset_selection or []] == [
-        "deduped_files", "decontaminated_files", "tokenizer"
-    ]  # fmt: skip
+    assert selected(request) == ["deduped_files", "decontaminated_files", "tokenizer"]
     assert request.asset_check_keys  # each stage's blocking checks run with it
-    instance.add_run(
+    cascade.instance.add_run(
         dg.DagsterRun(job_name="__ASSET_JOB", run_id="r1", status=dg.DagsterRunStatus.STARTED)
     )
     skip, requests = tick()
     assert requests == [] and "in progress" in str(skip)
-    instance.delete_run("r1")  # it ended
+    cascade.instance.delete_run("r1")  # it ended
 
     materialize("deduped_files", "decontaminated_files", "tokenizer")
     _, (request,) = tick()
-    assert [k.to_user_string() for k in request.asset_selection or []] == [
-        "enriched_files", "tokenized_docs"
-    ]  # fmt: skip
+    assert selected(request) == ["enriched_files", "tokenized_docs"]
     ranged = ("dagster/asset_partition_range_start", "dagster/asset_partition_range_end")
     assert tuple(request.tags[k] for k in ranged) == ("s1", "s2")  # every source in one run
     materialize("enriched_files", "tokenized_docs")
     _, (request,) = tick()
-    assert request.asset_selection and request.asset_selection[0].to_user_string() == "documents"
+    assert selected(request)[0] == "documents"
     materialize(*registry.run_groups()[-1])
     assert tick()[1] == []
+
+
+def test_a_group_whose_run_failed_is_not_launched_again_until_a_stage_it_reads_changes(
+    tmp_path: Path,
+) -> None:
+    cascade = Cascade(tmp_path)
+    cascade.materialize(*cascade.registry.names())
+    cascade.materialize("scrubbed_files")  # a refresh
+    _, (request,) = cascade.tick()
+    assert selected(request) == ["deduped_files", "decontaminated_files", "tokenizer"]
+    # its run wrote deduped_files, whose blocking check then failed: the rest was skipped
+    cascade.materialize("deduped_files")
+    cascade.ran("r1", request, dg.DagsterRunStatus.FAILURE)
+    for _ in range(2):  # every tick after, not only the next
+        skip, requests = cascade.tick()
+        assert requests == [], "a failed group is launched again on the same inputs"
+        assert "run r1" in str(skip) and "FAILURE" in str(skip)
+        assert "deduped_files, decontaminated_files, tokenizer" in str(skip)
+
+    cascade.materialize("scrubbed_files")  # the next refresh: something it reads changed
+    _, (again,) = cascade.tick()
+    assert selected(again) == selected(request) and again.run_key != request.run_key

@@ -31,24 +31,33 @@ def commit(repo: Path, files: dict[str, str], message: str) -> str:
 
 
 class Nightly:
-    """One catalog tracking `main` of a local repository, its Dagster definitions and a
-    persistent instance: tick the schedule, run what it requested."""
+    """One catalog tracking `main` of a local repository (plus `extra` lines of yaml), its
+    Dagster definitions and a persistent instance: tick the schedule and the cascade, run
+    what they requested as the daemon would."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra: str = "") -> None:
         self.repo = root / "upstream"
         self.repo.mkdir()
         _git(self.repo, "init", "-q", "-b", "main")
         self.data = root / "data"
-        catalog = root / "sources.yaml"
-        catalog.write_text(
+        self.cache = root / "cache"
+        self.catalog = root / "sources.yaml"
+        self.catalog.write_text(
             "snapshot: nightly\nseq_len: 256\n"
             "refresh:\n  cron: '30 3 * * *'\n"
             f"sources:\n  - id: upstream\n    kind: git\n    uri: {self.repo}\n    track: main\n"
+            + extra
         )
-        self.defs = build_defs(catalog, self.data, cache_dir=root / "cache")
         (root / "home").mkdir()
         self.instance = dg.DagsterInstance.local_temp(tempdir=str(root / "home"))
+        self.reload()
+
+    def reload(self) -> None:
+        """The definitions from the catalog as it is now, as a reload of the code location
+        builds them."""
+        self.defs = build_defs(self.catalog, self.data, cache_dir=self.cache)
         self.schedule = self.defs.get_schedule_def("nightly_refresh")
+        self.sensor = self.defs.get_sensor_def("nightly_cascade")
         self.job = self.defs.resolve_job_def("per_source_refresh")
 
     def tick(self) -> list[dg.RunRequest]:
@@ -62,6 +71,26 @@ class Nightly:
             partition_key=request.partition_key, tags=request.tags, instance=self.instance
         )
         assert result.success
+
+    def cascade_tick(self) -> tuple[str | None, list[dg.RunRequest]]:
+        context = dg.build_sensor_context(
+            instance=self.instance, repository_def=self.defs.get_repository_def()
+        )
+        result = self.sensor.evaluate_tick(context)
+        return result.skip_message, list(result.run_requests or [])
+
+    def launch(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+        """The cascade's request run as the daemon runs it: its assets and checks, its tags
+        (the run key among them)."""
+        return dg.materialize(
+            [*(self.defs.assets or []), *(self.defs.asset_checks or [])],  # type: ignore[list-item]
+            selection=dg.AssetSelection.assets(*(request.asset_selection or []))
+            | dg.AssetSelection.checks(*(request.asset_check_keys or [])),
+            instance=self.instance,
+            resources=self.defs.resources,
+            tags=request.tags,
+            raise_on_error=False,
+        )
 
     def collected(self) -> tuple[str, dict[str, str]]:
         """The latest raw_files version of the source: its revision and its files."""
@@ -113,3 +142,31 @@ def test_a_branch_that_moved_is_collected_at_its_new_commit_once(nightly: Nightl
     revisions = [m.extra["revision"] for m in versions]
     assert len(revisions) >= 2 and revisions == [first, moved, later][-len(revisions) :]
     assert all(store.verify(m) == [] for m in versions)
+
+
+def test_a_group_whose_blocking_check_failed_waits_for_a_new_input_before_it_runs_again(
+    tmp_path: Path,
+) -> None:
+    """A takedown of the whole source leaves dedup nothing: its `some_file_is_left` check
+    fails after deduped_files was written. The cascade does not launch that group again on
+    the same inputs, tick after tick; a new commit collected is a new input."""
+    nightly = Nightly(tmp_path, extra="removals:\n  - {source: upstream, reason: takedown}\n")
+    commit(nightly.repo, {"answer.hpp": HEADER_V1}, "first")
+    (refresh,) = nightly.tick()
+    nightly.run(refresh)
+    _, (request,) = nightly.cascade_tick()
+    failed = nightly.launch(request)
+    assert not failed.success
+    assert [c.check_name for c in failed.get_asset_check_evaluations() if not c.passed] == [
+        "some_file_is_left"
+    ]
+    for _ in range(2):
+        skip, requests = nightly.cascade_tick()
+        assert requests == [], "launched again on the inputs its last run failed on"
+        assert f"run {failed.run_id}" in str(skip)
+
+    commit(nightly.repo, {"added.hpp": NEW_FILE}, "moved")
+    (refresh,) = nightly.tick()
+    nightly.run(refresh)
+    _, (again,) = nightly.cascade_tick()
+    assert again.asset_selection == request.asset_selection and again.run_key != request.run_key
