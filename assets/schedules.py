@@ -9,10 +9,11 @@ cascade step, a `megacpp run`), then launches the first run group after the refr
 that is older than an upstream stage, every source of a per-source group in one run: so no
 corpus-wide stage ever reads a refresh half done, and the snapshot is promoted from one
 consistent state. An automation condition per asset (`eager`) cannot promise that: it
-launches assets of different partitionings as separate runs that race each other. Each
-launch's run key names the group and the materializations of the stages outside it that it
-reads, so a run of it that failed (a step or a blocking check) is not launched again until
-one of those changes."""
+launches assets of different partitionings as separate runs that race each other. A group
+is not launched on a version whose blocking check did not pass (the skip message names the
+check), as a run stops at such a check. Each launch's run key names the group and the
+materializations of the stages outside it that it reads, so a run of it that failed (a
+step or a blocking check) is not launched again until one of those changes."""
 
 import hashlib
 from dataclasses import dataclass
@@ -129,6 +130,33 @@ def _ended_without_success(instance: dg.DagsterInstance, run_key: str) -> dg.Dag
     return None
 
 
+def _checks_not_passed(
+    instance: dg.DagsterInstance, registry: Registry, inputs: dict[str, _Latest]
+) -> list[str]:
+    """The blocking checks of the stages outside a group that did not pass on the versions
+    it would read: the latest evaluation failed, or the run that wrote the version ended
+    before evaluating it. One line each, naming the stage, the check and the run."""
+    keys = [
+        dg.AssetCheckKey(dg.AssetKey(name), check.name)
+        for name in inputs
+        for check in checks_of(registry.get(name))
+    ]
+    records = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys)
+    out = []
+    for key in keys:
+        record = records.get(key)
+        if record is None:  # never run (a version reported from outside Dagster's runs)
+            continue
+        name = key.asset_key.to_user_string()
+        evaluation = record.event.asset_check_evaluation if record.event else None
+        if evaluation is not None and not evaluation.passed:
+            why = f": {evaluation.description}" if evaluation.description else ""
+            out.append(f"{name}'s check {key.name} failed in run {record.run_id}{why}")
+        elif evaluation is None and record.run_id == inputs[name].run_id:
+            out.append(f"{name}'s check {key.name} never finished in run {record.run_id}")
+    return out
+
+
 def build_refresh(
     registry: Registry,
     catalog: Catalog,
@@ -184,6 +212,12 @@ def build_refresh(
                 "every stage after the refresh head is up to date (or has no input yet)"
             )
         group, run_key = stale.group, _cascade_key(stale)
+        not_passed = _checks_not_passed(instance, registry, stale.inputs)
+        if not_passed:  # a blocking check stops what reads the version, in the cascade too
+            return dg.SkipReason(
+                f"{', '.join(group)}: not launched on versions whose blocking checks did not "
+                f"pass: {'; '.join(not_passed)}"
+            )
         failed = _ended_without_success(instance, run_key)
         if failed is not None:
             return dg.SkipReason(

@@ -10,6 +10,7 @@ from typing import Any
 import dagster as dg
 
 from assets.defs import build_defs
+from megacpp_pipeline.pipeline.runner import checks_of
 from megacpp_pipeline.stages import default_registry
 from tests.fixtures.git_repo import git as _git
 
@@ -213,3 +214,31 @@ def test_a_group_whose_run_failed_is_not_launched_again_until_a_stage_it_reads_c
     cascade.materialize("scrubbed_files")  # the next refresh: something it reads changed
     _, (again,) = cascade.tick()
     assert selected(again) == selected(request) and again.run_key != request.run_key
+
+
+def test_a_group_is_not_launched_on_a_version_whose_blocking_check_failed(
+    tmp_path: Path,
+) -> None:
+    cascade = Cascade(tmp_path)
+    cascade.materialize(*cascade.registry.names())
+    cascade.materialize("scrubbed_files")  # a refresh, then its group's run
+    cascade.materialize("deduped_files", "decontaminated_files", "tokenizer")
+    check = checks_of(cascade.registry.get("tokenizer"))[0].name
+    cascade.instance.report_runless_asset_event(
+        dg.AssetCheckEvaluation(
+            asset_key=dg.AssetKey("tokenizer"),
+            check_name=check,
+            passed=False,
+            description="vocabulary of 3 ids",
+        )
+    )
+    skip, requests = cascade.tick()
+    assert requests == [], "enrich/tokenize launched on a tokenizer whose check failed"
+    assert f"tokenizer's check {check} failed" in str(skip)
+    assert "vocabulary of 3 ids" in str(skip) and "enriched_files, tokenized_docs" in str(skip)
+
+    cascade.instance.report_runless_asset_event(  # checked again, it passes
+        dg.AssetCheckEvaluation(asset_key=dg.AssetKey("tokenizer"), check_name=check, passed=True)
+    )
+    _, (request,) = cascade.tick()
+    assert selected(request) == ["enriched_files", "tokenized_docs"]

@@ -12,7 +12,9 @@ import dagster as dg
 import pytest
 
 from assets.defs import build_defs
-from assets.factory import REVISION_TAG
+from assets.factory import PARTITION_RANGE_END, PARTITION_RANGE_START, REVISION_TAG
+from megacpp_pipeline.pipeline.runner import checks_of
+from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import ShardStore
 from tests.fixtures.hostile.cases import _git
 
@@ -170,3 +172,40 @@ def test_a_group_whose_blocking_check_failed_waits_for_a_new_input_before_it_run
     nightly.run(refresh)
     _, (again,) = nightly.cascade_tick()
     assert again.asset_selection == request.asset_selection and again.run_key != request.run_key
+
+
+def test_the_cascade_does_not_read_a_refreshed_version_whose_blocking_check_failed(
+    tmp_path: Path,
+) -> None:
+    """A byte of the refreshed scrubbed_files flips after its run; checked again, its
+    `manifest_verifies_from_disk` fails. Dedup is behind it, but the cascade does not
+    launch dedup on that version: it names the check."""
+    nightly = Nightly(tmp_path)
+    commit(nightly.repo, {"answer.hpp": HEADER_V1}, "first")
+    (refresh,) = nightly.tick()
+    nightly.run(refresh)
+    store = ShardStore(str(nightly.data))
+    manifest = store.latest("scrubbed_files", "upstream")
+    shard = Path(store.version_dir(manifest)) / manifest.tables["data"].shards[0].path
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    checks = checks_of(default_registry().get("scrubbed_files"))
+    checked = dg.materialize(
+        [*(nightly.defs.assets or []), *(nightly.defs.asset_checks or [])],  # type: ignore[list-item]
+        selection=dg.AssetSelection.checks(
+            *(dg.AssetCheckKey(dg.AssetKey("scrubbed_files"), c.name) for c in checks)
+        ),
+        instance=nightly.instance,
+        resources=nightly.defs.resources,
+        tags={PARTITION_RANGE_START: "upstream", PARTITION_RANGE_END: "upstream"},
+        raise_on_error=False,
+    )
+    assert "manifest_verifies_from_disk" in {
+        c.check_name for c in checked.get_asset_check_evaluations() if not c.passed
+    }
+    skip, requests = nightly.cascade_tick()
+    assert requests == [], "dedup launched on a version whose blocking check failed"
+    assert f"scrubbed_files's check manifest_verifies_from_disk failed in run {checked.run_id}" in (
+        str(skip)
+    )
