@@ -1,21 +1,25 @@
 """The nightly refresh: a schedule (off by default, switchable in the UI) that re-resolves
 each operational source's revision (a tracked git branch becomes the commit it points at
 now) and launches the registry's refresh head (collect up to the first corpus-wide stage)
-once per new `source:revision`; the `nightly_cascade` sensor then brings everything
-downstream up to date, a run group at a time, the way `megacpp run` does.
+once per new `source:revision:code` (the head's code versions: an edit of sources.yaml such
+as a new `removals:` entry, or of a gate's config, is a new run too); the
+`nightly_cascade` sensor then brings everything downstream up to date, a run group at a
+time, the way `megacpp run` does.
 
 The cascade waits while any run of the instance is queued or in progress (a refresh, a
 cascade step, a `megacpp run`), then launches the first run group after the refresh head
-that is older than an upstream stage, every source of a per-source group in one run: so no
-corpus-wide stage ever reads a refresh half done, and the snapshot is promoted from one
-consistent state. An automation condition per asset (`eager`) cannot promise that: it
-launches assets of different partitionings as separate runs that race each other. A group
-is not launched on a version whose blocking check did not pass (the skip message names the
-check), as a run stops at such a check. Each launch's run key names the group and the
-materializations of the stages outside it that it reads, so a run of it that failed (a
-step or a blocking check) is not launched again until one of those changes."""
+that is older than an upstream stage or was last materialized at another code version,
+every source of a per-source group in one run: so no corpus-wide stage ever reads a
+refresh half done, and the snapshot is promoted from one consistent state. An automation
+condition per asset (`eager`) cannot promise that: it launches assets of different
+partitionings as separate runs that race each other. A group is not launched on a version
+whose blocking check did not pass (the skip message names the check), as a run stops at
+such a check. Each launch's run key names the group, the materializations of the stages
+outside it that it reads and its own code versions, so a run of it that failed (a step or
+a blocking check) is not launched again until one of those changes."""
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,14 +40,16 @@ _UNFINISHED = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
-_ENDED_WITHOUT_SUCCESS = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 # the tag the daemon gives a run it launched for a request's run key
 RUN_KEY_TAG = "dagster/run_key"
+# the tag Dagster gives a materialization: the code version of the asset that wrote it
+CODE_VERSION_TAG = "dagster/code_version"
 
 
 def _already_requested(instance: dg.DagsterInstance, run_key: str) -> bool:
-    """A run for this source:revision succeeded, or is queued or running: requesting it
-    again would collect the same commit twice (a one-minute cron ticks faster than a run)."""
+    """A run for this source:revision:code succeeded, or is queued or running: requesting
+    it again would collect the same commit twice (a one-minute cron ticks faster than a
+    run)."""
     runs = instance.get_runs(
         filters=dg.RunsFilter(
             tags={RUN_KEY_TAG: run_key},
@@ -57,10 +63,12 @@ def _already_requested(instance: dg.DagsterInstance, run_key: str) -> bool:
 @dataclass(frozen=True)
 class _Latest:
     """An asset's latest materialization (any partition): its place in the event log, which
-    orders events as they were written, and the run that wrote it."""
+    orders events as they were written, the run that wrote it and the code version it was
+    written at."""
 
     storage_id: int
     run_id: str
+    code_version: str | None
 
 
 def _latest(instance: dg.DagsterInstance, names: list[str]) -> dict[str, _Latest | None]:
@@ -70,7 +78,9 @@ def _latest(instance: dg.DagsterInstance, names: list[str]) -> dict[str, _Latest
         event = record.asset_entry.last_materialization_record
         if event is not None:
             name = record.asset_entry.asset_key.to_user_string()
-            out[name] = _Latest(event.storage_id, event.run_id)
+            written = event.event_log_entry.asset_materialization
+            code = written.tags.get(CODE_VERSION_TAG) if written and written.tags else None
+            out[name] = _Latest(event.storage_id, event.run_id, code)
     return out
 
 
@@ -86,19 +96,25 @@ def _outside_inputs(registry: Registry, group: tuple[str, ...]) -> tuple[str, ..
 
 @dataclass(frozen=True)
 class _Stale:
-    """A group to launch, and the latest materializations of the stages outside it that it
-    reads."""
+    """A group to launch, the latest materializations of the stages outside it that it
+    reads, and the code versions its stages run at now."""
 
     group: tuple[str, ...]
     inputs: dict[str, _Latest]
+    code_versions: dict[str, str]
 
 
 def _stale_group(
-    latest: dict[str, _Latest | None], registry: Registry, groups: list[tuple[str, ...]]
+    latest: dict[str, _Latest | None],
+    registry: Registry,
+    groups: list[tuple[str, ...]],
+    code_versions: dict[str, str],
 ) -> _Stale | None:
-    """The first group with a stage older than one of the stages it reads (or never
-    materialized); None when every group is up to date, or when a group's inputs from
-    before it were never materialized (nothing to cascade from yet)."""
+    """The first group with a stage older than one of the stages it reads, never
+    materialized, or last materialized at another code version (its code, its config or
+    the part of sources.yaml it reads changed); None when every group is up to date, or
+    when a group's inputs from before it were never materialized (nothing to cascade from
+    yet)."""
     for group in groups:
         outside = _outside_inputs(registry, group)
         inputs = {up: u for up in outside if (u := latest[up]) is not None}
@@ -107,27 +123,37 @@ def _stale_group(
         for name in group:
             mine = latest[name]
             ups = [u for up in registry.reads_of(registry.get(name)) if (u := latest[up])]
-            if mine is None or any(u.storage_id > mine.storage_id for u in ups):
-                return _Stale(group, inputs)
+            if (
+                mine is None
+                or mine.code_version != code_versions[name]
+                or any(u.storage_id > mine.storage_id for u in ups)
+            ):
+                return _Stale(group, inputs, {n: code_versions[n] for n in group})
     return None
 
 
 def _cascade_key(stale: _Stale) -> str:
-    """The group and the materializations of the stages outside it that it reads: the same
-    for every tick until one of those moves, so a run of it that failed halfway (its first
-    stage written, a later one or a check failed) is not taken for new work."""
-    digest = hashlib.sha256(
-        "\0".join(f"{name}={u.storage_id}" for name, u in stale.inputs.items()).encode()
-    )
-    return f"cascade:{stale.group[0]}:{digest.hexdigest()[:16]}"
+    """The group, the materializations of the stages outside it that it reads and its code
+    versions: the same for every tick until one of those moves, so a run of it that failed
+    halfway (its first stage written, a later one or a check failed) is not taken for new
+    work."""
+    parts = [f"{name}={u.storage_id}" for name, u in stale.inputs.items()]
+    parts += [f"{name}@{code}" for name, code in stale.code_versions.items()]
+    return f"cascade:{stale.group[0]}:{_digest(parts)}"
 
 
-def _ended_without_success(instance: dg.DagsterInstance, run_key: str) -> dg.DagsterRun | None:
-    """The last run with this key, when it ended without succeeding (failed or canceled)."""
+def _digest(parts: Iterable[str]) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _last_run(instance: dg.DagsterInstance, run_key: str) -> dg.DagsterRun | None:
+    """The last run with this key (ended: the cascade launches nothing while one runs).
+    One that failed is not launched again on the same inputs; nor is one that succeeded
+    and left its group behind (written at a code version other than the definitions the
+    sensor was loaded with: sources.yaml edited and the code location not reloaded), which
+    the daemon would not launch again under the same key anyway."""
     runs = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key}), limit=1)
-    if runs and runs[0].status in _ENDED_WITHOUT_SUCCESS:
-        return runs[0]
-    return None
+    return runs[0] if runs else None
 
 
 def _checks_not_passed(
@@ -164,6 +190,8 @@ def build_refresh(
     cache_dir: Path,
 ) -> tuple[Any, dg.ScheduleDefinition, dg.SensorDefinition]:
     head = registry.refresh_head()
+    code_versions = {s.name: registry.code_version(s, catalog) for s in registry}
+    head_code = _digest(code_versions[name] for name in head)
     job = dg.define_asset_job(
         "per_source_refresh",
         selection=dg.AssetSelection.assets(*head),
@@ -176,11 +204,12 @@ def build_refresh(
         execution_timezone=catalog.refresh.timezone,
         job=job,
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Nightly: one run per source whose revision changed (run_key source:revision).",
+        description="Nightly: one run per source whose revision or whose refresh stages' code "
+        "changed (run_key source:revision:code).",
     )
     def nightly_refresh(context: dg.ScheduleEvaluationContext):  # type: ignore[no-untyped-def]
         for source, revision in current_revisions(catalog, cache_dir, registry).items():
-            run_key = f"{source}:{revision}"
+            run_key = f"{source}:{revision}:{head_code}"
             if _already_requested(context.instance, run_key):
                 continue
             yield dg.RunRequest(
@@ -206,7 +235,7 @@ def build_refresh(
         if instance.get_runs(filters=dg.RunsFilter(statuses=_UNFINISHED), limit=1):
             return dg.SkipReason("a run is queued or in progress: waiting for it")
         latest = _latest(instance, registry.names())
-        stale = _stale_group(latest, registry, groups)
+        stale = _stale_group(latest, registry, groups, code_versions)
         if stale is None:
             return dg.SkipReason(
                 "every stage after the refresh head is up to date (or has no input yet)"
@@ -218,12 +247,12 @@ def build_refresh(
                 f"{', '.join(group)}: not launched on versions whose blocking checks did not "
                 f"pass: {'; '.join(not_passed)}"
             )
-        failed = _ended_without_success(instance, run_key)
-        if failed is not None:
+        last = _last_run(instance, run_key)
+        if last is not None:
             return dg.SkipReason(
-                f"{', '.join(group)}: its last run on these inputs (run {failed.run_id}) "
-                f"ended {failed.status.value}; not launched again until a stage it reads "
-                "changes"
+                f"{', '.join(group)}: its last run on these inputs (run {last.run_id}) "
+                f"ended {last.status.value}; not launched again until a stage it reads or "
+                "its code version changes"
             )
         stages = [registry.get(name) for name in group]
         tags = {"megacpp/cascade": ", ".join(group), RUN_KEY_TAG: run_key}

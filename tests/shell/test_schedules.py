@@ -48,7 +48,9 @@ def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path
     first = [
         (r.partition_key, r.run_key, r.tags.get("megacpp/revision")) for r in ticks.run_requests
     ]
-    assert first[0] == ("upstream", f"upstream:{head}", head)
+    # the key: the source, its revision and the code versions of the stages the run computes
+    assert first[0][::2] == ("upstream", head)
+    assert str(first[0][1]).startswith(f"upstream:{head}:")
     assert first[1][0] == "tree" and str(first[1][1]).startswith("tree:")
     # the first source's run succeeded: it is not requested again
     instance.add_run(
@@ -122,16 +124,23 @@ class Cascade:
         tree = tmp_path / "tree"
         tree.mkdir()
         (tree / "a.hpp").write_text("#pragma once\nint a();\n")
-        catalog = tmp_path / "sources.yaml"
-        catalog.write_text(
+        self.root = tmp_path
+        self.catalog = tmp_path / "sources.yaml"
+        self.catalog.write_text(
             f"snapshot: c\nsources:\n  - {{id: s1, kind: dir, uri: {tree}}}\n"
             f"  - {{id: s2, kind: dir, uri: {tree}}}\n"
         )
-        self.defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")
-        self.sensor = self.defs.get_sensor_def("nightly_cascade")
+        self.edit("")
         (tmp_path / "home").mkdir()
         self.instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "home"))
         self.registry = default_registry()
+
+    def edit(self, lines: str) -> None:
+        """`lines` added to sources.yaml, and the definitions built again from it (as a
+        reload of the code location builds them)."""
+        self.catalog.write_text(self.catalog.read_text() + lines)
+        self.defs = build_defs(self.catalog, self.root / "data", cache_dir=self.root / "c")
+        self.sensor = self.defs.get_sensor_def("nightly_cascade")
 
     def tick(self) -> tuple[str | None, list[dg.RunRequest]]:
         context = dg.build_sensor_context(
@@ -140,12 +149,18 @@ class Cascade:
         result = self.sensor.evaluate_tick(context)
         return result.skip_message, list(result.run_requests or [])
 
-    def materialize(self, *names: str) -> None:
+    def materialize(self, *names: str, code_version: str | None = None) -> None:
+        """Each stage as a run writes it: every partition, tagged with its asset's code
+        version (or `code_version`)."""
         for name in names:
             partitions = ["s1", "s2"] if self.registry.get(name).per_source else [None]
+            key = dg.AssetKey(name)
+            code = code_version or self.defs.resolve_assets_def(key).code_versions_by_key[key]
             for p in partitions:
                 self.instance.report_runless_asset_event(
-                    dg.AssetMaterialization(asset_key=name, partition=p)
+                    dg.AssetMaterialization(
+                        asset_key=name, partition=p, tags={"dagster/code_version": str(code)}
+                    )
                 )
 
     def ran(self, run_id: str, request: dg.RunRequest, status: dg.DagsterRunStatus) -> None:
@@ -242,3 +257,53 @@ def test_a_group_is_not_launched_on_a_version_whose_blocking_check_failed(
     )
     _, (request,) = cascade.tick()
     assert selected(request) == ["enriched_files", "tokenized_docs"]
+
+
+def test_the_cascade_launches_a_group_whose_config_changed_though_nothing_it_reads_did(
+    tmp_path: Path,
+) -> None:
+    cascade = Cascade(tmp_path)
+    cascade.materialize(*cascade.registry.names())
+    assert "up to date" in str(cascade.tick()[0])
+    cascade.edit("stages:\n  dedup: {threshold: 0.9}\n")  # deduped_files' code version moves
+    _, (request,) = cascade.tick()
+    assert selected(request) == ["deduped_files", "decontaminated_files", "tokenizer"]
+    cascade.materialize("deduped_files", "decontaminated_files", "tokenizer")
+    _, (request,) = cascade.tick()  # and on down the line, as after a refresh
+    assert selected(request) == ["enriched_files", "tokenized_docs"]
+
+
+def test_an_edit_of_the_catalog_the_refresh_stages_read_is_a_new_refresh_of_the_same_revision(
+    tmp_path: Path,
+) -> None:
+    """A removal added to sources.yaml changes removed_files' code version: the schedule
+    asks for the source again at the revision it already collected, once."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.hpp").write_text("#pragma once\nint a();\n")
+    catalog = tmp_path / "sources.yaml"
+    catalog.write_text(f"snapshot: n\nsources:\n  - {{id: tree, kind: dir, uri: {tree}}}\n")
+    _, sched, instance, repo = _nightly(catalog, tmp_path)
+
+    def tick() -> list[dg.RunRequest]:
+        context = dg.build_schedule_context(instance=instance, repository_def=repo)
+        return list(sched.evaluate_tick(context).run_requests or [])
+
+    (first,) = tick()
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="per_source_refresh",
+            run_id="r1",
+            tags=first.tags,
+            status=dg.DagsterRunStatus.SUCCESS,
+        )
+    )
+    assert tick() == []
+    catalog.write_text(
+        catalog.read_text() + "removals:\n  - {source: tree, path: a.hpp, reason: takedown}\n"
+    )
+    defs = build_defs(catalog, tmp_path / "data", cache_dir=tmp_path / "c")  # reloaded
+    sched, repo = defs.get_schedule_def("nightly_refresh"), defs.get_repository_def()
+    (again,) = tick()
+    assert again.tags["megacpp/revision"] == first.tags["megacpp/revision"]
+    assert again.run_key != first.run_key

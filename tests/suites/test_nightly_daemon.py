@@ -215,9 +215,7 @@ def test_a_real_tick_refreshes_and_promotes_a_snapshot_that_keeps_the_tokenizer(
     second = deployment.snapshot()
     assert second is not None
     instance = deployment.instance()
-    refresh_runs = instance.get_runs(
-        filters=dg.RunsFilter(tags={"dagster/run_key": f"upstream:{moved}"})
-    )
+    refresh_runs = instance.get_runs(filters=dg.RunsFilter(tags={"megacpp/revision": moved}))
     assert [r.status for r in refresh_runs] == [dg.DagsterRunStatus.SUCCESS]
     assert refresh_runs[0].tags.get("dagster/schedule_name") == "nightly_refresh"
     # the cascade started after the refresh ended, one run group at a time, never beside it

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
+import pyarrow.parquet as pq
 import pytest
 
 from assets.defs import build_defs
@@ -94,6 +95,20 @@ class Nightly:
             raise_on_error=False,
         )
 
+    def cascade(self) -> str:
+        """Every group the cascade launches, run one after another until it launches none;
+        its last skip message."""
+        while True:
+            skip, requests = self.cascade_tick()
+            if not requests:
+                return str(skip)
+            (request,) = requests
+            assert self.launch(request).success, request.asset_selection
+
+    def promoted(self) -> Path:
+        """The snapshot the latest snapshot version promoted."""
+        return Path(ShardStore(str(self.data)).latest("snapshot").extra["snapshot_dir"])
+
     def collected(self) -> tuple[str, dict[str, str]]:
         """The latest raw_files version of the source: its revision and its files."""
         store = ShardStore(str(self.data))
@@ -117,21 +132,21 @@ def nightly(tmp_path: Path) -> Nightly:
 def test_a_branch_that_moved_is_collected_at_its_new_commit_once(nightly: Nightly) -> None:
     first = commit(nightly.repo, {"answer.hpp": HEADER_V1}, "first")
     (request,) = nightly.tick()
-    assert (request.run_key, request.tags[REVISION_TAG]) == (f"upstream:{first}", first)
+    assert request.run_key.startswith(f"upstream:{first}:") and request.tags[REVISION_TAG] == first
     nightly.run(request)
     assert nightly.collected() == (first, {"answer.hpp": HEADER_V1})
     assert nightly.tick() == []  # nothing moved: nothing to do
 
     moved = commit(nightly.repo, {"answer.hpp": HEADER_V2, "added.hpp": NEW_FILE}, "moved")
     (request,) = nightly.tick()
-    assert (request.run_key, request.tags[REVISION_TAG]) == (f"upstream:{moved}", moved)
+    assert request.run_key.startswith(f"upstream:{moved}:") and request.tags[REVISION_TAG] == moved
     # the branch moves again before the requested run starts: the run still collects the
     # commit its tick resolved, and the next tick asks for the newer one
     later = commit(nightly.repo, {"later.hpp": LATER_FILE}, "later")
     nightly.run(request)
     assert nightly.collected() == (moved, {"answer.hpp": HEADER_V2, "added.hpp": NEW_FILE})
     (request,) = nightly.tick()
-    assert request.run_key == f"upstream:{later}"
+    assert request.run_key.startswith(f"upstream:{later}:")
     nightly.run(request)
     revision, files = nightly.collected()
     assert revision == later and set(files) == {"answer.hpp", "added.hpp", "later.hpp"}
@@ -209,3 +224,33 @@ def test_the_cascade_does_not_read_a_refreshed_version_whose_blocking_check_fail
     assert f"scrubbed_files's check manifest_verifies_from_disk failed in run {checked.run_id}" in (
         str(skip)
     )
+
+
+def test_a_removal_added_to_the_catalog_reaches_the_next_snapshot_through_the_nightly_path(
+    tmp_path: Path,
+) -> None:
+    """Nothing upstream moves; sources.yaml gains a removal. The schedule refreshes the
+    source again (the head's code version moved) and the cascade carries it down to a new
+    snapshot without the file."""
+    nightly = Nightly(tmp_path)
+    revision = commit(nightly.repo, {"answer.hpp": HEADER_V1, "added.hpp": NEW_FILE}, "first")
+    (refresh,) = nightly.tick()
+    nightly.run(refresh)
+    assert "up to date" in nightly.cascade()
+    first = nightly.promoted()
+    ledger = pq.read_table(first / "ledger.parquet").to_pylist()
+    assert {r["path"]: r["status"] for r in ledger} == {"answer.hpp": "kept", "added.hpp": "kept"}
+
+    with nightly.catalog.open("a") as f:
+        f.write("removals:\n  - {source: upstream, path: added.hpp, reason: takedown}\n")
+    nightly.reload()
+    (refresh,) = nightly.tick()
+    assert refresh.tags[REVISION_TAG] == revision
+    nightly.run(refresh)
+    assert "up to date" in nightly.cascade()
+    second = nightly.promoted()
+    assert second != first
+    ledger = pq.read_table(second / "ledger.parquet").to_pylist()
+    removed = [(r["path"], r["status"], r["reason"]) for r in ledger if r["path"] == "added.hpp"]
+    assert removed == [("added.hpp", "dropped", "removed_on_request")]
+    assert nightly.tick() == [] and "up to date" in nightly.cascade()
