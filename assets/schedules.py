@@ -27,10 +27,11 @@ from typing import Any
 import dagster as dg
 
 from assets.factory import PARTITION_RANGE_END, PARTITION_RANGE_START, REVISION_TAG
+from megacpp_pipeline.collect.source import CollectError
 from megacpp_pipeline.core.catalog import Catalog
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.pipeline.runner import checks_of
-from megacpp_pipeline.stages.collect import current_revisions
+from megacpp_pipeline.stages.collect import current_revision
 
 # a run of the instance that is not finished yet: the cascade launches nothing meanwhile
 _UNFINISHED = [
@@ -44,6 +45,9 @@ _UNFINISHED = [
 RUN_KEY_TAG = "dagster/run_key"
 # the tag Dagster gives a materialization: the code version of the asset that wrote it
 CODE_VERSION_TAG = "dagster/code_version"
+# on the refresh's runs: the sources its tick could not resolve, each with the cause
+UNREACHABLE_TAG = "megacpp/unreachable_sources"
+_TAG_CHARS = 1000  # of the causes: a tag to read on the run's page, not a log
 
 
 def _already_requested(instance: dg.DagsterInstance, run_key: str) -> bool:
@@ -208,15 +212,36 @@ def build_refresh(
         "changed (run_key source:revision:code).",
     )
     def nightly_refresh(context: dg.ScheduleEvaluationContext):  # type: ignore[no-untyped-def]
-        for source, revision in current_revisions(catalog, cache_dir, registry).items():
-            run_key = f"{source}:{revision}:{head_code}"
-            if _already_requested(context.instance, run_key):
+        due: list[tuple[str, str, str]] = []  # source, revision, run key
+        unreachable: list[str] = []  # one source that cannot be resolved stops no other
+        for spec in catalog.operational:
+            try:
+                revision = current_revision(catalog, spec, cache_dir, registry)
+            except (CollectError, OSError) as e:
+                cause = f"{type(e).__name__}: {' '.join(str(e).split())}"  # git's, on one line
+                unreachable.append(f"{spec.id} ({cause})")
+                context.log.warning(f"source {spec.id} not refreshed: {cause}")
                 continue
-            yield dg.RunRequest(
-                run_key=run_key,
-                partition_key=source,
-                tags={REVISION_TAG: revision, RUN_KEY_TAG: run_key},
+            run_key = f"{spec.id}:{revision}:{head_code}"
+            if not _already_requested(context.instance, run_key):
+                due.append((spec.id, revision, run_key))
+        # a schedule's run requests carry no message: a tag on each names what was left out
+        left_out = {UNREACHABLE_TAG: "; ".join(unreachable)[:_TAG_CHARS]} if unreachable else {}
+        if due:
+            return [
+                dg.RunRequest(
+                    run_key=run_key,
+                    partition_key=source,
+                    tags={REVISION_TAG: revision, RUN_KEY_TAG: run_key, **left_out},
+                )
+                for source, revision, run_key in due
+            ]
+        if unreachable:
+            return dg.SkipReason(
+                f"not refreshed, unreachable: {'; '.join(unreachable)}; every other source "
+                "is requested already"
             )
+        return dg.SkipReason("every source's revision is requested already")
 
     # the run groups after the refresh head, in order (the catalog's group is not refreshed)
     groups = [g for g in registry.run_groups() if not set(g) & {registry.names()[0], *head}]

@@ -518,22 +518,20 @@ STAGE = Stage(
 )
 
 
-def current_revisions(
-    catalog: Catalog, cache_dir: Path, registry: Registry | None = None
-) -> dict[str, str]:
-    """source id -> the revision a collection would read now (a tracked git branch
-    resolves to the commit it points at; other sources to their pin or content hash). A
-    directory's tree hash covers the metadata files `registry`'s stages read (REUSE.toml,
-    LICENSES/) as collection's does, so a change to those alone moves it too."""
-    out = {}
-    for spec in catalog.operational:
-        files = collect.open_source(
-            spec,
-            catalog.resolve_uri(spec),
-            cache_dir=cache_dir,
-            limits=catalog.collect,
-            keep_also=partial(registry.is_metadata_file, spec) if registry else None,
-            max_file_bytes=catalog.file_limit(spec),
-        )
-        out[spec.id] = files.revision
-    return out
+def current_revision(
+    catalog: Catalog, spec: SourceSpec, cache_dir: Path, registry: Registry | None = None
+) -> str:
+    """The revision a collection of `spec` would read now (a tracked git branch resolves
+    to the commit it points at; other sources to their pin or content hash); CollectError
+    when the source cannot be reached. A directory's tree hash covers the metadata files
+    `registry`'s stages read (REUSE.toml, LICENSES/) as collection's does, so a change to
+    those alone moves it too."""
+    files = collect.open_source(
+        spec,
+        catalog.resolve_uri(spec),
+        cache_dir=cache_dir,
+        limits=catalog.collect,
+        keep_also=partial(registry.is_metadata_file, spec) if registry else None,
+        max_file_bytes=catalog.file_limit(spec),
+    )
+    return files.revision

@@ -307,3 +307,36 @@ def test_an_edit_of_the_catalog_the_refresh_stages_read_is_a_new_refresh_of_the_
     (again,) = tick()
     assert again.tags["megacpp/revision"] == first.tags["megacpp/revision"]
     assert again.run_key != first.run_key
+
+
+def test_a_source_that_cannot_be_reached_is_named_and_the_others_are_still_refreshed(
+    tmp_path: Path,
+) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "b.hpp").write_text("#pragma once\nint other() { return 7; }\n")
+    catalog = tmp_path / "sources.yaml"
+    catalog.write_text(
+        "snapshot: nightly\nsources:\n"
+        f"  - id: gone\n    kind: git\n    uri: {tmp_path / 'no-such-repo'}\n    track: main\n"
+        f"  - id: tree\n    kind: dir\n    uri: {tree}\n"
+    )
+    _, sched, instance, repo = _nightly(catalog, tmp_path)
+    tick = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
+    (request,) = tick.run_requests or []
+    assert request.partition_key == "tree"
+    left_out = request.tags["megacpp/unreachable_sources"]
+    assert left_out.startswith("gone (CollectError: ") and "no-such-repo" in left_out
+    assert "\n" not in left_out  # git's message on one line
+
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="per_source_refresh",
+            run_id="r1",
+            tags=request.tags,
+            status=dg.DagsterRunStatus.SUCCESS,
+        )
+    )
+    tick = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
+    assert not tick.run_requests
+    assert "unreachable: gone (CollectError: " in str(tick.skip_message)
