@@ -212,12 +212,6 @@ class BenchmarkSpec(BaseModel):
         return p if p.is_absolute() else (base_dir / p).resolve()
 
 
-class ShardConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_rows: int = Field(default=20_000, gt=0)
-    max_bytes: int = Field(default=64 << 20, gt=0)
-
-
 class CollectLimits(BaseModel):
     """Bounds that keep a hostile archive (zip bomb) from exhausting the machine. The size of
     one file is the catalog's `max_file_bytes` (one size policy for every stage)."""
@@ -257,7 +251,6 @@ class Catalog(BaseModel):
     seq_len: int = Field(default=2048, ge=16, le=1 << 20)
     max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, gt=0)
     sources: list[SourceSpec] = Field(min_length=1)
-    shards: ShardConfig = Field(default_factory=ShardConfig)
     collect: CollectLimits = Field(default_factory=CollectLimits)
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
     split: SplitConfig = Field(default_factory=SplitConfig)
@@ -270,7 +263,8 @@ class Catalog(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_size_policy(cls, data: Any) -> Any:
-        """Settings that moved out of a stage's section: say where the one setting is."""
+        """Settings that moved out of a stage's section: say where the one setting is (or
+        that it is none)."""
         if not isinstance(data, dict):
             return data
         places = [("collect", (data.get("collect") or {}))]
@@ -283,6 +277,15 @@ class Catalog(BaseModel):
                     f"{where}.max_file_bytes: there is one size policy now: set max_file_bytes "
                     "at the top of sources.yaml (or in a source's entry for that source)"
                 )
+        if "shards" in data:
+            # accepted once and never applied: a per-file stage writes one shard per slice
+            # of its input whatever the limits, so a catalog setting could not hold
+            raise ValueError(
+                "shards: not a setting of sources.yaml (it was never applied): a per-file "
+                "stage writes one shard per slice of its input, and the other stages' shard "
+                "limits are the pipeline resource's (max_rows_per_shard, "
+                "max_bytes_per_shard); remove the section"
+            )
         tokenize = stages.get("tokenize") if isinstance(stages, dict) else None
         for old, new in (("validation_fraction", "validation_fraction"), ("split_salt", "salt")):
             if isinstance(tokenize, dict) and old in tokenize:

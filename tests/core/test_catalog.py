@@ -181,3 +181,12 @@ def test_the_split_has_its_own_section_and_the_old_place_says_so(
     top = "split: {validation_fraction: 0.2, salt: other}\n"
     cat = load_catalog(_write(tmp_path, DIR_SOURCE.format(top=top, field="")))
     assert (cat.split.validation_fraction, cat.split.salt) == (0.2, "other")
+
+
+def test_a_shards_section_is_refused_naming_it_not_accepted_and_ignored(tmp_path: Path) -> None:
+    section = "shards: {max_rows: 1, max_bytes: 100}\n"
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(_write(tmp_path, DIR_SOURCE.format(top=section, field="")))
+    message = str(caught.value)
+    assert "shards: not a setting of sources.yaml" in message, message
+    assert "max_bytes_per_shard" in message and "(the entry itself)" not in message
