@@ -44,7 +44,9 @@ def build_defs(
     registry = registry or default_registry()
     catalog = load_catalog(config_path, registry)
     assets, checks, sources = build_assets(registry, catalog)
-    job, schedule, cascade = build_refresh(registry, catalog, sources, Path(cache_dir))
+    job, schedule, cascade = build_refresh(
+        registry, catalog, sources, Path(cache_dir), origin=str(config_path)
+    )
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster._utils.schedules import is_valid_cron_string  # what the schedule itself checks
 
 from assets.factory import PARTITION_RANGE_END, PARTITION_RANGE_START, REVISION_TAG
 from megacpp_pipeline.collect.source import CollectError
-from megacpp_pipeline.core.catalog import Catalog
+from megacpp_pipeline.core.catalog import Catalog, CatalogError
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.pipeline.runner import checks_of
 from megacpp_pipeline.stages.collect import current_revision
@@ -187,12 +188,28 @@ def _checks_not_passed(
     return out
 
 
+def checked_cron(catalog: Catalog, origin: str) -> str:
+    """`refresh.cron` when Dagster can schedule it; else the CatalogError a bad catalog
+    field gives (the catalog model checks only that it has five fields: the library does not
+    import Dagster, whose cron reading is the one that counts)."""
+    cron = catalog.refresh.cron
+    if not is_valid_cron_string(cron):
+        raise CatalogError(
+            f"{origin}: field refresh.cron: {cron!r} is not a schedule Dagster can run "
+            "(minute hour day-of-month month day-of-week, e.g. '0 2 * * *')"
+        )
+    return cron
+
+
 def build_refresh(
     registry: Registry,
     catalog: Catalog,
     sources: dg.PartitionsDefinition,
     cache_dir: Path,
+    origin: str = "sources.yaml",
 ) -> tuple[Any, dg.ScheduleDefinition, dg.SensorDefinition]:
+    """The refresh job, its schedule and the cascade sensor; a `refresh.cron` Dagster cannot
+    run fails here, naming the field of `origin` (the catalog's path)."""
     head = registry.refresh_head()
     code_versions = {s.name: registry.code_version(s, catalog) for s in registry}
     head_code = _digest(code_versions[name] for name in head)
@@ -204,7 +221,7 @@ def build_refresh(
 
     @dg.schedule(
         name="nightly_refresh",
-        cron_schedule=catalog.refresh.cron,
+        cron_schedule=checked_cron(catalog, origin),
         execution_timezone=catalog.refresh.timezone,
         job=job,
         default_status=dg.DefaultScheduleStatus.STOPPED,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import zoneinfo
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -236,11 +237,24 @@ class SplitConfig(BaseModel):
 
 
 class RefreshConfig(BaseModel):
-    """The nightly refresh: when it runs (cron, in `timezone`)."""
+    """The nightly refresh: when it runs (cron, in `timezone`). The cron's five fields are
+    checked here; whether Dagster can schedule them, where the schedule is built (the
+    library does not import Dagster)."""
 
     model_config = ConfigDict(extra="forbid")
     cron: str = Field(default="0 2 * * *", pattern=r"^\S+( \S+){4}$")
     timezone: str = "UTC"
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, v: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(v)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {v!r} (an IANA name, e.g. UTC or Europe/Berlin)"
+            ) from None
+        return v
 
 
 class Catalog(BaseModel):

@@ -190,3 +190,14 @@ def test_a_shards_section_is_refused_naming_it_not_accepted_and_ignored(tmp_path
     message = str(caught.value)
     assert "shards: not a setting of sources.yaml" in message, message
     assert "max_bytes_per_shard" in message and "(the entry itself)" not in message
+
+
+def test_a_refresh_time_zone_that_does_not_exist_is_refused_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    section = "refresh: {timezone: Europe/Atlantis}\n"
+    with pytest.raises(CatalogError, match="field refresh.timezone: unknown time zone"):
+        load_catalog(_write(tmp_path, DIR_SOURCE.format(top=section, field="")))
+    section = "refresh: {timezone: Europe/Berlin}\n"
+    cat = load_catalog(_write(tmp_path, DIR_SOURCE.format(top=section, field="")))
+    assert cat.refresh.timezone == "Europe/Berlin"
