@@ -72,6 +72,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage_name(text: str) -> str:
+    """A stage of the registry, refused at parse time (before the plan sizes any source)."""
+    from megacpp_pipeline.stages import default_registry
+
+    stages = default_registry().names()
+    if text not in stages:
+        raise argparse.ArgumentTypeError(f"{text!r} is no stage; the stages: {', '.join(stages)}")
+    return text
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of workers, at least 1")
@@ -115,7 +125,12 @@ def _register_run(p: argparse.ArgumentParser) -> None:
         help="start without the pre-flight check (megacpp plan) that refuses a run which "
         "would not fit the memory or disk it has",
     )
-    p.add_argument("--stop-after", default=None, help="stop after this asset (debugging)")
+    p.add_argument(
+        "--stop-after",
+        type=_stage_name,
+        default=None,
+        help="stop after this stage (debugging); a name that is no stage is refused",
+    )
     p.add_argument("--verbose", action="store_true", help="Dagster's event log on the console too")
     p.set_defaults(func=_cmd_run)
 

@@ -41,6 +41,7 @@ from megacpp_pipeline.pipeline.parallel import (
     workers_from,
 )
 from megacpp_pipeline.pipeline.registry import Registry
+from megacpp_pipeline.stages import default_registry
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -155,7 +156,14 @@ def run_pipeline(
     """Materialize every stage; a bad config fails before any work, and so does a data dir
     that cannot be one. Progress goes to `log` (a live view on a terminal unless `live` says
     otherwise), the finished stages' table last. `engine`/`ray_address`: where per-file
-    stages run (pipeline/engine.py; default MEGACPP_ENGINE / RAY_ADDRESS, else local)."""
+    stages run (pipeline/engine.py; default MEGACPP_ENGINE / RAY_ADDRESS, else local).
+    `stop_after`: the last stage to materialize; a name that is no stage fails before any
+    work (it would otherwise run, and promote, the whole DAG)."""
+    stages = (registry or default_registry()).names()
+    if stop_after is not None and stop_after not in stages:
+        raise PipelineFailed(
+            f"--stop-after {stop_after!r} is no stage; the stages: {', '.join(stages)}"
+        )
     try:
         chosen = Engine.choose(engine, ray_address, os.environ)
     except ValueError as e:

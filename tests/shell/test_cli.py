@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from assets import cli
+from assets.runner import PipelineFailed, run_pipeline
+from megacpp_pipeline.stages import default_registry
 
 
 def megacpp(*argv: str) -> tuple[int, str, str]:
@@ -59,3 +61,22 @@ def test_a_refresh_setting_dagster_cannot_schedule_stops_run_with_one_line_namin
     assert last.startswith("megacpp run: CatalogError: ") and "Traceback" not in err, err
     assert f"{catalog}: field {field}: {says}" in last, err
     assert not (tmp_path / "data" / "assets").exists()
+
+
+def test_a_stop_after_that_names_no_stage_is_refused_before_any_work_listing_the_stages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    catalog = _catalog(tmp_path)
+    with pytest.raises(SystemExit) as exited:  # at parse time, before the plan
+        cli.main(
+            ["run", "--config", str(catalog), "--data-dir", str(tmp_path / "data"),
+             "--cache-dir", str(tmp_path / "cache"), "--stop-after", "snapshto"]
+        )  # fmt: skip
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --stop-after: 'snapshto' is no stage; the stages: source_catalog, " in err
+    with pytest.raises(PipelineFailed) as failed:  # the same from the API
+        run_pipeline(catalog, tmp_path / "data", cache_dir=tmp_path / "cache", stop_after="snap")
+    assert str(failed.value).startswith("--stop-after 'snap' is no stage; the stages: ")
+    assert ", ".join(default_registry().names()) in str(failed.value)
+    assert not (tmp_path / "data").exists()  # nothing ran, nothing was promoted
