@@ -137,9 +137,11 @@ def _register_run(p: argparse.ArgumentParser) -> None:
 
 def _cache_location(args: argparse.Namespace) -> tuple[pafs.FileSystem, str]:
     """Where `megacpp run` keeps the per-file result cache for these dirs: in the store's
-    `file-results/` when the data dir is an object store, else under the cache dir."""
-    if "://" in str(args.data_dir):
-        store = ShardStore(str(args.data_dir))
+    `file-results/` when the data dir is an object store, else under the cache dir. The
+    store's own answer decides, as the run's (StageContext.file_cache): a `file://` data
+    dir is local disk, its cache under the cache dir."""
+    store = ShardStore(str(args.data_dir))
+    if not store.is_local:
         return store.fs, store.join("file-results")
     return pafs.LocalFileSystem(), str((Path(args.cache_dir) / "file-results").resolve())
 

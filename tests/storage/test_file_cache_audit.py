@@ -74,6 +74,19 @@ def test_verify_names_the_broken_entry_and_fails(cache_dir: Path) -> None:
     assert "2 entries for 10 files proved, 1 broken; 3 objects a writer left" in err, err
 
 
+def test_a_file_uri_data_dir_is_local_disk_so_its_cache_is_the_cache_dirs(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """`megacpp run --data-dir file:///...` keeps its result cache under the cache dir (the
+    store is local): verify looks there too, not in the data dir."""
+    (tmp_path / "data").mkdir()
+    data = (tmp_path / "data").as_uri()
+    code, out, err = _megacpp("cache", "verify", "--data-dir", data, "--cache-dir", str(cache_dir))
+    assert code == 1, err
+    assert str(cache_dir / "file-results") in err and "1 broken" in err, err
+    assert "/other/e-" in out
+
+
 def test_prune_removes_what_is_broken_or_left_over_and_keeps_what_serves(
     cache_dir: Path, tmp_path: Path
 ) -> None:
