@@ -10,6 +10,7 @@ import dagster as dg
 from assets.factory import build_assets
 from assets.schedules import build_refresh
 from megacpp_pipeline.pipeline.catalog import load_catalog
+from megacpp_pipeline.pipeline.context import DEFAULT_CACHE_DIR
 from megacpp_pipeline.pipeline.no_pandas import skip_pandas_probe
 from megacpp_pipeline.pipeline.parallel import workers_from
 from megacpp_pipeline.pipeline.registry import Registry
@@ -19,7 +20,6 @@ from resources.pipeline import PipelineResource
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "examples" / "demo" / "sources.yaml"
 DEFAULT_DATA_DIR = REPO / "data"
-DEFAULT_CACHE_DIR = REPO / ".cache"
 # what the step processes of a UI or scheduled run fork from already has imported: this module
 # imports dagster and, through the stage registry, every library a stage uses
 PRELOADED = __name__

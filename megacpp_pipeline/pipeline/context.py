@@ -28,6 +28,11 @@ from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.file_cache import FileResultCache
 from megacpp_pipeline.storage.store import Manifest, ShardStore, VersionWriter
 
+# Where a run keeps per-file results, fetched archives and git mirrors unless told
+# (--cache-dir, MEGACPP_CACHE_DIR): `.cache/` in the repository whatever the working
+# directory, for `megacpp run`, `megacpp plan` and `megacpp cache` alike.
+DEFAULT_CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache"
+
 
 def _ignore(message: str) -> None:
     pass

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from megacpp_pipeline.pipeline.catalog import load_catalog
+from megacpp_pipeline.pipeline.context import DEFAULT_CACHE_DIR
 from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.plan.forecast import Forecast, plan_run
@@ -92,8 +93,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default="data", help="where the run writes (a path or s3://)")
     p.add_argument(
         "--cache-dir",
-        default=os.environ.get("MEGACPP_CACHE_DIR", ".cache"),
-        help="per-file results, fetched archives and git mirrors",
+        default=os.environ.get("MEGACPP_CACHE_DIR", str(DEFAULT_CACHE_DIR)),
+        help="per-file results, fetched archives and git mirrors (default: MEGACPP_CACHE_DIR "
+        "or .cache/ in the repository, as megacpp run)",
     )
     p.add_argument("--engine", choices=["local", "ray"], default=None)
     add_arguments(p)

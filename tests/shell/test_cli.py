@@ -12,7 +12,10 @@ import pytest
 
 from assets import cli
 from assets.runner import PipelineFailed, run_pipeline
+from megacpp_pipeline import cli as library_cli
 from megacpp_pipeline.stages import default_registry
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def megacpp(*argv: str) -> tuple[int, str, str]:
@@ -80,3 +83,16 @@ def test_a_stop_after_that_names_no_stage_is_refused_before_any_work_listing_the
     assert str(failed.value).startswith("--stop-after 'snap' is no stage; the stages: ")
     assert ", ".join(default_registry().names()) in str(failed.value)
     assert not (tmp_path / "data").exists()  # nothing ran, nothing was promoted
+
+
+def test_plan_and_run_keep_their_cache_in_one_place_from_any_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`megacpp plan` sizes the disk `megacpp run` writes, and lists a git source through
+    the mirror the run will use: both under the repository's .cache/, not the caller's."""
+    monkeypatch.delenv("MEGACPP_CACHE_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    parser = library_cli.build_parser(extra={"run": cli._register_run})
+    plan = parser.parse_args(["plan", "--config", "sources.yaml"])
+    run = parser.parse_args(["run", "--config", "sources.yaml"])
+    assert Path(plan.cache_dir) == Path(run.cache_dir) == REPO / ".cache"
