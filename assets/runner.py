@@ -41,6 +41,7 @@ from megacpp_pipeline.pipeline.parallel import (
     workers_from,
 )
 from megacpp_pipeline.pipeline.registry import Registry
+from megacpp_pipeline.plan.sizing import MB
 from megacpp_pipeline.stages import default_registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -412,11 +413,13 @@ def _materialize(
 
 
 def _peak_rss_mb() -> float:
+    """This process's high-water mark in MB of 10^6 bytes, as the plan forecasts it and the
+    console counts every other figure (VmHWM is in KiB)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
+                    return int(line.split()[1]) * 1024 / MB
     except OSError:
         pass
     return 0.0

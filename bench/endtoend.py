@@ -313,8 +313,8 @@ def run(
                     group = stages[current[0]]
                     group.seconds += float(m.group("seconds"))
                     if m.group("rss"):
-                        group.process_peak_rss_mb = max(
-                            group.process_peak_rss_mb, float(m.group("rss")) * 1.048576
+                        group.process_peak_rss_mb = max(  # MB of 10^6 bytes, as printed
+                            group.process_peak_rss_mb, float(m.group("rss"))
                         )
                     group.partitions[current_partition[0] or "_"] = float(m.group("seconds"))
 

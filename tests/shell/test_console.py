@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from assets import console as console_mod
+from assets import runner
 from assets.console import RunConsole
 from megacpp_pipeline.pipeline import progress
 from tests.fixtures.pipeline_corpus import write_catalog
@@ -126,3 +127,15 @@ def test_a_declared_reason_no_file_was_dropped_for_is_not_listed() -> None:
     view.summary()
     row = next(ln for ln in out.getvalue().splitlines() if ln.startswith("decontaminated_files"))
     assert "benchmark_contamination" not in row
+
+
+def test_a_groups_peak_memory_is_in_megabytes_of_a_million_bytes_as_the_plan_counts() -> None:
+    def hwm_bytes() -> int:
+        status = Path("/proc/self/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
+    before = hwm_bytes()
+    peak = runner._peak_rss_mb()
+    after = hwm_bytes()
+    assert before / 1e6 <= peak <= after / 1e6
