@@ -82,12 +82,6 @@ def _stage_name(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of workers, at least 1")
-    return int(text)
-
-
 def _register_run(p: argparse.ArgumentParser) -> None:
     p.description = "materialize the whole DAG through Dagster"
     p.add_argument("--config", required=True, help="sources.yaml")
@@ -113,7 +107,7 @@ def _register_run(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=_positive,
+        type=plan_command.worker_count,
         default=None,
         help="forked workers and concurrent steps on this host (default: MEGACPP_WORKERS, "
         "else every CPU this process may use; 1 runs everything in the step's process)",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from megacpp_pipeline.collect import CollectError, jsonl_stream
 from megacpp_pipeline.core.catalog import CatalogError
+from megacpp_pipeline.pipeline.parallel import WorkersError
 from megacpp_pipeline.plan import command as plan_command
 from megacpp_pipeline.plan.rates import RatesError
 from megacpp_pipeline.snapshot import diff, explain, verify
@@ -23,6 +24,7 @@ KNOWN_ERRORS: tuple[type[BaseException], ...] = (
     CollectError,
     StoreError,
     RatesError,
+    WorkersError,
     OSError,
 )
 

@@ -18,16 +18,28 @@ WORKERS_ENV = "MEGACPP_WORKERS"
 SIZE_COLUMNS = ("text", "content")  # what a row's work is proportional to
 
 
+class WorkersError(ValueError):
+    """A worker count that is not a whole number of at least 1; the message names where it
+    was given and what."""
+
+
+def parse_workers(raw: str, where: str = "") -> int:
+    """A worker count as a person gives it (`--workers`, MEGACPP_WORKERS): a whole number,
+    at least 1 (1 runs everything in the step's process). Anything else is refused, the
+    same way wherever it came from, rather than read as 1."""
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise WorkersError(f"{where}{raw!r}: a whole number of workers, at least 1")
+    return int(text)
+
+
 def workers_from(environ: Mapping[str, str]) -> int:
     """MEGACPP_WORKERS if set in `environ` (1 turns parallelism off), else the CPUs this
     process may use. The edge (the CLI, the Dagster resource) hands its environment over;
     the library reads none."""
     raw = environ.get(WORKERS_ENV, "").strip()
     if raw:
-        try:
-            return max(1, int(raw))
-        except ValueError as e:
-            raise ValueError(f"{WORKERS_ENV}={raw!r}: expected a whole number of workers") from e
+        return parse_workers(raw, where=f"{WORKERS_ENV}=")
     return cpu_count()
 
 

@@ -12,7 +12,12 @@ from pathlib import Path
 
 from megacpp_pipeline.pipeline.catalog import load_catalog
 from megacpp_pipeline.pipeline.context import DEFAULT_CACHE_DIR
-from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
+from megacpp_pipeline.pipeline.parallel import (
+    WorkersError,
+    cpu_count,
+    parse_workers,
+    workers_from,
+)
 from megacpp_pipeline.pipeline.registry import Registry
 from megacpp_pipeline.plan.forecast import Forecast, plan_run
 from megacpp_pipeline.plan.rates import load_rates
@@ -28,13 +33,21 @@ def _workers(raw: int | None, run_here: bool) -> int:
     return min(asked, cpu_count()) if run_here else asked
 
 
+def worker_count(text: str) -> int:
+    """`--workers` of plan and run, refused as MEGACPP_WORKERS is (parse_workers)."""
+    try:
+        return parse_workers(text)
+    except WorkersError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_arguments(p: argparse.ArgumentParser, workers: bool = True) -> None:
     """The options `megacpp plan` and `megacpp run` share for a plan (`megacpp run` has its
     own --workers, which its plan reads)."""
     if workers:
         p.add_argument(
             "--workers",
-            type=int,
+            type=worker_count,
             default=None,
             help="workers (cores) to plan for (default: MEGACPP_WORKERS, else every CPU)",
         )

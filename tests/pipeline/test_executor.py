@@ -20,7 +20,7 @@ from megacpp_pipeline.corpus.dedup.config import DedupOrderError
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.pipeline import executor as executor_module
 from megacpp_pipeline.pipeline.executor import LocalExecutor, TaskLost
-from megacpp_pipeline.pipeline.parallel import cpu_count, workers_from
+from megacpp_pipeline.pipeline.parallel import WorkersError, cpu_count, workers_from
 from megacpp_pipeline.pipeline.task_error import TaskFailed
 from tests.gates.test_normalize import HEADER, raw_table
 
@@ -303,10 +303,13 @@ def test_no_more_workers_than_cpus_unless_asked():
 
 def test_workers_come_from_the_environment_the_edge_hands_over():
     assert workers_from({"MEGACPP_WORKERS": "3"}) == 3
-    assert workers_from({"MEGACPP_WORKERS": "0"}) == 1
     assert workers_from({}) == cpu_count()
-    with pytest.raises(ValueError, match="MEGACPP_WORKERS='many'"):
-        workers_from({"MEGACPP_WORKERS": "many"})
+    for bad in ("many", "0", "-3", "1.5"):  # refused as --workers is, never read as 1
+        with pytest.raises(WorkersError) as caught:
+            workers_from({"MEGACPP_WORKERS": bad})
+        assert (
+            str(caught.value) == f"MEGACPP_WORKERS={bad!r}: a whole number of workers, at least 1"
+        )
 
 
 def test_workers_end_even_when_the_parent_defers_sigterm_as_dagster_does():

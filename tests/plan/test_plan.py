@@ -286,6 +286,18 @@ def test_plan_prints_one_table_and_exits_3_when_it_does_not_fit(tmp_path: Path) 
     assert not (tmp_path / "data").exists()  # a plan writes nothing
 
 
+@pytest.mark.parametrize("workers", ["0", "-3", "two"])
+def test_plan_refuses_a_worker_count_that_is_not_one_or_more_as_run_does(
+    tmp_path: Path, workers: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    catalog, _ = write_catalog(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["plan", "--config", str(catalog), f"--workers={workers}"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --workers: {workers!r}: a whole number of workers, at least 1" in err
+
+
 def test_megacpp_run_refuses_a_run_that_does_not_fit_before_any_work(tmp_path: Path) -> None:
     catalog, _ = write_catalog(tmp_path)
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home")}

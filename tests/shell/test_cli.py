@@ -96,3 +96,16 @@ def test_plan_and_run_keep_their_cache_in_one_place_from_any_working_directory(
     plan = parser.parse_args(["plan", "--config", "sources.yaml"])
     run = parser.parse_args(["run", "--config", "sources.yaml"])
     assert Path(plan.cache_dir) == Path(run.cache_dir) == REPO / ".cache"
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-plan"]], ids=["planned", "no-plan"])
+def test_a_workers_variable_that_is_no_count_stops_run_with_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str]
+) -> None:
+    monkeypatch.setenv("MEGACPP_WORKERS", "abc")
+    code, _, err = _run(tmp_path, _catalog(tmp_path), *extra)
+    assert code == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == (
+        "megacpp run: WorkersError: MEGACPP_WORKERS='abc': a whole number of workers, at least 1"
+    )
+    assert not (tmp_path / "data" / "assets").exists()
