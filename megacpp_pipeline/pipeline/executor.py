@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeVar
 
 from megacpp_pipeline.pipeline.memory import bound_malloc
 from megacpp_pipeline.pipeline.parallel import cpu_count, worker_init
-from megacpp_pipeline.pipeline.task_error import TaskError
+from megacpp_pipeline.pipeline.task_error import TaskError, TaskFailed
 
 J = TypeVar("J")
 T = TypeVar("T")
@@ -110,8 +110,16 @@ class Timed:
     busy_s: float
 
 
+@dataclass(frozen=True)
+class Packed:
+    """A forked worker's outcome, pickled by the worker itself: one the driver cannot read
+    back fails its own task, by number, instead of breaking the pool as a dead worker."""
+
+    blob: bytes
+
+
 # what a worker sends back for a task: its result, timed, or its error (never raised there)
-Outcome = Timed | TaskError
+Outcome = Timed | TaskError | Packed
 
 
 def run_timed(task: Task[J, T, R], job: J, item: T, node: str) -> Timed:
@@ -120,18 +128,28 @@ def run_timed(task: Task[J, T, R], job: J, item: T, node: str) -> Timed:
     return Timed(value, node, time.perf_counter() - started)
 
 
-def run_carried(task: Task[J, T, R], job: J, item: T, node: str) -> Outcome:
-    """`run_timed` in a worker: the task's error comes back as its result, whole."""
+def run_carried(task: Task[J, T, R], job: J, item: T, node: str) -> Timed | TaskError:
+    """`run_timed` in a worker: the task's error comes back as its result, whole (a
+    SystemExit too: task code that exits fails its task, not the driver's process)."""
     try:
         return run_timed(task, job, item, node)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         return TaskError.of(error)
 
 
 def taken(result: Outcome) -> Timed:
     """A worker's result, or its task's error raised here."""
+    if isinstance(result, Packed):
+        try:
+            result = pickle.loads(result.blob)
+        except Exception as error:
+            raise TaskFailed(
+                f"{type(error).__module__}.{type(error).__qualname__}",
+                f"the task's result could not be read back in the driver: {error}",
+            ) from error
     if isinstance(result, TaskError):
         raise result.error()
+    assert isinstance(result, Timed)
     return result
 
 
@@ -209,15 +227,17 @@ def _run_in_worker(i: int, item: Any) -> Outcome:
 
 
 def _run_marked(key: int, i: int, task: Callable[..., Any], job: Any, item: Any) -> Outcome:
-    """Item `i` of map `key`, this worker's slot saying so while it runs."""
-    if _SLOT is None:
-        return run_carried(task, job, item, _HOST)
-    running, slot = _SLOT
-    running.mark(slot, key, i)
+    """Item `i` of map `key`, packed; this worker's slot names it from now until the worker
+    takes its next task, so a death while its result is on the way back is charged to it
+    (the driver charges only items whose result never arrived)."""
+    if _SLOT is not None:
+        running, slot = _SLOT
+        running.mark(slot, key, i)
+    outcome = run_carried(task, job, item, _HOST)
     try:
-        return run_carried(task, job, item, _HOST)
-    finally:
-        running.mark(slot, key, None)
+        return Packed(pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as error:  # a result that does not pickle fails its task
+        return Packed(pickle.dumps(TaskError.of(error), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 class LocalExecutor:
@@ -384,7 +404,10 @@ class LocalExecutor:
                             taken(results[i])  # a task's error fails the map now
                         elif not isinstance(exc, BrokenProcessPool):
                             raise exc
-                    charged = _died_running(pool, running, 0 if lkey is None else lkey[0])
+                    came_back = set(results) | set(range(next_out))
+                    charged = _died_running(
+                        pool, running, 0 if lkey is None else lkey[0], came_back.__contains__
+                    )
             except BaseException:
                 end()  # terminates the pool, once
                 raise
@@ -409,22 +432,26 @@ class LocalExecutor:
                     )
 
 
-def _died_running(pool: ProcessPoolExecutor, running: _Running, key: int) -> list[int]:
-    """The items of map `key` whose workers died in a broken pool. The pool, once it sees a
-    worker die, ends the others with SIGTERM: a worker that ended otherwise (killed, out of
-    memory, crashed) died on its own, and its item is charged; when none can be told apart
-    (a SIGTERM from outside), every item that was running is."""
+def _died_running(
+    pool: ProcessPoolExecutor, running: _Running, key: int, done: Callable[[int], bool]
+) -> list[int]:
+    """The items of map `key` whose workers died in a broken pool, their results never
+    back (`done` says which items are). The pool, once it sees a worker die, ends the
+    others with SIGTERM: a worker that ended otherwise (killed, out of memory, crashed)
+    died on its own, and its item is charged, unless its result had arrived (it died
+    between tasks: nothing to charge). Only when no worker can be told apart (a SIGTERM
+    from outside) is every item still running charged."""
     manager = getattr(pool, "_executor_manager_thread", None)
     if manager is not None:  # it ends and joins every worker of a broken pool
         manager.join(timeout=10)
     processes = getattr(pool, "_processes", None) or {}
-    at = running.tasks(key)
-    died = [
-        i
-        for pid, i in at.items()
-        if pid in processes and processes[pid].exitcode not in (None, -signal.SIGTERM)
+    at = {pid: i for pid, i in running.tasks(key).items() if not done(i)}
+    own = [
+        pid for pid, process in processes.items() if process.exitcode not in (None, -signal.SIGTERM)
     ]
-    return sorted(died or at.values())
+    if own:
+        return sorted(at[pid] for pid in own if pid in at)
+    return sorted(at.values())
 
 
 def _start_pool(

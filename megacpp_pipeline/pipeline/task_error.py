@@ -42,7 +42,7 @@ class TaskError:
     pickled: bytes | None  # the error, when it pickles to the same type and message
 
     @classmethod
-    def of(cls, error: Exception) -> TaskError:
+    def of(cls, error: BaseException) -> TaskError:
         kind = type(error)
         message = _message(error)
         try:
@@ -68,7 +68,8 @@ class TaskError:
                 rebuilt = pickle.loads(self.pickled)
             except Exception:  # the class is not importable here (another node's code)
                 rebuilt = None
-        if rebuilt is None:
+        if rebuilt is None or not isinstance(rebuilt, Exception):
+            # a SystemExit raised by task code fails the task, never the driver's process
             rebuilt = TaskFailed(self.type_name, self.message)
         rebuilt.__cause__ = RemoteTraceback(self.traceback)
         return rebuilt

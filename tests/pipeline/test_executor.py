@@ -126,6 +126,65 @@ def test_a_lost_task_is_the_one_whose_worker_died_not_the_first_unfinished():
         )
 
 
+class _DiesWhenSent:
+    """A result whose pickling kills its worker (as running out of memory while a large
+    result is copied out would)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+def _dies_sending_its_result(job: None, x: int) -> object:
+    if x == 0:
+        return _DiesWhenSent()
+    time.sleep(1.0)  # task 2 runs, innocent, while task 1's worker dies
+    return x
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_a_worker_dying_as_its_result_is_sent_is_charged_to_that_task(light: bool):
+    """The worker's slot was cleared when the task returned, before its result was sent:
+    the death fell on the task the other worker was running."""
+    executor = LocalExecutor(2, retries=1, cap=False)
+    run = executor.map_light if light else executor.map
+    with pytest.raises(TaskLost, match=r"^task 1 of 2: its worker died 2 times$"):
+        list(run(_dies_sending_its_result, None, [0, 1]))
+
+
+class _KeywordOnly(Exception):
+    def __init__(self, *, path: str) -> None:
+        super().__init__(f"bad file {path}")
+
+
+def _returns_what_does_not_unpickle(job: None, x: int) -> object:
+    if x == 0:
+        return [_KeywordOnly(path="src/a.cpp")]  # a value, not raised: pickles, never back
+    return x
+
+
+def test_a_result_the_driver_cannot_read_back_fails_its_task_not_the_pool():
+    """It broke the pool as a dead worker would: run four times, then a TaskLost saying
+    workers died, the real error thrown away."""
+    with pytest.raises(TaskFailed, match="could not be read back") as failed:
+        list(LocalExecutor(2, cap=False).map(_returns_what_does_not_unpickle, None, [0, 1]))
+    assert isinstance(failed.value.__cause__, TypeError)
+
+
+def _exits(job: None, x: int) -> int:
+    if x == 1:
+        sys.exit(f"an argparse-like exit in the task of item {x}")
+    return x
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_a_task_that_exits_fails_its_map_and_not_the_driver(light: bool):
+    executor = LocalExecutor(2, cap=False)
+    run = executor.map_light if light else executor.map
+    with pytest.raises(TaskFailed, match=r"builtins.SystemExit: an argparse-like exit"):
+        list(run(_exits, None, [0, 1, 2]))
+
+
 def _refuse(job: None, x: int) -> int:
     if x == 7:
         raise ValueError(f"include/a{x}.hpp: refused by the test gate")
