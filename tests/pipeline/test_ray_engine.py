@@ -636,6 +636,21 @@ def test_an_error_that_does_not_pickle_on_ray_is_raised_naming_its_type_and_mess
     )
 
 
+def _exits(job: None, x: int) -> int:
+    if x == 2:
+        sys.exit(f"an argparse-like exit in the task of item {x}")
+    return x
+
+
+def test_a_task_that_exits_on_ray_fails_its_map_once_not_as_a_dead_worker(
+    local_instance: RayExecutor,
+):
+    """Ray took the exit for its worker's death and ran the task four times, the message
+    left in the raylet's log."""
+    with pytest.raises(TaskFailed, match=r"builtins.SystemExit: an argparse-like exit"):
+        list(local_instance.map(_exits, None, range(4)))
+
+
 def test_with_no_address_the_engine_starts_its_own_instance_beside_a_hosts_cluster(
     local_instance: RayExecutor,
 ):
