@@ -97,7 +97,11 @@ def _interrupt(ws_root: Path, args: list[str], env: dict[str, str], how: str) ->
 
 @pytest.mark.parametrize(
     ("how", "code"),
-    [("ctrl-c", 130), ("sigint", 130), ("sigterm", 143)],
+    [  # the default suite keeps one way in; the slow suite runs all three
+        pytest.param("ctrl-c", 130, marks=pytest.mark.slow),
+        ("sigint", 130),
+        pytest.param("sigterm", 143, marks=pytest.mark.slow),
+    ],
     ids=["ctrl-c-to-the-group", "sigint-to-the-command", "sigterm-to-the-command"],
 )
 def test_an_interrupted_run_stops_everything_says_so_in_one_line_and_a_rerun_resumes(
