@@ -22,6 +22,7 @@ from megacpp_pipeline.pipeline import executor as executor_module
 from megacpp_pipeline.pipeline.executor import LocalExecutor, TaskLost
 from megacpp_pipeline.pipeline.parallel import WorkersError, cpu_count, workers_from
 from megacpp_pipeline.pipeline.task_error import TaskFailed
+from tests.fixtures.failing_tasks import exits, out_of_order, refuse_unpicklably
 from tests.gates.test_normalize import HEADER, raw_table
 
 
@@ -171,18 +172,12 @@ def test_a_result_the_driver_cannot_read_back_fails_its_task_not_the_pool():
     assert isinstance(failed.value.__cause__, TypeError)
 
 
-def _exits(job: None, x: int) -> int:
-    if x == 1:
-        sys.exit(f"an argparse-like exit in the task of item {x}")
-    return x
-
-
 @pytest.mark.parametrize("light", [False, True])
 def test_a_task_that_exits_fails_its_map_and_not_the_driver(light: bool):
     executor = LocalExecutor(2, cap=False)
     run = executor.map_light if light else executor.map
     with pytest.raises(TaskFailed, match=r"builtins.SystemExit: an argparse-like exit"):
-        list(run(_exits, None, [0, 1, 2]))
+        list(run(exits, None, [0, 1, 2]))
 
 
 def _refuse(job: None, x: int) -> int:
@@ -196,35 +191,15 @@ def test_a_task_error_is_raised_with_its_type_and_message():
         list(LocalExecutor(2, cap=False).map(_refuse, None, range(10)))
 
 
-def _out_of_order(job: None, x: int) -> int:
-    if x == 3:
-        raise DedupOrderError("tree", "src/a.cc", "paths must increase in a source")
-    return x
-
-
-class _Unpicklable(ValueError):
-    """An error built from fields with no way back through pickle (what DedupOrderError was)."""
-
-    def __init__(self, path: str, rule: str) -> None:
-        super().__init__(f"{path}: {rule}")
-        self.path = path
-
-
-def _refuse_unpicklably(job: None, x: int) -> int:
-    if x == 4:
-        raise _Unpicklable("include/a4.hpp", "refused by a gate whose error does not pickle")
-    return x
-
-
 @pytest.mark.parametrize("light", [False, True], ids=["map", "light map"])
 def test_a_gate_error_built_from_fields_reaches_the_driver_whole_and_is_not_rerun(light: bool):
     executor = LocalExecutor(2, cap=False)
     run = executor.map_light if light else executor.map
     with pytest.raises(DedupOrderError) as raised:
-        list(run(_out_of_order, None, range(8)))
+        list(run(out_of_order, None, range(8)))
     assert str(raised.value) == "tree:src/a.cc: paths must increase in a source"
     assert raised.value.path == "src/a.cc"
-    assert "_out_of_order" in str(raised.value.__cause__)  # the worker's traceback
+    assert "out_of_order" in str(raised.value.__cause__)  # the worker's traceback
     assert executor.stats.retried == 0  # an error is not a dead worker
 
 
@@ -233,12 +208,13 @@ def test_an_error_that_cannot_be_rebuilt_is_raised_naming_its_type_and_message(l
     executor = LocalExecutor(2, cap=False)
     run = executor.map_light if light else executor.map
     with pytest.raises(TaskFailed) as raised:
-        list(run(_refuse_unpicklably, None, range(8)))
-    assert raised.value.type_name == f"{__name__}._Unpicklable"
+        list(run(refuse_unpicklably, None, range(8)))
+    assert raised.value.type_name == "tests.fixtures.failing_tasks.Unpicklable"
     assert str(raised.value) == (
-        f"{__name__}._Unpicklable: include/a4.hpp: refused by a gate whose error does not pickle"
+        "tests.fixtures.failing_tasks.Unpicklable: "
+        "include/a4.hpp: refused by a gate whose error does not pickle"
     )
-    assert "_refuse_unpicklably" in str(raised.value.__cause__)
+    assert "refuse_unpicklably" in str(raised.value.__cause__)
     assert executor.stats.retried == 0
 
 

@@ -49,6 +49,7 @@ from megacpp_pipeline.pipeline.task_error import TaskFailed
 from megacpp_pipeline.stages import default_registry
 from megacpp_pipeline.storage.store import NoVersionError, ShardStore
 from tests.fixtures.catalogs import load_catalog
+from tests.fixtures.failing_tasks import exits, out_of_order, refuse_unpicklably
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.s3_server import CREDENTIALS as S3_CREDENTIALS
 from tests.fixtures.s3_server import moto_bucket
@@ -597,49 +598,23 @@ def local_instance() -> Iterator[RayExecutor]:
         release()
 
 
-def _out_of_order(job: None, x: int) -> int:
-    if x == 3:
-        raise DedupOrderError("tree", "src/a.cc", "paths must increase in a source")
-    return x
-
-
-class _Unpicklable(ValueError):
-    """An error built from fields with no way back through pickle."""
-
-    def __init__(self, path: str, rule: str) -> None:
-        super().__init__(f"{path}: {rule}")
-        self.path = path
-
-
-def _refuse_unpicklably(job: None, x: int) -> int:
-    if x == 4:
-        raise _Unpicklable("include/a4.hpp", "refused by a gate whose error does not pickle")
-    return x
-
-
 def test_a_gate_error_on_ray_reaches_the_driver_with_its_own_type(local_instance: RayExecutor):
     with pytest.raises(DedupOrderError) as raised:
-        list(local_instance.map(_out_of_order, None, range(6)))
+        list(local_instance.map(out_of_order, None, range(6)))
     assert type(raised.value) is DedupOrderError  # not Ray's wrapper, not a lost type
     assert str(raised.value) == "tree:src/a.cc: paths must increase in a source"
-    assert "_out_of_order" in str(raised.value.__cause__)  # the worker's traceback
+    assert "out_of_order" in str(raised.value.__cause__)  # the worker's traceback
 
 
 def test_an_error_that_does_not_pickle_on_ray_is_raised_naming_its_type_and_message(
     local_instance: RayExecutor,
 ):
     with pytest.raises(TaskFailed) as raised:
-        list(local_instance.map(_refuse_unpicklably, None, range(6)))
-    assert raised.value.type_name.endswith("._Unpicklable")
+        list(local_instance.map(refuse_unpicklably, None, range(6)))
+    assert raised.value.type_name.endswith(".Unpicklable")
     assert str(raised.value).endswith(
-        "._Unpicklable: include/a4.hpp: refused by a gate whose error does not pickle"
+        ".Unpicklable: include/a4.hpp: refused by a gate whose error does not pickle"
     )
-
-
-def _exits(job: None, x: int) -> int:
-    if x == 2:
-        sys.exit(f"an argparse-like exit in the task of item {x}")
-    return x
 
 
 def test_a_task_that_exits_on_ray_fails_its_map_once_not_as_a_dead_worker(
@@ -648,7 +623,7 @@ def test_a_task_that_exits_on_ray_fails_its_map_once_not_as_a_dead_worker(
     """Ray took the exit for its worker's death and ran the task four times, the message
     left in the raylet's log."""
     with pytest.raises(TaskFailed, match=r"builtins.SystemExit: an argparse-like exit"):
-        list(local_instance.map(_exits, None, range(4)))
+        list(local_instance.map(exits, None, range(4)))
 
 
 def test_with_no_address_the_engine_starts_its_own_instance_beside_a_hosts_cluster(
@@ -662,7 +637,7 @@ def test_with_no_address_the_engine_starts_its_own_instance_beside_a_hosts_clust
     )
     try:
         assert local_instance.workers == 2  # its own two CPUs, not the cluster's one
-        assert list(local_instance.map(_out_of_order, None, range(3))) == [0, 1, 2]
+        assert list(local_instance.map(out_of_order, None, range(3))) == [0, 1, 2]
         assert ray.get_runtime_context().gcs_address != hosts.address
     finally:
         release()

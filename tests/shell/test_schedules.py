@@ -15,6 +15,15 @@ from megacpp_pipeline.stages import default_registry
 from tests.fixtures.git_repo import git as _git
 
 
+def _refresh_run(
+    instance: dg.DagsterInstance, run_id: str, tags: dict[str, str], status: dg.DagsterRunStatus
+) -> None:
+    """A per-source refresh run the instance has seen, as the daemon would have launched it."""
+    instance.add_run(
+        dg.DagsterRun(job_name="per_source_refresh", run_id=run_id, tags=tags, status=status)
+    )
+
+
 def _nightly(catalog: Path, tmp_path: Path) -> tuple[Any, Any, dg.DagsterInstance, Any]:
     """The definitions over `catalog`, their nightly schedule, a temporary instance, the
     repository a tick is evaluated against."""
@@ -53,26 +62,12 @@ def test_nightly_refresh_requests_one_run_per_new_source_revision(tmp_path: Path
     assert str(first[0][1]).startswith(f"upstream:{head}:")
     assert first[1][0] == "tree" and str(first[1][1]).startswith("tree:")
     # the first source's run succeeded: it is not requested again
-    instance.add_run(
-        dg.DagsterRun(
-            job_name="per_source_refresh",
-            run_id="r1",
-            tags={"dagster/run_key": str(first[0][1])},
-            status=dg.DagsterRunStatus.SUCCESS,
-        )
-    )
+    _refresh_run(instance, "r1", {"dagster/run_key": str(first[0][1])}, dg.DagsterRunStatus.SUCCESS)
     again = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
     assert [r.run_key for r in again.run_requests] == [first[1][1]]
     # the second source's run is running (a one-minute cron ticks faster than a refresh):
     # it is not requested again either
-    instance.add_run(
-        dg.DagsterRun(
-            job_name="per_source_refresh",
-            run_id="r2",
-            tags={"dagster/run_key": str(first[1][1])},
-            status=dg.DagsterRunStatus.STARTED,
-        )
-    )
+    _refresh_run(instance, "r2", {"dagster/run_key": str(first[1][1])}, dg.DagsterRunStatus.STARTED)
     third = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
     assert list(third.run_requests or []) == []
     assert (sched.cron_schedule, sched.execution_timezone) == ("30 3 * * *", "UTC")
@@ -290,14 +285,7 @@ def test_an_edit_of_the_catalog_the_refresh_stages_read_is_a_new_refresh_of_the_
         return list(sched.evaluate_tick(context).run_requests or [])
 
     (first,) = tick()
-    instance.add_run(
-        dg.DagsterRun(
-            job_name="per_source_refresh",
-            run_id="r1",
-            tags=first.tags,
-            status=dg.DagsterRunStatus.SUCCESS,
-        )
-    )
+    _refresh_run(instance, "r1", first.tags, dg.DagsterRunStatus.SUCCESS)
     assert tick() == []
     catalog.write_text(
         catalog.read_text() + "removals:\n  - {source: tree, path: a.hpp, reason: takedown}\n"
@@ -329,14 +317,7 @@ def test_a_source_that_cannot_be_reached_is_named_and_the_others_are_still_refre
     assert left_out.startswith("gone (CollectError: ") and "no-such-repo" in left_out
     assert "\n" not in left_out  # git's message on one line
 
-    instance.add_run(
-        dg.DagsterRun(
-            job_name="per_source_refresh",
-            run_id="r1",
-            tags=request.tags,
-            status=dg.DagsterRunStatus.SUCCESS,
-        )
-    )
+    _refresh_run(instance, "r1", request.tags, dg.DagsterRunStatus.SUCCESS)
     tick = sched.evaluate_tick(dg.build_schedule_context(instance=instance, repository_def=repo))
     assert not tick.run_requests
     assert "unreachable: gone (CollectError: " in str(tick.skip_message)
