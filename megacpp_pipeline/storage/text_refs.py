@@ -131,9 +131,7 @@ def resolve(
             lo, hi = int(local.min()), int(local.max()) + 1
             got = read_text(holders[h], lo, hi)
             got = got if isinstance(got, pa.ChunkedArray) else pa.chunked_array([got])
-            if hi - lo != len(local) or np.any(np.diff(local) != 1):
-                got = got.take(pa.array(local - lo))  # else its rows are these, in order
-            pieces.append(got)
+            pieces.append(_rows_of(got, local - lo))
         chunks = [c for piece in pieces for c in piece.chunks]
         if placed.all() and np.all(np.diff(k) >= 0):  # the holders' rows one after another
             text = pa.chunked_array(chunks, type=field.type)
@@ -142,13 +140,32 @@ def resolve(
             order = np.argsort(k, kind="stable")  # the pieces' rows, in the pieces' order
             take[rows[order]] = table.num_rows + np.arange(len(order), dtype=np.int64)
             own = list(table[TEXT].chunks)
-            text = pa.chunked_array([*own, *chunks], type=field.type).take(pa.array(take))
+            text = _rows_of(pa.chunked_array([*own, *chunks], type=field.type), take)
         if text.null_count:
             raise ValueError(f"{what}: a row's text is null in the shard it names as holding it")
         table = table.set_column(i, field.with_nullable(False), text)
     else:
         table = table.set_column(i, field.with_nullable(False), table[TEXT])
     return table, at
+
+
+# a holder's rows are sliced (no copy) while they fall in at most one run per this many rows,
+# else taken (one copy): a gate that drops a few rows leaves a few long runs
+_ROWS_PER_RUN = 16
+
+
+def _rows_of(text: pa.ChunkedArray, rows: np.ndarray) -> pa.ChunkedArray:
+    """`text`'s `rows`, in that order: its slices where the rows come in long runs (the rows
+    of a holder that later gates dropped a few from), else one take."""
+    if len(rows) == len(text) and not np.any(np.diff(rows) != 1):
+        return text
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    if (len(breaks) + 1) * _ROWS_PER_RUN > len(rows):
+        return text.take(pa.array(rows))
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(rows)]))
+    runs = [text.slice(int(rows[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
+    return pa.chunked_array([c for run in runs for c in run.chunks], type=text.type)
 
 
 def by_reference(

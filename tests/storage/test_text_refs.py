@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from megacpp_pipeline.storage import slices, text_refs
 from megacpp_pipeline.storage.store import (
@@ -277,3 +279,35 @@ def test_no_kept_rows_or_an_input_without_text_names_nothing() -> None:
     raw = source.drop_columns([TEXT])
     out, holders, at = text_refs.by_reference(source, raw, text_refs.TextPlaces.nowhere(30))
     assert holders == [] and (at == -1).all() and out[TEXT].null_count == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.lists(st.text(max_size=6), min_size=1, max_size=300),
+    chunk=st.integers(1, 50),
+    data=st.data(),
+)
+def test_a_holders_rows_come_back_in_order_whether_sliced_or_taken(
+    texts: list[str], chunk: int, data: st.DataObject
+) -> None:
+    held = pa.chunked_array(
+        [pa.array(texts[i : i + chunk], pa.string()) for i in range(0, len(texts), chunk)]
+    )
+    rows = np.array(
+        data.draw(st.lists(st.integers(0, len(texts) - 1), max_size=2 * len(texts))), np.int64
+    )
+    if data.draw(st.booleans()):  # the common case: a few rows dropped, the rest in order
+        rows = np.array(sorted(set(rows.tolist()) ^ set(range(len(texts)))), np.int64)
+    got = text_refs._rows_of(held, rows)
+    assert got.type == pa.string() and got.to_pylist() == [texts[i] for i in rows]
+
+
+def test_a_holder_with_a_few_rows_dropped_is_sliced_not_copied() -> None:
+    held = pa.chunked_array([pa.array([f"t{i}" for i in range(1000)], pa.string())])
+    kept = np.delete(np.arange(1000, dtype=np.int64), [10, 500, 501])
+    got = text_refs._rows_of(held, kept)
+    base = held.chunk(0).buffers()[2].address
+    assert got.num_chunks == 3
+    assert all(c.buffers()[2].address == base for c in got.chunks)  # views of the read bytes
+    scattered = np.arange(0, 1000, 2, dtype=np.int64)  # a run per row: one take
+    assert text_refs._rows_of(held, scattered).num_chunks == 1
