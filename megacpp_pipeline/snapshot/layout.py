@@ -5,6 +5,8 @@ packed-row contract (the other format module)."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +56,19 @@ class FileEntry(BaseModel):
     sha256: str
     bytes: int
     rows: int | None = None
+
+
+def snapshot_id_of(
+    name: str, files: Iterable[FileEntry], code_version: str, config_hash: str, seq_len: int
+) -> str:
+    """A snapshot's id: its name and a hash of every listed file's path and sha256 with the
+    code version, config hash and row length. Promotion names the snapshot by it; the
+    file check recomputes it, so a manifest whose id does not name its content fails."""
+    content = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        content.update(f"{f.path}\0{f.sha256}\n".encode())
+    content.update(f"{code_version}\0{config_hash}\0{seq_len}".encode())
+    return f"{name}-{content.hexdigest()[:16]}"
 
 
 class SplitEntry(BaseModel):

@@ -42,6 +42,7 @@ from megacpp_pipeline.snapshot.layout import (
     SnapshotManifest,
     SourceEntry,
     SplitEntry,
+    snapshot_id_of,
 )
 from megacpp_pipeline.snapshot.packed_rows import PIECES_SCHEMA, with_copy_column
 from megacpp_pipeline.snapshot.shard_checks import Mapper, file_facts, inline
@@ -57,7 +58,6 @@ from megacpp_pipeline.snapshot.streams import (
 from megacpp_pipeline.storage.versions import (
     complete_marker,
     pid_alive,
-    recorded_manifest_sha256,
     sha256_file,
     write_parquet_atomic,
 )
@@ -558,11 +558,9 @@ def build_snapshot(
                 sequences=mixture.split_sequences[split],
             )
 
-        content = hashlib.sha256()
-        for f in sorted(files, key=lambda f: f.path):
-            content.update(f"{f.path}\0{f.sha256}\n".encode())
-        content.update(f"{parts.code_version}\0{parts.config_hash}\0{parts.seq_len}".encode())
-        snapshot_id = f"{parts.name}-{content.hexdigest()[:16]}"
+        snapshot_id = snapshot_id_of(
+            parts.name, files, parts.code_version, parts.config_hash, parts.seq_len
+        )
         manifest = SnapshotManifest(
             snapshot_id=snapshot_id,
             name=parts.name,
@@ -692,11 +690,6 @@ def _clean_stale(snapshots: Path) -> None:
             continue
         if age > 3600 or not any(d.iterdir()):
             _discard_build(d)
-
-
-def manifest_sha256_recorded(snapshot_dir: Path) -> str | None:
-    """The manifest sha256 `_COMPLETE` holds (None for a marker written before it did)."""
-    return recorded_manifest_sha256((snapshot_dir / COMPLETE).read_bytes())
 
 
 def _prune(snapshots: Path, name: str, keep: int, current: Path) -> None:

@@ -31,7 +31,14 @@ from megacpp_pipeline.snapshot.document_files import (
     read_document_files,
 )
 from megacpp_pipeline.snapshot.fetch import SnapshotFetchError, local_snapshot
-from megacpp_pipeline.snapshot.layout import CARD, COMPLETE, MANIFEST, REPORT_DIR, SnapshotManifest
+from megacpp_pipeline.snapshot.layout import (
+    CARD,
+    COMPLETE,
+    MANIFEST,
+    REPORT_DIR,
+    SnapshotManifest,
+    snapshot_id_of,
+)
 from megacpp_pipeline.snapshot.megatron import IndexedDatasetFormatError, MegatronExportError
 from megacpp_pipeline.snapshot.packed_rows import (
     OPTIONAL_TOKEN_COLUMNS,
@@ -42,7 +49,6 @@ from megacpp_pipeline.snapshot.packed_rows import (
 from megacpp_pipeline.snapshot.promote import (
     SnapshotConfig,
     SnapshotError,
-    manifest_sha256_recorded,
     manifest_summary,
     not_a_snapshot,
     read_manifest,
@@ -78,7 +84,7 @@ from megacpp_pipeline.snapshot.text_release import (
     write_release,
 )
 from megacpp_pipeline.snapshot.texts import document_texts, file_texts, packed_doc_ids
-from megacpp_pipeline.storage.versions import sha256_file
+from megacpp_pipeline.storage.versions import recorded_manifest_sha256, sha256_file
 
 
 @dataclass
@@ -99,15 +105,35 @@ def _shards(snap: Path, manifest: SnapshotManifest) -> list[tuple[str, Path]]:
 
 
 def check_files(snap: Path, manifest: SnapshotManifest, mapper: Mapper = inline) -> CheckOutcome:
-    """Every listed file exists with its bytes and sha256; nothing unlisted lies around.
-    Each file is read and hashed in a task of `mapper`."""
+    """Every listed file exists with its bytes and sha256; nothing unlisted lies around;
+    the snapshot id is the one its listed files, code version, config and row length give,
+    and the one its marker names. Each file is read and hashed in a task of `mapper`."""
     out = CheckOutcome("file_checksums", True)
     listed = {f.path for f in manifest.files}
-    recorded = manifest_sha256_recorded(snap)
+    marker = (snap / COMPLETE).read_bytes()
+    recorded = recorded_manifest_sha256(marker)
     if recorded is None:  # a one-token marker vouches for no manifest: nothing is checked
         out.fail(f"{snap / COMPLETE}: records no manifest sha256 (an older marker)")
     elif sha256_file(snap / MANIFEST) != recorded:
         out.fail(f"{snap / MANIFEST}: sha256 differs from the one {COMPLETE} recorded")
+    named = marker.decode(errors="replace").split()[:1]
+    if named != [manifest.snapshot_id]:
+        out.fail(
+            f"{snap / COMPLETE}: names {named[0] if named else 'nothing'}, "
+            f"the manifest {manifest.snapshot_id}"
+        )
+    content_id = snapshot_id_of(
+        manifest.name,
+        manifest.files,
+        manifest.code_version,
+        manifest.config_hash,
+        manifest.seq_len,
+    )
+    if content_id != manifest.snapshot_id:
+        out.fail(
+            f"{snap / MANIFEST}: snapshot_id {manifest.snapshot_id} does not name its content "
+            f"(its files, code version, config and seq_len give {content_id})"
+        )
     entries = {f.path: f for f in manifest.files}
     for facts in mapper(file_facts, snap, [f.path for f in manifest.files]):
         f, p = entries[facts.rel], snap / facts.rel

@@ -19,6 +19,7 @@ from megacpp_pipeline import cli
 from megacpp_pipeline.pipeline.executor import LocalExecutor
 from megacpp_pipeline.snapshot import shard_checks, texts, verify
 from megacpp_pipeline.snapshot.promote import read_manifest
+from megacpp_pipeline.storage.versions import complete_marker
 from tests.fixtures.snapshot_fixture import build_snapshot
 
 
@@ -571,3 +572,27 @@ def test_a_slice_from_offset_zero_gives_only_its_own_rows() -> None:
     column = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(16, dtype=np.int32)), 4)
     assert fixed_list_to_numpy(column.slice(0, 2), 4).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert fixed_list_to_numpy(column.slice(1, 2), 4).tolist() == [[4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize("forged", ["snapshot_id", "marker"])
+def test_an_id_that_does_not_name_the_snapshots_content_fails_the_file_checks(
+    tmp_path: Path, forged: str
+) -> None:
+    """A manifest whose id was edited (and its marker rewritten to match) passed every check:
+    the id is recomputed from the listed files, code version, config and row length, and the
+    marker must name the same id."""
+    fixture = build_snapshot(tmp_path / "snap")
+    manifest = read_manifest(fixture.path)
+    assert verify.check_files(fixture.path, manifest).passed
+    if forged == "snapshot_id":
+        manifest = manifest.model_copy(update={"snapshot_id": "fixture-0123456789abcdef"})
+        raw = manifest.model_dump_json(indent=2).encode()
+        (fixture.path / "manifest.json").write_bytes(raw)
+        (fixture.path / "_COMPLETE").write_bytes(complete_marker(manifest.snapshot_id, raw))
+        expected = "does not name its content"
+    else:
+        raw = (fixture.path / "manifest.json").read_bytes()
+        (fixture.path / "_COMPLETE").write_bytes(complete_marker("fixture-0123456789abcdef", raw))
+        expected = f"the manifest {manifest.snapshot_id}"
+    out = verify.check_files(fixture.path, read_manifest(fixture.path))
+    assert not out.passed and any(expected in p for p in out.problems), out.problems
