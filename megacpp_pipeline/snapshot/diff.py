@@ -1,6 +1,8 @@
 """`megacpp diff OLD NEW`: what changed between two snapshots, from their files alone: the
 sources whose revision moved (or that came or went), the files added, removed and changed
-per source (by the sha256 of their collected bytes), kept documents and tokens, licences,
+per source (by the sha256 of their collected bytes; a file whose sha256 one ledger lacks,
+as ledgers written before they had one do, is reported as not comparable rather than
+changed), kept documents and tokens, licences,
 what scrub replaced, and whether the tokenizer changed. The nightly refresh attaches it to
 the new snapshot's materialization and its dataset card."""
 
@@ -33,6 +35,8 @@ class SourceChange:
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
+    # in both, but a ledger (one written before ledgers had sha256s) does not say its bytes
+    unknown: list[str] = field(default_factory=list)
     old_documents: int = 0
     new_documents: int = 0
     old_weight: float | None = None  # None: not in that snapshot
@@ -64,7 +68,8 @@ class SnapshotDiff:
     def empty(self) -> bool:
         return (
             not any(
-                s.moved or s.reweighted or s.added or s.removed or s.changed for s in self.sources
+                s.moved or s.reweighted or s.added or s.removed or s.changed or s.unknown
+                for s in self.sources
             )
             and self.documents[0] == self.documents[1]
             and not self.tokenizer_changed
@@ -72,6 +77,7 @@ class SnapshotDiff:
 
 
 _KEY = ["source_id", "path"]
+_WHAT = ("added", "removed", "changed", "unknown")
 
 
 def _ledger(snap: Path) -> pa.Table:
@@ -86,9 +92,10 @@ def _ledger(snap: Path) -> pa.Table:
 
 
 def _file_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
-    """Per source, the paths added, removed and changed (another sha256) from `old` to `new`,
-    each sorted. A merge of the two ledgers a chunk at a time, source by source (every
-    snapshot writes a source's ledger rows in path order): memory follows a row group and
+    """Per source, the paths added, removed, changed (another sha256) and unknown (a sha256
+    missing on either side) from `old` to `new`, each sorted. A merge of the two ledgers a
+    chunk at a time, source by source (every snapshot writes a source's ledger rows in path
+    order): memory follows a row group and
     the changes found, not the corpus. Ledgers not in that order (a snapshot from before it
     was kept) are joined whole."""
     try:
@@ -141,7 +148,7 @@ def _merged_changes(old_dir: Path, new_dir: Path) -> dict[str, dict[str, list[st
     old, new = _Runs(old_dir), _Runs(new_dir)
     out: dict[str, dict[str, list[str]]] = {}
     for source in dict.fromkeys([*new.runs, *old.runs]):
-        found: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
+        found: dict[str, list[str]] = {w: [] for w in _WHAT}
         before = Cursor(old.rows(source), "path", _LEDGER_SCHEMA)
         for chunk in _whole_paths(new.rows(source)):
             _compare(before.upto(chunk["path"][-1].as_py()), chunk, found)
@@ -171,9 +178,9 @@ def _whole_paths(chunks: Iterable[pa.Table]) -> Iterator[pa.Table]:
 
 
 def _compare(old: pa.Table, new: pa.Table, found: dict[str, list[str]]) -> None:
-    """The paths of `new` not in `old` (added), of `old` not in `new` (removed), and in both
-    with another sha256 (changed; a missing one counts as another), by two hash lookups. A
-    path ledgered more than once compares the sorted sha256s of all its rows."""
+    """The paths of `new` not in `old` (added), of `old` not in `new` (removed), in both with
+    another sha256 (changed) or without one on either side (unknown), by two hash lookups.
+    A path ledgered more than once compares the sorted sha256s of all its rows."""
     old, new = _one_row_per_path(old), _one_row_per_path(new)
     at = pc.index_in(new["path"], value_set=old["path"])
     found["added"] += new["path"].filter(pc.is_null(at)).to_pylist()
@@ -182,28 +189,33 @@ def _compare(old: pa.Table, new: pa.Table, found: dict[str, list[str]]) -> None:
     both = pc.is_valid(at)
     was = pc.take(old["sha256"], at.filter(both))
     now = new["sha256"].filter(both)
-    same = pc.or_(  # a sha256 missing on both sides (a ledger without them) is no change
-        pc.fill_null(pc.equal(was, now), False), pc.and_(pc.is_null(was), pc.is_null(now))
-    )
-    found["changed"] += new["path"].filter(both).filter(pc.invert(same)).to_pylist()
+    paths = new["path"].filter(both)
+    unknown = pc.or_(pc.is_null(was), pc.is_null(now))
+    found["unknown"] += paths.filter(unknown).to_pylist()
+    differs = pc.and_(pc.invert(unknown), pc.not_equal(was, now))
+    found["changed"] += paths.filter(differs).to_pylist()
 
 
 def _one_row_per_path(table: pa.Table) -> pa.Table:
     """`table` with the rows of a path named more than once folded into one, its sha256 the
-    sorted sha256s of those rows (rare: every copy of an ambiguous name is ledgered)."""
+    sorted sha256s of those rows, null if one lacks it (rare: every copy of an ambiguous
+    name is ledgered)."""
     if pc.count_distinct(table["path"]).as_py() == table.num_rows:
         return table
-    hashes: dict[str, list[str]] = {}
+    hashes: dict[str, list[str | None]] = {}
     first: dict[str, str] = {}
     columns = (table[c].to_pylist() for c in ("source_id", "path", "sha256"))
     for source, path, digest in zip(*columns, strict=True):
         first.setdefault(path, source)
-        hashes.setdefault(path, []).append("" if digest is None else digest)
+        hashes.setdefault(path, []).append(digest)
     return pa.table(
         {
             "source_id": list(first.values()),
             "path": list(first),
-            "sha256": [",".join(sorted(d)) for d in hashes.values()],
+            "sha256": [
+                None if None in d else ",".join(sorted(x for x in d if x is not None))
+                for d in hashes.values()
+            ],
         },
         schema=_LEDGER_SCHEMA,
     )
@@ -218,7 +230,7 @@ def _joined_changes(old: Path, new: Path) -> dict[str, dict[str, list[str]]]:
         pa.chunked_array([*before["source_id"].chunks, *after["source_id"].chunks], pa.string())
     )
     for source in sorted(sources.to_pylist()):
-        found: dict[str, list[str]] = {"added": [], "removed": [], "changed": []}
+        found: dict[str, list[str]] = {w: [] for w in _WHAT}
         _compare(
             before.filter(pc.equal(before["source_id"], source)),
             after.filter(pc.equal(after["source_id"], source)),
@@ -271,6 +283,7 @@ def diff_snapshots(old_dir: Path, new_dir: Path) -> SnapshotDiff:
                 added=change.get("added", []),
                 removed=change.get("removed", []),
                 changed=change.get("changed", []),
+                unknown=change.get("unknown", []),
                 old_documents=old_docs[sid],
                 new_documents=new_docs[sid],
                 old_weight=om.sources[sid].weight if sid in om.sources else None,
@@ -325,25 +338,39 @@ def render_markdown(d: SnapshotDiff, limit: int = 10) -> str:
     touched = [
         s
         for s in d.sources
-        if s.added or s.removed or s.changed or s.old_documents != s.new_documents
+        if s.added or s.removed or s.changed or s.unknown or s.old_documents != s.new_documents
     ]
     if touched:
+        unknown = any(s.unknown for s in touched)  # its column only when a ledger lacks hashes
         lines += [
-            "| source | files added | removed | changed | documents |",
-            "|---|---:|---:|---:|---|",
+            "| source | files added | removed | changed |"
+            + (" not comparable |" if unknown else "")
+            + " documents |",
+            "|---|---:|---:|---:|" + ("---:|" if unknown else "") + "---|",
         ]
         lines += [
             f"| {s.source_id} | {len(s.added)} | {len(s.removed)} | {len(s.changed)} | "
-            f"{_signed(s.old_documents, s.new_documents)} |"
+            + (f"{len(s.unknown)} | " if unknown else "")
+            + f"{_signed(s.old_documents, s.new_documents)} |"
             for s in touched
         ]
         lines.append("")
         for s in touched:
-            for what, names in (("added", s.added), ("removed", s.removed), ("changed", s.changed)):
+            for what, names in (
+                ("added", s.added),
+                ("removed", s.removed),
+                ("changed", s.changed),
+                ("not comparable", s.unknown),
+            ):
                 if names:
                     shown = ", ".join(f"`{n}`" for n in names[:limit])
                     more = f" and {len(names) - limit} more" if len(names) > limit else ""
                     lines.append(f"- {s.source_id} {what}: {shown}{more}")
+        if unknown:
+            lines.append(
+                "- not comparable: in both snapshots, but a ledger records no sha256 for them "
+                "(it was written before ledgers had one), so whether they changed is unknown"
+            )
         lines.append("")
     lines.append(f"Documents: {_signed(*d.documents)}.")
     for split, (a, b) in d.tokens.items():

@@ -66,10 +66,20 @@ def test_the_merge_agrees_with_the_whole_join_on_random_ledgers(tmp_path: Path, 
     assert diff._merged_changes(old, new) == diff._joined_changes(old, new)
 
 
-def test_missing_hashes_on_both_sides_are_no_change(tmp_path: Path) -> None:
-    rows = [("a", "x.h", None), ("a", "y.h", None)]
-    old, new = ledger(tmp_path / "old", rows), ledger(tmp_path / "new", rows)
-    assert diff._file_changes(old, new) == {"a": {}}
+def test_a_file_whose_hash_a_ledger_lacks_is_not_comparable_rather_than_changed(
+    tmp_path: Path,
+) -> None:
+    """A ledger written before ledgers had sha256s said every file changed against a new
+    one (and nothing changed against another old one): neither is known."""
+    hashed = [("a", "x.h", "1"), ("a", "y.h", "2")]
+    bare = [("a", "x.h", None), ("a", "y.h", None), ("a", "z.h", None)]
+    old, new = ledger(tmp_path / "old", bare), ledger(tmp_path / "new", hashed)
+    expected = {"a": {"removed": ["z.h"], "unknown": ["x.h", "y.h"]}}
+    assert diff._merged_changes(old, new) == diff._joined_changes(old, new) == expected
+    both_bare = ledger(tmp_path / "bare", bare)
+    assert diff._file_changes(old, both_bare) == {"a": {"unknown": ["x.h", "y.h", "z.h"]}}
+    one_copy_bare = ledger(tmp_path / "dup", [("a", "x.h", "1"), ("a", "x.h", None)])
+    assert diff._file_changes(new, one_copy_bare) == {"a": {"removed": ["y.h"], "unknown": ["x.h"]}}
 
 
 def test_a_ledger_out_of_path_order_is_joined_whole(tmp_path: Path) -> None:
@@ -117,3 +127,15 @@ def test_the_merge_agrees_with_the_join_when_paths_repeat(tmp_path: Path, seed: 
     old = ledger(tmp_path / "old", draw(), group=rng.randrange(1, 5))
     new = ledger(tmp_path / "new", draw(), group=rng.randrange(1, 5))
     assert diff._merged_changes(old, new) == diff._joined_changes(old, new)
+
+
+def test_the_markdown_counts_files_not_comparable_and_says_why() -> None:
+    change = diff.SourceChange("a", "r1", "r1", changed=["b.h"], unknown=["x.h", "y.h"])
+    d = diff.SnapshotDiff("old", "new", [change], (3, 3), {}, {}, {}, tokenizer_changed=False)
+    text = diff.render_markdown(d)
+    assert "| source | files added | removed | changed | not comparable | documents |" in text
+    assert "| a | 0 | 0 | 1 | 2 | 0 -> 0 (+0) |" in text
+    assert "- a not comparable: `x.h`, `y.h`" in text and "records no sha256" in text
+    assert not d.empty
+    plain = diff.render_markdown(diff.SnapshotDiff("o", "n", [], (0, 0), {}, {}, {}, False))
+    assert "not comparable" not in plain
