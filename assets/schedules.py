@@ -119,12 +119,16 @@ def _stale_group(
     materialized, or last materialized at another code version (its code, its config or
     the part of sources.yaml it reads changed); None when every group is up to date, or
     when a group's inputs from before it were never materialized (nothing to cascade from
-    yet)."""
+    yet). A group that reads nothing (the catalog's) is stale only once it was
+    materialized: the first run makes it, a later edit of sources.yaml refreshes it."""
     for group in groups:
         outside = _outside_inputs(registry, group)
         inputs = {up: u for up in outside if (u := latest[up]) is not None}
         if len(inputs) < len(outside):
             return None
+        reads = any(registry.reads_of(registry.get(name)) for name in group)
+        if not reads and any(latest[name] is None for name in group):
+            continue
         for name in group:
             mine = latest[name]
             ups = [u for up in registry.reads_of(registry.get(name)) if (u := latest[up])]
@@ -260,8 +264,9 @@ def build_refresh(
             )
         return dg.SkipReason("every source's revision is requested already")
 
-    # the run groups after the refresh head, in order (the catalog's group is not refreshed)
-    groups = [g for g in registry.run_groups() if not set(g) & {registry.names()[0], *head}]
+    # the run groups but the refresh head, in order: the catalog's first, so an edit of
+    # sources.yaml shows in its asset (the refresh runs read the catalog itself)
+    groups = [g for g in registry.run_groups() if not set(g) & set(head)]
     keys = [s.id for s in catalog.operational]
 
     @dg.sensor(

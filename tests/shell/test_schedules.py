@@ -261,11 +261,33 @@ def test_the_cascade_launches_a_group_whose_config_changed_though_nothing_it_rea
     cascade.materialize(*cascade.registry.names())
     assert "up to date" in str(cascade.tick()[0])
     cascade.edit("stages:\n  dedup: {threshold: 0.9}\n")  # deduped_files' code version moves
+    _, (request,) = cascade.tick()  # the catalog's asset first: it records sources.yaml
+    assert selected(request) == ["source_catalog"] and request.asset_check_keys
+    cascade.materialize("source_catalog")
     _, (request,) = cascade.tick()
     assert selected(request) == ["deduped_files", "decontaminated_files", "tokenizer"]
     cascade.materialize("deduped_files", "decontaminated_files", "tokenizer")
     _, (request,) = cascade.tick()  # and on down the line, as after a refresh
     assert selected(request) == ["enriched_files", "tokenized_docs"]
+
+
+def test_a_catalog_edit_refreshes_the_catalogs_asset_once_it_was_ever_materialized(
+    tmp_path: Path,
+) -> None:
+    """The UI showed source_catalog stale after every edit of sources.yaml: no nightly run
+    materialized it."""
+    cascade = Cascade(tmp_path)
+    cascade.materialize(*cascade.registry.names())
+    cascade.edit("  - {id: s3, kind: dir, uri: " + str(tmp_path / "tree") + "}\n")
+    _, (request,) = cascade.tick()
+    assert selected(request) == ["source_catalog"]
+    cascade.materialize("source_catalog")
+    skip, requests = cascade.tick()
+    assert "source_catalog" not in " ".join(k for r in requests for k in selected(r))
+    (tmp_path / "fresh").mkdir()
+    fresh = Cascade(tmp_path / "fresh")  # never materialized: the first run makes it
+    skip, requests = fresh.tick()
+    assert requests == [] and "no input yet" in str(skip)
 
 
 def test_an_edit_of_the_catalog_the_refresh_stages_read_is_a_new_refresh_of_the_same_revision(
