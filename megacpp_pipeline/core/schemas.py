@@ -159,8 +159,9 @@ DOCUMENT_TOKENS = _schema(
 )
 
 # Where every kept file sits: its document and position there, and the token span it holds
-# in the document (its path marker included in repository mode). One row per kept file in
-# both modes, so a file stays traceable whatever a document is.
+# in the document (in repository mode its path marker included, and the separator newline
+# after a file that does not end in one: corpus/repository/assemble.py). One row per kept
+# file in both modes, so a file stays traceable whatever a document is.
 DOCUMENT_FILES = pa.schema(
     [
         pa.field("doc_id", pa.int32(), nullable=False),
@@ -170,7 +171,7 @@ DOCUMENT_FILES = pa.schema(
         pa.field("content_sha256", pa.string(), nullable=False),  # the file's own text
         pa.field("license_expression", pa.string()),  # the file's own licence
         pa.field("start_token", pa.int32(), nullable=False),  # where its marker starts
-        pa.field("num_tokens", pa.int32(), nullable=False),  # marker + file tokens
+        pa.field("num_tokens", pa.int32(), nullable=False),  # marker + file (+ separator)
     ],
     metadata={"megacpp.table": "document_files", "megacpp.schema_version": "1"},
 )

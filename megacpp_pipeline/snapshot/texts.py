@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from megacpp_pipeline.corpus.packing import restore_fim_order
+from megacpp_pipeline.corpus.repository import split_member
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
@@ -186,16 +187,17 @@ def file_texts(
     snapshot_dir: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None = None
 ) -> Iterator[FileText]:
     """Each kept file's text, cut from its document by document_files' token spans (the
-    path marker line dropped in repository mode), in doc_id then position order. Documents
-    that cannot be rebuilt are skipped (the round-trip check names them)."""
+    path marker line, and the newline after a file that lacks one, dropped in repository
+    mode: split_member), in doc_id then position order. Documents that cannot be rebuilt
+    are skipped (the round-trip check names them)."""
     from tokenizers import Tokenizer
 
     snap = Path(snapshot_dir)
     tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
-    files = read_document_files(snap, ["doc_id", "position", "source_id", "path"])
+    files = read_document_files(snap, ["doc_id", "position", "source_id", "path", "content_sha256"])
     where = {
-        (d, p): (s, f)
-        for d, p, s, f in zip(*(files[c].to_pylist() for c in files.column_names), strict=True)
+        (d, p): (s, f, sha)
+        for d, p, s, f, sha in zip(*(files[c].to_pylist() for c in files.column_names), strict=True)
     }
     marked = manifest.document_mode == "repository"
 
@@ -209,7 +211,7 @@ def file_texts(
     for batch in _batched(spans()):
         texts = tok.decode_batch([t.tolist() for _, t in batch], skip_special_tokens=False)
         for ((doc_id, position), _), text in zip(batch, texts, strict=True):
-            if marked:  # the member starts with its `// <path>` line
-                text = text.split("\n", 1)[1] if "\n" in text else ""
-            source_id, path = where[(doc_id, position)]
+            source_id, path, sha = where[(doc_id, position)]
+            if marked:  # the member is its `// <path>` line, its file, maybe a separator
+                text = split_member(text, sha)[1]
             yield FileText(doc_id, position, source_id, path, text)

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from megacpp_pipeline.core import schemas
 from megacpp_pipeline.corpus.packing import (
     PackingConfig,
     PackingInputError,
@@ -30,11 +31,13 @@ from megacpp_pipeline.corpus.packing import (
 )
 from megacpp_pipeline.corpus.repository import (
     DOCUMENT_FILES,
+    MARKER_KIND,
     DocumentsConfig,
     IncludeGraph,
     PlannedDocument,
     build_repository_documents,
     default_include_roots,
+    document_files_problems,
     file_document_files,
     include_graph,
     include_order,
@@ -42,6 +45,8 @@ from megacpp_pipeline.corpus.repository import (
     marker_text,
     plan_documents,
     scan_includes,
+    separator_text,
+    split_member,
     whole_document_rows,
 )
 from megacpp_pipeline.corpus.tokenizer import SpecialIds
@@ -519,6 +524,97 @@ def test_the_budget_counts_marker_tokens_and_the_output_is_the_same_for_any_row_
     assert again.document_files.equals(result.document_files)
 
 
+# api.h (the middle member) ends inside a `//` comment and api.cpp (the last) on a brace, both
+# without a final newline; core.h ends in one
+UNTERMINATED = {
+    "lib/include/lib/api.h": '#pragma once\n#include "detail/core.h"\nint api();  // the API',
+    "lib/include/lib/detail/core.h": "#pragma once\nint core();\n",
+    "lib/src/api.cpp": "#include <lib/api.h>\nint api() { return core(); }",
+}
+
+
+def test_a_file_without_a_final_newline_gets_one_so_the_next_marker_is_a_line_of_its_own() -> None:
+    tok = small_tokenizer()
+    files = files_table(UNTERMINATED)
+    result = build_repository_documents(files, tok, DocumentsConfig(mode="repository"))
+    (doc,) = result.documents.to_pylist()
+    order = ["lib/include/lib/detail/core.h", "lib/include/lib/api.h", "lib/src/api.cpp"]
+    text = "".join(
+        marker_text(p) + UNTERMINATED[p] + separator_text(UNTERMINATED[p]) for p in order
+    )
+    assert [separator_text(UNTERMINATED[p]) for p in order] == ["", "\n", "\n"]
+    assert tok.decode(doc["token_ids"], skip_special_tokens=False) == text
+    lines = text.splitlines(keepends=True)
+    assert all(marker_text(p) in lines for p in order)  # no marker glued to a file's last line
+    assert text.endswith("return core(); }\n")  # the last member is separated too
+    assert doc["size"] == len(text.encode()) and doc["content_sha256"] == schemas.text_sha256(text)
+    assert doc["num_tokens"] == len(doc["token_ids"]) == len(doc["chunk_kind"])
+
+    rows = result.document_files.to_pylist()
+    assert document_files_problems(result.documents.append_column(
+        "doc_id", pa.array([0], pa.int32())), result.document_files, {"lib": 3}) == []  # fmt: skip
+    assert doc["member_starts"] == [r["start_token"] for r in rows]
+    newline = tok.encode("\n", add_special_tokens=False).ids
+    by_path = dict(zip(files.column("path").to_pylist(), files.to_pylist(), strict=True))
+    for r in rows:
+        member = doc["token_ids"][r["start_token"] : r["start_token"] + r["num_tokens"]]
+        kinds = doc["chunk_kind"][r["start_token"] : r["start_token"] + r["num_tokens"]]
+        own = by_path[r["path"]]["token_ids"]
+        marker = len(tok.encode(marker_text(r["path"]), add_special_tokens=False).ids)
+        end = marker + len(own)
+        assert member[marker:end] == own and kinds[marker:end] == by_path[r["path"]]["chunk_kind"]
+        separator = separator_text(UNTERMINATED[r["path"]])
+        # the separator is the newline encoded on its own, chunk kind "other", in this member
+        assert member[end:] == (newline if separator else [])
+        assert set(kinds[end:]) == ({MARKER_KIND} if separator else set())
+        decoded = tok.decode(member, skip_special_tokens=False)
+        assert split_member(decoded, r["content_sha256"]) == (
+            marker_text(r["path"]), UNTERMINATED[r["path"]], separator
+        )  # fmt: skip
+    assert result.stats["separator_tokens"] == 2 * len(newline)
+    assert CHUNK_KINDS["other"] == MARKER_KIND  # never a structured FIM middle
+
+
+def test_a_corpus_whose_files_end_in_newlines_has_no_separators() -> None:
+    result = build_repository_documents(
+        files_table(TREE), small_tokenizer(), DocumentsConfig(mode="repository")
+    )
+    assert result.stats["separator_tokens"] == 0
+    assert split_member("// a.h\nint a;\n", schemas.text_sha256("int a;\n")) == (
+        "// a.h\n", "int a;\n", ""
+    )  # fmt: skip
+
+
+_LINES = st.sampled_from(["int a;", "}", "// c", "#include <v>", "", "  x = 1;", "\\"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    texts=st.lists(
+        st.lists(_LINES, max_size=4)
+        .map("\n".join)
+        .flatmap(lambda t: st.sampled_from([t, t + "\n", t + "\n\n"])),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_every_marker_is_a_line_and_every_member_gives_back_its_file(texts: list[str]) -> None:
+    tok = small_tokenizer()
+    tree = {f"src/f{i}.h": t for i, t in enumerate(texts)}
+    result = build_repository_documents(files_table(tree), tok, DocumentsConfig(mode="repository"))
+    (doc,) = result.documents.to_pylist()
+    text = tok.decode(doc["token_ids"], skip_special_tokens=False)
+    assert schemas.text_sha256(text) == doc["content_sha256"]
+    lines = text.splitlines(keepends=True)
+    for r in result.document_files.to_pylist():
+        assert marker_text(r["path"]) in lines
+        member = doc["token_ids"][r["start_token"] : r["start_token"] + r["num_tokens"]]
+        _, file, separator = split_member(
+            tok.decode(member, skip_special_tokens=False), r["content_sha256"]
+        )
+        assert file == tree[r["path"]] and separator == separator_text(file)
+
+
 def test_a_marker_is_one_comment_line_whatever_the_path_holds() -> None:
     assert marker_text("include/a b.h") == "// include/a b.h\n"
     assert marker_text("odd\nname\\") == "// odd%0Aname%5C\n"
@@ -668,6 +764,24 @@ def test_repository_documents_pack_and_restore_through_document_files() -> None:
     restored = restore_fim_order(stream, SPECIAL, starts)
     order = ["lib/include/lib/detail/core.h", "lib/include/lib/api.h", "lib/src/api.cpp"]
     text = "".join(marker_text(p) + TREE[p] for p in order)
+    assert tok.decode(restored[1:-1].tolist(), skip_special_tokens=False) == text
+
+
+def test_fim_per_member_keeps_a_separator_with_its_file_and_restores_the_document() -> None:
+    tok = small_tokenizer()
+    result = build_repository_documents(
+        files_table(UNTERMINATED), tok, DocumentsConfig(mode="repository")
+    )
+    docs = result.documents.append_column("doc_id", pa.array([0], pa.int32()))
+    config = PackingConfig(seq_len=64, fim_rate=1.0, seed=3)
+    (stream,) = streams(list(pack([docs], config, SPECIAL)), 64).values()
+    assert int((stream == SPECIAL.fim_prefix).sum()) == 3  # one FIM per file
+    starts = result.document_files.column("start_token").to_pylist()
+    restored = restore_fim_order(stream, SPECIAL, starts)
+    order = ["lib/include/lib/detail/core.h", "lib/include/lib/api.h", "lib/src/api.cpp"]
+    text = "".join(
+        marker_text(p) + UNTERMINATED[p] + separator_text(UNTERMINATED[p]) for p in order
+    )
     assert tok.decode(restored[1:-1].tolist(), skip_special_tokens=False) == text
 
 

@@ -12,6 +12,8 @@ code, as DeepSeek-Coder's path comments do), and decodes back to exactly the tex
 document holds. What it costs: a few tokens per file (measured in bench_repository), and the
 marker is not machine-findable in the token stream, so `document_files` (start_token,
 num_tokens) is how a file is found, and FIM per file takes its member boundaries from there.
+A file that does not end in a newline is given one (its member's separator), so every marker
+stays a line of its own.
 
 Modules: config.py (DocumentsConfig), includes.py (directives, roots, resolution),
 order.py (include order, cycles), grouping.py (directory split), assemble.py (token streams,
@@ -29,6 +31,8 @@ from megacpp_pipeline.corpus.repository.assemble import (
     document_files_problems,
     file_document_files,
     marker_text,
+    separator_text,
+    split_member,
 )
 from megacpp_pipeline.corpus.repository.config import DocumentMode, DocumentsConfig
 from megacpp_pipeline.corpus.repository.grouping import PlannedDocument, plan_documents
@@ -75,5 +79,7 @@ __all__ = [
     "marker_text",
     "plan_documents",
     "scan_includes",
+    "separator_text",
+    "split_member",
     "whole_document_rows",
 ]

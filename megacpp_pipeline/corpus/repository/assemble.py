@@ -6,6 +6,13 @@ The marker belongs to the member it introduces: a member's `start_token` is wher
 starts and its `num_tokens` counts marker and file, so the members partition the document
 (and `member_starts` is what the packer needs to keep FIM inside one file). Marker tokens
 get chunk kind 0 ("other"), which structured FIM never picks as a middle.
+
+A file whose text does not end in a newline is followed by one, the separator, so the next
+marker still starts a line of its own (glued to the file's last line it would read as code,
+or vanish into a `//` comment the file ends inside). The separator belongs to that member:
+its tokens (the newline encoded on its own, chunk kind 0) come after the file's and count
+in the member's `num_tokens`. A file that ends in a newline, or is empty, has none, so such
+a corpus's documents are what they were before separators.
 """
 
 from __future__ import annotations
@@ -68,6 +75,30 @@ def marker_text(path: str) -> str:
         return f"// {path}\n"
     escaped = "".join(f"%{ord(c):02X}" if c < " " or c in "\\\x7f" else c for c in path)
     return f"// {escaped}\n"
+
+
+def separator_text(text: str) -> str:
+    """The newline a member adds after its file's `text` when the text does not end in one
+    (nothing when it does, or is empty). Decided per file, wherever the file sits: the last
+    member of a document gets one too, so a member's token count is known from its file
+    alone before the documents are planned, and every document ends at a line end."""
+    return "\n" if text and not text.endswith("\n") else ""
+
+
+def split_member(member: str, content_sha256: str) -> tuple[str, str, str]:
+    """A member's decoded text as (its marker line, its file's text, its separator), the
+    file's sha256 (document_files' content_sha256) telling where the file ends: the text
+    alone cannot, since a file `x\n` and a file `x` with its separator read the same. A
+    member whose file hashes to neither reading is given the separated one, and its hash
+    check then names it."""
+    head, newline, rest = member.partition("\n")
+    if (
+        rest.endswith("\n")
+        and separator_text(rest[:-1])
+        and hashlib.sha256(rest.encode("utf-8")).hexdigest() != content_sha256
+    ):
+        return head + newline, rest[:-1], "\n"
+    return head + newline, rest, ""
 
 
 @dataclass
@@ -188,11 +219,14 @@ def build_repository_documents(
         np.asarray(e.ids, dtype=np.int32)
         for e in tokenizer.encode_batch_fast(markers, add_special_tokens=False)
     ]
+    separators = [separator_text(t) for t in texts]
+    newline_ids = np.asarray(tokenizer.encode("\n", add_special_tokens=False).ids, np.int32)
+    separator_ids = [newline_ids if sep else newline_ids[:0] for sep in separators]
     flat_tokens = token_lists.values.to_numpy(zero_copy_only=False).astype(np.int32)
     flat_kinds = kind_lists.values.to_numpy(zero_copy_only=False).astype(np.uint8)
 
     graph = include_graph(paths, texts, include_roots)
-    member_tokens = [int(n_tok[r]) + marker_ids[r].size for r in graph.rows]
+    member_tokens = [marker_ids[r].size + int(n_tok[r]) + separator_ids[r].size for r in graph.rows]
     splits = files.column("split").to_pylist()
     plans = plan_documents(graph, member_tokens, [splits[r] for r in graph.rows], config.max_tokens)
     meta_names = [n for n in schema.names if n in files.column_names and n not in _STREAM]
@@ -210,11 +244,15 @@ def build_repository_documents(
         at = 0
         for r in rows:
             lo, hi = tok_offsets[r], tok_offsets[r + 1]
-            marker = marker_ids[r]
-            tok_parts += [marker, flat_tokens[lo:hi]]
-            kind_parts += [np.full(marker.size, MARKER_KIND, np.uint8), flat_kinds[lo:hi]]
+            marker, separator = marker_ids[r], separator_ids[r]
+            tok_parts += [marker, flat_tokens[lo:hi], separator]
+            kind_parts += [
+                np.full(marker.size, MARKER_KIND, np.uint8),
+                flat_kinds[lo:hi],
+                np.full(separator.size, MARKER_KIND, np.uint8),
+            ]
             starts.append(at)
-            at += marker.size + int(hi - lo)
+            at += marker.size + int(hi - lo) + separator.size
         df["doc_id"] += [k] * len(rows)
         df["position"] += list(range(len(rows)))
         df["path"] += [paths[r] for r in rows]
@@ -224,7 +262,8 @@ def build_repository_documents(
         df["num_tokens"] += [member_tokens[m] for m in plan.members]
         doc_tokens.append(np.concatenate(tok_parts))
         doc_kinds.append(np.concatenate(kind_parts))
-        row = _document_row(plan, rows, meta, "".join(markers[r] + texts[r] for r in rows))
+        text = "".join(markers[r] + texts[r] + separators[r] for r in rows)
+        row = _document_row(plan, rows, meta, text)
         row.update(num_tokens=at, num_files=len(rows), member_starts=starts)
         doc_rows.append(row)
     df["source_id"] = [meta["source_id"][0]] * len(df["path"]) if paths else []
@@ -244,6 +283,7 @@ def build_repository_documents(
     stats["documents"] += len(plans)
     stats["document_tokens"] += int(sum(t.size for t in doc_tokens))
     stats["marker_tokens"] += int(sum(m.size for m in marker_ids))
+    stats["separator_tokens"] += int(sum(s.size for s in separator_ids))
     stats["oversized_files"] += sum(
         1 for plan in plans if len(plan.members) == 1 and plan.num_tokens > config.max_tokens
     )

@@ -113,7 +113,8 @@ def plan_documents(
     graph: IncludeGraph, tokens: Sequence[int], splits: Sequence[str], max_tokens: int
 ) -> list[PlannedDocument]:
     """The documents of one source: `tokens[i]` and `splits[i]` belong to graph.paths[i]
-    (each member's tokens as the document will hold them, path marker included)."""
+    (each member's tokens as the document will hold them, path marker and separator
+    included)."""
     if not len(tokens) == len(splits) == len(graph.paths):
         raise ValueError("tokens and splits must align with the graph's paths")
     splitter = _Splitter(graph, tokens, max_tokens)
