@@ -9,7 +9,8 @@ snapshot and the snapshot stage's `text` option writes it beside the rows (`text
 
 `check_release` is the other direction: the release's texts, re-tokenized with the
 snapshot's tokenizer, give the snapshot's tokens (a repository document member by member,
-its path marker and its file encoded apart, as the documents stage built it)."""
+its path marker, its file and the separator newline after a file that lacks one encoded
+apart, as the documents stage built it)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from megacpp_pipeline.corpus.repository import marker_text, split_member
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.snapshot.document_files import read_document_files
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
@@ -54,9 +56,12 @@ TEXT_DIR = "text"  # where the snapshot stage's `text` option writes it, inside 
 SPLITS = ("train", "validation")
 
 # One row per document in the rows. `files`: the member files, each with its character span
-# in `text` (a repository document: its `// <path>` marker line and its file; one member
-# spanning the whole text in file mode). `draws`: the copies of it the rows hold (its
-# source's weight; a document its weight left out of the rows is not released).
+# in `text` (a repository document: its `// <path>` marker line and its file, up to where the
+# file ends; one member spanning the whole text in file mode). A file without a final newline
+# is followed by the newline its member adds (assemble.separator_text): that one character
+# lies between its span and the next one (or the text's end), in no span, so spans tile the
+# text exactly when every file ends in a newline. `draws`: the copies of it the rows hold
+# (its source's weight; a document its weight left out of the rows is not released).
 TEXT_SCHEMA = pa.schema(
     [
         pa.field("doc_id", pa.int32(), nullable=False),
@@ -183,14 +188,16 @@ def _documents(snap: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _members(snap: Path, doc_ids: list[int]) -> dict[int, list[tuple[str, int]]]:
-    """doc_id -> its members' (path, num_tokens), in position order."""
-    files = read_document_files(snap, ["doc_id", "position", "path", "num_tokens"])
+def _members(snap: Path, doc_ids: list[int]) -> dict[int, list[tuple[str, int, str]]]:
+    """doc_id -> its members' (path, num_tokens, content_sha256), in position order."""
+    files = read_document_files(
+        snap, ["doc_id", "position", "path", "num_tokens", "content_sha256"]
+    )
     files = files.filter(pc.is_in(files["doc_id"], pa.array(doc_ids, pa.int32())))
-    out: dict[int, list[tuple[str, int]]] = {}
+    out: dict[int, list[tuple[str, int, str]]] = {}
     rows = sorted(zip(*(files[c].to_pylist() for c in files.column_names), strict=True))
-    for doc_id, _, path, n in rows:
-        out.setdefault(doc_id, []).append((path, n))
+    for doc_id, _, path, n, sha in rows:
+        out.setdefault(doc_id, []).append((path, n, sha))
     return out
 
 
@@ -199,7 +206,9 @@ def _repository_texts(
 ) -> Iterator[tuple[int, str | None, str | None, list[dict[str, Any]]]]:
     """(doc_id, text, problem, member spans) of repository documents: the members' tokens
     are separate encodings laid end to end, so each member decodes on its own, and the
-    document's text is its members' texts in order."""
+    document's text is its members' texts in order. A member's span ends where its file
+    does (split_member: the file's content_sha256 tells a separator from a file's own final
+    newline), before the separator."""
     members = _members(snap, group)
     for doc_id, tokens, _ in document_tokens(snap, manifest, group):
         if isinstance(tokens, str):
@@ -207,11 +216,13 @@ def _repository_texts(
             continue
         spans, parts = [], []
         start_token = start_char = 0
-        for path, n in members.get(doc_id, []):
+        for path, n, sha in members.get(doc_id, []):
             part = tok.decode(
                 tokens[start_token : start_token + n].tolist(), skip_special_tokens=False
             )
-            spans.append({"path": path, "start": start_char, "end": start_char + len(part)})
+            marker, file, _ = split_member(part, sha)
+            end = start_char + len(marker) + len(file)
+            spans.append({"path": path, "start": start_char, "end": end})
             parts.append(part)
             start_token += n
             start_char += len(part)
@@ -339,9 +350,18 @@ def check_release(
 ) -> ReleaseCheck:
     """The release is whole (its files' sha256, every document of the rows once), belongs to
     the snapshot, and a seeded sample of its texts, re-tokenized with the snapshot's own
-    tokenizer (its sha256 checked), gives exactly the snapshot's tokens for each document."""
+    tokenizer (its sha256 checked), gives exactly the snapshot's tokens for each document.
+
+    A repository document is re-encoded as the documents stage encoded it, member by member:
+    its path marker, its file and its separator, each apart. Where each file ends is what
+    the release's spans say, and it is checked, not inferred: the spans list the snapshot's
+    members (document_files) in order, each starts where the last one's separator ends, the
+    one character a span may leave before the next is a separator newline, and the file in
+    each span hashes to its document_files content_sha256. The tokens alone could not pin
+    it: a file `x\n` and a file `x` with its separator can encode to the same ids. Whether a
+    file should have a separator is not re-decided here; the snapshot's tokens say whether
+    it has one, so a snapshot from before separators still verifies against its release."""
     from megacpp_pipeline.corpus import tokenizer as tokenizers_
-    from megacpp_pipeline.corpus.repository.assemble import marker_text
 
     folder, snap = Path(release_dir), Path(snapshot_dir)
     out = ReleaseCheck()
@@ -402,6 +422,8 @@ def check_release(
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
 
+    repository = manifest.document_mode != "file"
+    members_of = _members(snap, chosen) if repository else {}
     for doc_id, tokens, _ in document_tokens(snap, manifest, chosen):
         row = rows[doc_id]
         where = f"{folder}: doc {doc_id} ({row['source_id']}:{row['path']})"
@@ -414,18 +436,47 @@ def check_release(
             out.problems.append(f"{where}: text differs from its content_sha256")
             continue
         members = row["files"]
-        if len(members) <= 1:
-            got = encode([text])[0]
-        else:  # each member: its path marker, then its file, encoded apart
-            parts: list[str] = []
-            for m in members:
-                member = text[m["start"] : m["end"]]
-                marker = marker_text(m["path"])
-                if not member.startswith(marker):
-                    out.problems.append(f"{where}: member {m['path']} lacks its path marker")
-                parts += [marker, member[len(marker) :]]
+        if repository:
+            parts, problems = _member_parts(text, members, members_of.get(doc_id, []))
+            out.problems += [f"{where}: {p}" for p in problems]
             got = [i for ids in encode(parts) for i in ids]
+        else:
+            got = encode([text])[0]
         out.files_checked += max(1, len(members))
         if got != tokens.tolist():
             out.problems.append(f"{where}: re-tokenized text differs from the snapshot's tokens")
     return out
+
+
+def _member_parts(
+    text: str, spans: list[dict[str, Any]], listed: list[tuple[str, int, str]]
+) -> tuple[list[str], list[str]]:
+    """A repository document's text as the documents stage encoded it (each member's path
+    marker, file and separator, in order), and what is wrong with the release's spans of
+    it against the snapshot's members (`listed`: document_files' path, num_tokens and
+    content_sha256)."""
+    problems: list[str] = []
+    if [s["path"] for s in spans] != [path for path, _, _ in listed]:
+        problems.append("its files are not the snapshot's members of it, in order")
+    shas = [sha for _, _, sha in listed] if len(listed) == len(spans) else [None] * len(spans)
+    parts: list[str] = []
+    at = 0
+    ends = [s["start"] for s in spans[1:]] + [len(text)]
+    for span, next_start, sha in zip(spans, ends, shas, strict=True):
+        path = span["path"]
+        if span["start"] != at:
+            problems.append(f"member {path} does not start where the last one ends")
+        member, separator = text[span["start"] : span["end"]], text[span["end"] : next_start]
+        marker = marker_text(path)
+        if not member.startswith(marker):
+            problems.append(f"member {path} lacks its path marker")
+        file = member[len(marker) :]
+        if separator not in ("", "\n") or span["end"] > next_start:
+            problems.append(f"member {path} is followed by text that is no separator")
+        if sha is not None and hashlib.sha256(file.encode("utf-8")).hexdigest() != sha:
+            problems.append(f"member {path}: the file's text differs from its content_sha256")
+        parts += [marker, file, separator]
+        at = next_start
+    if at != len(text):
+        problems.append("its members do not cover the text")
+    return parts, problems

@@ -69,6 +69,21 @@ def snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="module")
+def unterminated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repository snapshot of the test corpus with the directory source's sources and
+    every other header cut short of their final newline (one ending inside a `//` comment),
+    so its documents hold such files first, in the middle and last."""
+    root = tmp_path_factory.mktemp("unterminated")
+    catalog, _ = write_catalog(root)
+    tree = root / "corpus_dir"
+    cut = [*sorted(tree.glob("src/*.cc")), *sorted(tree.glob("include/lib*/container.hpp"))[::2]]
+    for path in cut:
+        path.write_text(path.read_text().rstrip("\n"))
+    cut[0].write_text(cut[0].read_text() + "\n// the end, no newline")
+    return promote(root, catalog, "unterminated", "  documents:\n    mode: repository\n")
+
+
 def megacpp(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -122,6 +137,70 @@ def test_verify_re_tokenizes_the_release_to_the_snapshots_tokens(
     code, text = megacpp("verify", str(snapshots[mode]))
     assert code == 0, text
     assert "PASS  text_release" in text and "released=yes" in text
+
+
+def test_a_file_without_a_final_newline_is_released_with_its_separator_outside_its_span(
+    unterminated: Path,
+) -> None:
+    rows = released_rows(unterminated / TEXT_DIR)
+    files = pq.read_table(unterminated / "document_files.parquet").to_pylist()
+    sha = {(f["doc_id"], f["path"]): f["content_sha256"] for f in files}
+    separated = 0
+    for row in rows:
+        text, spans = row["text"], row["files"]
+        ends = [s["start"] for s in spans[1:]] + [len(text)]
+        for span, next_start in zip(spans, ends, strict=True):
+            marker = f"// {span['path']}\n"
+            assert text[span["start"] :].startswith(marker)
+            assert span["start"] == 0 or text[span["start"] - 1] == "\n"  # a line of its own
+            file = text[span["start"] + len(marker) : span["end"]]
+            assert hashlib.sha256(file.encode()).hexdigest() == sha[(row["doc_id"], span["path"])]
+            separator = text[span["end"] : next_start]
+            assert separator == ("\n" if file and not file.endswith("\n") else "")
+            separated += separator == "\n" and next_start < len(text)
+        assert text.endswith("\n")
+    assert separated > 0  # some separator sits between two members, not only at the end
+    found = check_release(unterminated / TEXT_DIR, unterminated, sample=10_000)
+    assert found.problems == []
+    assert found.documents_checked == len(rows)
+    code, text = megacpp("verify", str(unterminated))  # every member file's own text too
+    assert code == 0, text
+
+
+def test_a_release_that_moves_a_file_end_or_changes_a_separator_is_named(
+    unterminated: Path, tmp_path: Path
+) -> None:
+    def first_separated(rows: list[dict]) -> tuple[dict, int]:
+        for row in rows:
+            for k, span in enumerate(row["files"][:-1]):
+                if span["end"] != row["files"][k + 1]["start"]:
+                    return row, k
+        raise AssertionError("no separated member")
+
+    def moved_end(table: pa.Table) -> pa.Table:  # the separator counted into the file
+        rows = table.to_pylist()
+        row, k = first_separated(rows)
+        row["files"][k]["end"] += 1
+        return pa.Table.from_pylist(rows, schema=TEXT_SCHEMA)
+
+    def spaced(table: pa.Table) -> pa.Table:  # a space where the separator newline was
+        rows = table.to_pylist()
+        row, k = first_separated(rows)
+        end = row["files"][k]["end"]
+        row["text"] = row["text"][:end] + " " + row["text"][end + 1 :]
+        row["content_sha256"] = hashlib.sha256(row["text"].encode()).hexdigest()
+        return pa.Table.from_pylist(rows, schema=TEXT_SCHEMA)
+
+    for name, change, problem in (
+        ("moved", moved_end, "the file's text differs from its content_sha256"),
+        ("spaced", spaced, "is followed by text that is no separator"),
+    ):
+        folder = tmp_path / name
+        shutil.copytree(unterminated / TEXT_DIR, folder)
+        _rewrite(folder, change)
+        found = check_release(folder, unterminated, sample=10_000)
+        assert any(problem in p for p in found.problems), found.problems
+        assert any("re-tokenized text differs" in p for p in found.problems) == (name == "spaced")
 
 
 def test_export_text_writes_bounded_shards_that_datasets_loads(
