@@ -9,6 +9,7 @@ the running group's processes are stopped before the command exits). The library
 (a version replaced because it failed verification, a result-cache entry discarded) reach
 the console as one line each."""
 
+import contextlib
 import fcntl
 import gc
 import importlib.util
@@ -20,7 +21,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -201,6 +202,9 @@ def run_pipeline(
     # when asked: its DEBUG lines are hundreds per run, and formatting them costs per event
     run_config = {} if verbose else QUIET_CONSOLE
     outcome = RunOutcome()
+    ray_instance = contextlib.ExitStack()
+    if chosen.distributed and not chosen.address:  # no cluster given: one for every run
+        ray_instance.enter_context(_local_ray(asked))
     console = RunConsole(log, live)
     # the library's warnings become console lines, in forked runs and workers too
     library_log = logging.getLogger("megacpp_pipeline")
@@ -219,9 +223,29 @@ def run_pipeline(
         library_log.removeHandler(notices)
         library_log.propagate = propagate
         console.close()
+        ray_instance.close()
     console.summary()
     outcome.output = final_output(defs, data_dir)
     return outcome
+
+
+@contextlib.contextmanager
+def _local_ray(cpus: int) -> Iterator[None]:
+    """One local Ray instance of `cpus` CPUs that every run forked from here joins while the
+    block runs (pipeline/ray_holder.py), instead of each run starting and ending its own."""
+    from megacpp_pipeline.pipeline import ray_engine
+    from megacpp_pipeline.pipeline.ray_holder import HolderError, LocalInstance
+
+    try:
+        held = LocalInstance(cpus)
+    except HolderError as e:
+        raise PipelineFailed(str(e)) from e
+    ray_engine.hold_for_forked_runs(held.address)
+    try:
+        yield
+    finally:
+        ray_engine.hold_for_forked_runs(None)
+        held.close()
 
 
 def _run_groups(

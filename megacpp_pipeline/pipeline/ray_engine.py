@@ -41,16 +41,37 @@ except ImportError as e:  # the `ray` extra is optional
     raise ImportError("the ray engine needs Ray: pip install -e '.[ray]' (ray==2.60.0)") from e
 
 
+# the address of the local instance a process holds for the runs it forks (ray_holder.py);
+# a forked run inherits it and joins that instance instead of starting one of its own
+_held_address: str | None = None
+
+
 def connect(engine: Engine, local_cpus: int) -> None:
-    """Join the engine's cluster once per process; with no address (and no RAY_ADDRESS), a
-    local Ray instance of `local_cpus`, on loopback, started for this process whatever
-    cluster already runs on the host."""
+    """Join the engine's cluster once per process; with no address (and no RAY_ADDRESS), the
+    local instance the process that forked this one holds, else a local Ray instance of
+    `local_cpus`, on loopback, started for this process whatever cluster already runs on
+    the host."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
     if engine.address:
         ray.init(address=engine.address, **kwargs)
+    elif _held_address:
+        # a local instance on this host: its raylet is at the address's own IP (loopback
+        # or the host's, as Ray chose), which a driver resolving its own may not pick
+        host = _held_address.rsplit(":", 1)[0]
+        # the holder started it as Ray starts any local instance: with token authentication
+        # unless RAY_AUTH_MODE (inherited here too) says otherwise. A driver joining by
+        # address turns it on only when RAY_AUTH_MODE says so before Ray is imported, which
+        # a forked run cannot arrange: Ray's own check (token there, mode unset: token
+        # mode) does it here (ray==2.60.0, pinned by the `ray` extra).
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        ray.init(address=_held_address, _node_ip_address=host, **kwargs)
     else:
         # "local": a new instance of our own, even where `ray start` left a cluster on this
         # host (with no address Ray joins that one, and refuses our num_cpus). Ray otherwise
@@ -63,6 +84,18 @@ def connect(engine: Engine, local_cpus: int) -> None:
             _node_ip_address="127.0.0.1",
             **kwargs,
         )
+
+
+def joined_address() -> str:
+    """The address of the cluster this process has joined, for another process to join."""
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def hold_for_forked_runs(address: str | None) -> None:
+    """Runs this process forks from now on join the local instance at `address` (None: each
+    starts its own again)."""
+    global _held_address
+    _held_address = address
 
 
 def release() -> None:

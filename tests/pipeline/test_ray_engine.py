@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -326,6 +327,7 @@ def _settled_count(folder: Path, quiet_s: float = 3.0, guard_s: float = 120.0) -
 
 _DRIVER = """
 import sys
+import tempfile
 from pathlib import Path
 sys.path.insert(0, {here!r})
 import test_ray_engine as t
@@ -689,3 +691,26 @@ def test_a_request_file_edited_while_the_stage_runs_on_ray_is_refused_not_half_a
         release()
     m = ctx.store.latest("removed_files", "tree")
     assert "src/lib0.cc" not in ctx.store.read_table(m, "data")["path"].to_pylist()
+
+
+# --- with no address, one local instance for the whole `megacpp run` ------------------------
+def test_with_no_address_every_run_joins_one_local_instance_that_ends_with_the_command(
+    both_runs: dict, tmp_path: Path
+) -> None:
+    """Each Dagster run of `megacpp run --engine ray` started (and ended) a local Ray
+    instance of its own: seconds of wall a run group. One is started for the command, every
+    run joins it, and it is gone when the command ends; the rows are the local engine's."""
+    sessions = Path(tempfile.gettempdir()) / "ray"
+    before = set(sessions.glob("session_2*")) if sessions.exists() else set()
+    run = megacpp_run(both_runs["catalog"], tmp_path / "data", tmp_path, "--engine", "ray")
+    assert run.returncode == 0, run.stderr[-3000:]
+    started = set(sessions.glob("session_2*")) - before
+    assert len(started) == 1, sorted(p.name for p in started)  # not one per run group
+    snapshot = Path(run.stdout.strip().splitlines()[-1])
+    assert tree_sha256(snapshot) == tree_sha256(both_runs["local"])
+    store = ShardStore(str(tmp_path / "data"))
+    assert store.latest("normalized_files", "tree").extra["engine"] == "ray"
+    holders = subprocess.run(
+        ["pgrep", "-f", "megacpp_pipeline.pipeline.ray_holder"], capture_output=True, text=True
+    )
+    assert holders.stdout.strip() == "", "the holder outlived the command"
