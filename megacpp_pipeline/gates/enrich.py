@@ -185,7 +185,8 @@ _QUERY = """
 # spans cover the macro bytes too. On 2,270 real headers this cut files with an ERROR node
 # from 59% to 36% and found 10% more classes. Only ALL_CAPS names (3+ chars) qualify: a
 # lone macro line not followed by `{` (so `TEST(a, b)\n{` stays a function), or attribute
-# macros between `class|struct|union` and the class name.
+# macros between `class|struct|union` and the class name. A lone line that is the return
+# type of the declarator on the next line, or a line inside an expression, is not one.
 # Both patterns open with literal bytes so `re` can skip ahead to candidates (twice as
 # fast as `(?m)^` / `\b` openers): a line macro is matched with the newline before it (the
 # text gets one in front for its first line), and `\b` before the keyword is a lookbehind.
@@ -203,10 +204,35 @@ _HEAD_MACRO = re.compile(
 )
 
 
+# A lone ALL_CAPS line that is not a macro: a return type alone on a line at the top level,
+# the declarator on the next (`HRESULT\nFoo::Bar(int a)`, Windows style; an attribute macro
+# before a constructor inside a class is indented, and stays a macro), or an argument or an
+# operand that runs on over lines (the code of the line before ends inside the expression).
+_DECLARATOR_NEXT = re.compile(
+    rb"\r?\n(?:::)?(?!" + _CAPS + rb"[ \t]*\()[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)*[ \t]*\("
+)
+_INSIDE_EXPRESSION = frozenset(b",(=+-|&?^~[")  # not `>`, `*`, `/`: a template or comment end
+
+
+def _is_line_macro(data: bytes, m: re.Match[bytes]) -> bool:
+    """A `_LINE_MACRO` match (in `data`, which starts with the newline parse_view adds) that
+    is a macro line rather than a return type or a continued expression."""
+    line = m.group(0)
+    if b"(" in line:  # a call: a macro's (a type takes no arguments, a constant none)
+        return True
+    if line[1:2] not in b" \t" and _DECLARATOR_NEXT.match(data, m.end()):
+        return False  # a top-level type starts its line
+    before = data[data.rfind(b"\n", 0, m.start()) + 1 : m.start()]
+    code = before.split(b"//", 1)[0].rstrip()  # the line before, its comment cut
+    return not code or code.endswith(b"*/") or code[-1] not in _INSIDE_EXPRESSION
+
+
 def parse_view(data: bytes) -> bytes:
     """`data` with parser-derailing macro invocations blanked; same length, same offsets."""
 
     def blank_line(m: re.Match[bytes]) -> bytes:
+        if not _is_line_macro(m.string, m):
+            return m.group(0)
         return b"\n" + b" " * (m.end() - m.start() - 1)
 
     def blank_head(m: re.Match[bytes]) -> bytes:

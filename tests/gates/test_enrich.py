@@ -246,6 +246,30 @@ def test_parse_view_keeps_every_offset_and_blanks_only_macro_noise() -> None:
     assert b"struct FOO;" in view  # the class name itself is never blanked
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"HRESULT\nFoo::Bar(int a)\n{\n  return 0;\n}\n",  # a return type on its own line
+        b"BOOL\nWINAPI_Entry (void)\n{\n  return 1;\n}\n",
+        b"int f() {\n  return g(1,\n    MAX_VALUE\n  );\n}\n",  # an argument
+        b"int x = a +\n    OFFSET_BASE\n    + 2;\n",  # an operand
+    ],
+)
+def test_an_all_caps_line_that_is_a_type_or_an_operand_is_not_blanked(text: bytes) -> None:
+    """`HRESULT\nFoo::Bar(...)` lost its return type to the macro rule (the signature
+    chunk began at the name), and a constant alone on a line inside a call was blanked."""
+    assert enrich.parse_view(text) == text
+
+
+def test_a_macro_line_before_a_declaration_or_after_a_template_header_is_still_blanked() -> None:
+    text = b"template <typename T>\nEXPORT_API\nvoid f(T);\nstruct S {\n  Q_OBJECT\n  int x;\n};\n"
+    view = enrich.parse_view(text)
+    assert len(view) == len(text)
+    assert b"\n          \nvoid f(T);" in view and b"{\n          \n  int x;" in view
+    fs = PARSER.structure(b"HRESULT\nFoo::Bar(int a)\n{\n  return 0;\n}\n")
+    assert fs.n_error_nodes == 0
+
+
 def test_conditional_directives_cover_their_lines_not_the_guarded_code() -> None:
     text = (
         "#if defined(USE_SIMD) && \\\n    USE_SIMD > 1  // fast path\n"
