@@ -212,7 +212,8 @@ def render(journey: Journey) -> str:
             lines.append(
                 f"  in document {doc.get('path') or '(root)'}: file "
                 f"{member.get('position', 0) + 1} of {doc.get('num_files')}, its tokens "
-                f"{start}..{end} (path marker included)"
+                f"{start}..{end} (its path marker, and a closing newline if the file lacks one, "
+                "included)"
             )
         lines.append(
             f"  licence     {member.get('license_expression', doc.get('license_expression'))} "
