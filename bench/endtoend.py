@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megacpp_pipeline.pipeline.ray_holder import PROCESS_NAME as HOLDER_NAME
+
 REPO = Path(__file__).resolve().parent.parent
 _STARTED = re.compile(r"^-> (?P<label>.+?)(?: \[(?P<partition>[^\]]+)\])?$")
 _OK = re.compile(r"^\s+ok in (?P<seconds>[0-9.]+)s(?:, peak RSS (?P<rss>[0-9.]+) MB)?$")
@@ -163,8 +165,18 @@ def own_cpu_seconds(pid: int) -> float:
 
 def driver_pids(root: int) -> list[int]:
     """The run's driver processes: `megacpp run` itself and the runs it forks (its direct
-    children); their children are workers, Ray's processes and Dagster's helpers."""
-    return [root, *_children(root)]
+    children); their children are workers, Ray's processes and Dagster's helpers. The
+    process `megacpp run --engine ray` forks to hold its local Ray instance (named
+    ray_holder.PROCESS_NAME) runs no stage: it is counted with Ray's processes."""
+    return [root, *(pid for pid in _children(root) if _comm(pid) != HOLDER_NAME)]
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _times(pid: int) -> tuple[int, float, float] | None:

@@ -1,26 +1,26 @@
 """One local Ray instance for every run of a `megacpp run` with the ray engine and no cluster
 address. Each Dagster run used to start (and end) an instance of its own: seconds of wall a
-run group, its driver's start-up CPU, and every worker process importing the library again.
-This process starts the instance and holds it, the runs join it by address, and it ends when
-the process that started it closes its stdin or exits (a pipe's end: no process id or signal
+run group, and every worker process importing the library again. A process forked for it
+starts the instance and holds it, the runs join it by address, and it ends when the process
+that started it closes its end of their pipe or exits (a pipe's end: no process id or signal
 is relied on). The process that forks the runs must never join Ray itself (a process forked
-with Ray's threads running cannot connect again), hence a process of its own.
+with Ray's threads running cannot connect again), hence a process of its own; forked, it has
+Ray's modules already (the process that forks the runs imports them once).
 """
 
 from __future__ import annotations
 
 import contextlib
-import select
+import multiprocessing
 import signal
-import subprocess
-import sys
-import tempfile
-import time
+import traceback
+from multiprocessing.connection import Connection
 from types import TracebackType
 
-# what the holder writes before the address, on a line of its own (Ray may print too)
-ADDRESS_LINE = "megacpp-ray-address "
 START_TIMEOUT_S = 180.0
+# the holder's process name (`ps`, `top`; a bench counts it with Ray's processes, not as a
+# driver: it runs no stage, it keeps Ray's instance up)
+PROCESS_NAME = "megacpp-ray"
 
 
 class HolderError(RuntimeError):
@@ -28,58 +28,42 @@ class HolderError(RuntimeError):
 
 
 class LocalInstance:
-    """A local Ray instance of `cpus` CPUs held by a process of its own until `close`."""
+    """A local Ray instance of `cpus` CPUs held by a forked process until `close`."""
 
     def __init__(self, cpus: int, timeout_s: float = START_TIMEOUT_S) -> None:
-        # what the holder says, kept for an error message while it lives; closed by close()
-        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(cpus)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
+        ctx = multiprocessing.get_context("fork")
+        self._conn, theirs = ctx.Pipe()
+        self._process = ctx.Process(target=_hold, args=(cpus, theirs), daemon=True)
+        self._process.start()
+        theirs.close()
         try:
             self.address = self._read_address(timeout_s)
         except BaseException:
             self.close()
             raise
 
-    def _read_address(self, timeout_s: float) -> str:
-        assert self._process.stdout is not None
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select([self._process.stdout], [], [], left)
-            if not ready:
-                break
-            line = self._process.stdout.readline()
-            if not line:  # it exited
-                raise HolderError(f"the local Ray instance did not start: {self._said()}")
-            if line.startswith(ADDRESS_LINE):
-                return line[len(ADDRESS_LINE) :].strip()
-        raise HolderError(
-            f"the local Ray instance did not start in {timeout_s:.0f} s: {self._said()}"
-        )
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
 
-    def _said(self) -> str:
-        self._log.seek(0)
-        lines = [line.strip() for line in self._log.read().splitlines() if line.strip()]
-        return " | ".join(lines[-5:]) or "it said nothing"
+    def _read_address(self, timeout_s: float) -> str:
+        if not self._conn.poll(timeout_s):
+            raise HolderError(f"the local Ray instance did not start in {timeout_s:.0f} s")
+        try:
+            kind, said = self._conn.recv()
+        except EOFError:
+            raise HolderError("the local Ray instance did not start: its process ended") from None
+        if kind != "address":
+            raise HolderError(f"the local Ray instance did not start: {said}")
+        return str(said)
 
     def close(self) -> None:
-        """End the instance: the holder's stdin closes, it leaves Ray and exits."""
-        if self._process.stdin is not None and not self._process.stdin.closed:
-            with contextlib.suppress(OSError):
-                self._process.stdin.close()
-        try:
-            self._process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        """End the instance: the holder sees its pipe close, leaves Ray and exits."""
+        self._conn.close()
+        self._process.join(timeout=60)
+        if self._process.is_alive():
             self._process.kill()
-            self._process.wait()
-        if self._process.stdout is not None:
-            self._process.stdout.close()
-        self._log.close()
+            self._process.join()
 
     def __enter__(self) -> LocalInstance:
         return self
@@ -93,17 +77,24 @@ class LocalInstance:
         self.close()
 
 
-def _hold(cpus: int) -> None:
-    """The holder: start the instance, say its address, wait for stdin to close, leave."""
+def _hold(cpus: int, conn: Connection) -> None:
+    """The holder: start the instance, send its address, wait for the pipe to close, leave."""
     from megacpp_pipeline.pipeline import ray_engine
     from megacpp_pipeline.pipeline.engine import Engine, EngineKind
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl-c is the runs' to handle
-    ray_engine.connect(Engine(EngineKind.RAY), cpus)
-    print(ADDRESS_LINE + ray_engine.joined_address(), flush=True)
-    sys.stdin.read()
-    ray_engine.release()
-
-
-if __name__ == "__main__":
-    _hold(int(sys.argv[1]))
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:  # Linux's name
+        comm.write(PROCESS_NAME)
+    try:
+        ray_engine.connect(Engine(EngineKind.RAY), cpus)
+        conn.send(("address", ray_engine.joined_address()))
+    except Exception as e:  # any start-up failure is reported, whole
+        lines = traceback.format_exception_only(type(e), e)
+        conn.send(("error", " ".join(" ".join(lines).split())))
+        return
+    try:
+        conn.recv()  # nothing is ever sent: this returns when the other end closes
+    except EOFError:
+        pass
+    finally:
+        ray_engine.release()
