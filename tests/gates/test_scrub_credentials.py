@@ -151,6 +151,62 @@ def test_password_in_an_auth_file_command_or_call_slot_is_replaced(
     assert scrubbed(line) == expected
 
 
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('std::string password = "letmein";', 'std::string password = "<PASSWORD>";'),
+        ('const char* db_pass = "sunshine";', 'const char* db_pass = "<PASSWORD>";'),
+        ('constexpr char kPassword[] = "dragonfly";', 'constexpr char kPassword[] = "<PASSWORD>";'),
+        ('#define WIFI_PASSWORD "sunshine"', '#define WIFI_PASSWORD "<PASSWORD>"'),
+        ('params["passwd"] = "letmein";', 'params["passwd"] = "<PASSWORD>";'),
+        ('{"password", "letmein"},', '{"password", "<PASSWORD>"},'),
+        ('setenv("DB_PASSWORD", "letmein", 1);', 'setenv("DB_PASSWORD", "<PASSWORD>", 1);'),
+        ('Db::Db() : m_password("letmein") {}', 'Db::Db() : m_password("<PASSWORD>") {}'),
+        ('conn.setPassword("letmein");', 'conn.setPassword("<PASSWORD>");'),
+        (
+            'QString pwd = QStringLiteral("letmein");',
+            'QString pwd = QStringLiteral("<PASSWORD>");',
+        ),
+        (
+            'auto cfg = R"({"user": "bob", "passphrase": "correcthorse"})";',
+            'auto cfg = R"({"user": "bob", "passphrase": "<PASSWORD>"})";',
+        ),
+        ('const char* password = "xqzjvkwpbmtrhlsd";', 'const char* password = "<PASSWORD>";'),
+    ],
+)
+def test_lowercase_word_a_password_name_holds_is_replaced(line: str, expected: str) -> None:
+    assert scrubbed(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'std::string password = "password";',
+        'std::string password = "changeme";',
+        'std::string password = "xxxxxxxx";',
+        'std::string password = "<password>";',
+        'std::string password = "${PASSWORD}";',
+        'std::string password = "your_password_here";',
+        'std::string password = "%s";',
+        'std::string password = "mypassword";',
+        'EXPECT_EQ(cfg.password, "testpass");',
+        '{"password", "string"},',
+        'std::string password = "user_password";',
+        # the word is an argument of another call, or the name does not hold a password
+        'std::string password = getenv("dbpassword");',
+        'struct passwd* pwd = getpwnam("daemon");',
+        'auto p = keyring.getPassword("production");',
+        'EXPECT_TRUE(IsValidPassword("abcdefgh"));',
+        'hashtest(version, 2, 16, 1, "password", "somesalt", out);',
+        'graph.add_pass("gbuffer", setup);',
+        'const char* render_pass = "shadows";',
+        'password_strength = "medium";',
+    ],
+)
+def test_placeholder_label_or_lookup_word_beside_a_password_name_stays(line: str) -> None:
+    assert scrubbed(line) == line
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from megacpp_pipeline.gates.scrub.hits import Hit, Kind
@@ -116,6 +117,39 @@ def credential_kind(name: str) -> Kind | None:
     if "key" in words and KEY_QUALIFIERS.intersection(words[: words.index("key")]):
         return Kind.API_KEY
     return None
+
+
+# whose password a bare `pass` or `pw` holds (`db_pass`, `kWifiPw`): alone or after other
+# words they are a compiler's or a renderer's pass, a `passwd` entry, a pixel width
+_ACCOUNT_WORDS = frozenset(
+    {"db", "database", "sql", "mysql", "user", "admin", "root", "login", "account", "app"}
+    | {"wifi", "ap", "sta", "mqtt", "ftp", "smtp", "mail", "email", "proxy", "ssh", "ota"}
+)
+_SHORT_PASSWORD_WORDS = frozenset({"pass", "pw"})
+# a word holding one of these names the credential or is its example (`"testpass"`)
+_CREDENTIAL_STEMS = tuple(w for w in PASSWORD_WORDS | SECRET_WORDS if len(w) >= 4)
+
+
+@functools.lru_cache(maxsize=8192)
+def names_a_password(name: str, called: bool) -> bool:
+    """A name that is a password and nothing else, enough to vouch for a value that reads as
+    a word (`password = "letmein"`): its last word is a password word, `pass` and `pw` only
+    after whose they are (`db_pass`). Called or given arguments (`m_password("x")`,
+    `{"password", "x"}`), only the variable itself or its setter vouches: `getPassword("smtp")`
+    looks one up and `IsValidPassword("abcdefgh")` tests a rule."""
+    words = _words(name)
+    if credential_kind(name) is not Kind.PASSWORD:
+        return False
+    *head, last = words
+    if last in _SHORT_PASSWORD_WORDS:
+        if not head or head[-1] not in _ACCOUNT_WORDS:
+            return False
+    elif not (last in PASSWORD_WORDS or last.endswith(_PASSWORD_ENDINGS)):
+        return False
+    if not called:
+        return True
+    own = _words(name.rpartition(".")[2])[:-1]  # `conn.setPassword`: the object says nothing
+    return all(len(w) == 1 or w in _ACCOUNT_WORDS or w == "set" for w in own)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -233,10 +267,12 @@ _SCHEME = r"(?:(?i:bearer|basic|token|bot|digest|oauth)[ ]+)?"
 _QUOTED_AFTER = re.compile(
     r"(?:[^\S\n]*+\[[^\S\n]*+\w*[^\S\n]*+\])?(?:\\?[\"'`]|\]){0,2}[^\S\n]*+"
     # (after an operator, the literal may start on the next line: `kKey =\n    "ab" "cd"`)
-    r"(?:(?:=|:=|==|!=|:|\(|\{|,|->|=>|\bis\b|\bwas\b)[^\S\n]*+\n?)?[^\S\n]*+"
-    r"(?:[A-Za-z_][\w:]*+[^\S\n]*+[({][^\S\n]*+)?[({]?[^\S\n]*+"
+    r"(?:(?P<op>=|:=|==|!=|:|\(|\{|,|->|=>|\bis\b|\bwas\b)[^\S\n]*+\n?)?[^\S\n]*+"
+    r"(?:(?P<call>[A-Za-z_][\w:]*+)[^\S\n]*+[({][^\S\n]*+)?(?P<open>[({])?[^\S\n]*+"
     r"(?P<prefix>(?:L|u8|u|U)?R?)(?P<q>\\?[\"'`])"
 )
+# a call around the literal that only makes it a string (`std::string("x")`, `F("x")`)
+_STRING_CALL = re.compile(r"(?:\w*::)*(?:\w*(?i:string)\w*|_T|TEXT|F|PSTR)")
 _LITERAL_BODY = {
     '"': re.compile(r'(?:[^"\\\n]|\\.){1,256}(?=")'),
     "'": re.compile(r"(?:[^'\\\n]|\\.){1,256}(?=')"),
@@ -258,10 +294,34 @@ _BARE_AFTER = re.compile(
 _NEXT_LITERAL = re.compile(r'"[ \t]*+(?:\n[ \t]*+){0,2}(?:L|u8|u|U)?"')
 
 
-def _quoted_value(text: str, pos: int) -> tuple[int, int, str] | None:
-    """Span and value of the literal after a name (prefix and quote matched from `pos`);
-    raw strings `R"d(...)d"` on one line included; adjacent literals `"ab" "cd"` are one
-    value, spanning all their pieces."""
+class Binding(Enum):
+    """How a literal after a name belongs to it."""
+
+    OWN = "own"  # assigned, initialized or defined: `x = "v"`, `#define X "v"`, `"x": "v"`
+    ARGUMENT = "argument"  # the name is called: `x("v")`, `x{"v"}`
+    NEXT = "next"  # the next item of a list: `{"x", "v"}`, `f(a, "x", "v")`
+    WRAPPED = "wrapped"  # an argument of some other call: `x = getenv("v")`
+
+
+def _binding(m: re.Match[str]) -> Binding:
+    call = m.group("call")
+    if call is not None and not _STRING_CALL.fullmatch(call):
+        return Binding.WRAPPED
+    if m.group("op") == ",":
+        return Binding.NEXT
+    if m.group("op") in ("(", "{") or (call is None and m.group("open")):
+        return Binding.ARGUMENT
+    return Binding.OWN
+
+
+# a name that opens its list: `{"password", "v"}`, `setenv("DB_PASSWORD", "v", 1)`
+_OPENS_LIST = re.compile(r"[({\[][^\S\n]*+[\"']?\Z")
+
+
+def _quoted_value(text: str, pos: int) -> tuple[int, int, str, Binding] | None:
+    """Span, value and binding of the literal after a name (prefix and quote matched from
+    `pos`); raw strings `R"d(...)d"` on one line included; adjacent literals `"ab" "cd"` are
+    one value, spanning all their pieces."""
     m = _QUOTED_AFTER.match(text, pos)
     if m is None:
         return None
@@ -273,7 +333,7 @@ def _quoted_value(text: str, pos: int) -> tuple[int, int, str] | None:
         close = text.find(")" + d.group("delim") + '"', d.end(), d.end() + 257)
         if close < 0 or "\n" in text[d.end() : close]:
             return None
-        return d.end(), close, text[d.end() : close]
+        return d.end(), close, text[d.end() : close], _binding(m)
     body = _LITERAL_BODY[quote].match(text, start)
     if body is None:
         return None
@@ -284,7 +344,7 @@ def _quoted_value(text: str, pos: int) -> tuple[int, int, str] | None:
             break
         end = more.end()
         pieces.append(more.group(0))
-    return start, end, "".join(pieces)
+    return start, end, "".join(pieces), _binding(m)
 
 
 _DEFINE_HEAD = re.compile(r"[ \t]*+#[ \t]*+define[ \t]++\Z")
@@ -400,13 +460,33 @@ def _bound_value(
         return
     quoted = _quoted_value(text, end)
     if quoted is not None:
-        value_start, value_end, value = quoted
+        value_start, value_end, value, binding = quoted
         scheme = _SCHEME_VALUE.match(text, value_start, value_end)
         if scheme is not None:
             value = value[scheme.end() - value_start :]
             value_start = scheme.end()
+        # a password name vouches for a word (`"letmein"`) where it owns the literal, unless
+        # the word names a credential itself (`"password"`, `"testpass"`, `"kennwort"`)
+        named_password = (
+            binding is not Binding.WRAPPED
+            and (
+                binding is not Binding.NEXT
+                or _OPENS_LIST.search(text, max(0, start - 8), start) is not None
+            )
+            and names_a_password(name, called=binding is not Binding.OWN)
+            and not any(stem in value for stem in _CREDENTIAL_STEMS)
+        )
         yield from _hit(
-            text, value_start, value_end, kind, config, False, name, value=value, random_only=weak
+            text,
+            value_start,
+            value_end,
+            kind,
+            config,
+            False,
+            name,
+            value=value,
+            random_only=weak,
+            named_password=named_password,
         )
         return
     unquoted = _unquoted_value(text, start, end)
@@ -574,12 +654,13 @@ def _hit(
     detector: str = "assigned_secret",
     value: str | None = None,  # when the span holds more than the value (`"ab" "cd"`)
     random_only: bool = False,  # nothing vouches for the value but its own look
+    named_password: bool = False,  # a password's own name binds it (see names_a_password)
 ) -> Iterator[Hit]:
     value = text[start:end] if value is None else value
     if random_only:
         if not random_looking(value, kind, config):
             return
-    elif not plausible_secret(value, kind, config, bare=bare):
+    elif not plausible_secret(value, kind, config, bare=bare, named_password=named_password):
         return
     if _spells_name(value, name):
         return

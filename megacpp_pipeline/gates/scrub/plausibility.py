@@ -120,6 +120,9 @@ _PLACEHOLDER_WORDS = frozenset(
     {"password", "passwd", "secret", "token", "changeme", "changeit", "example", "placeholder"}
     | {"redacted", "hidden", "dummy", "none", "null", "nil", "undefined", "todo", "fixme"}
     | {"default", "empty", "sample", "notset", "unset", "required", "optional"}
+    # what a form, a schema or a test puts in a password's place (`"password": "string"`)
+    | {"string", "text", "masked", "unknown", "invalid", "missing", "blank", "anonymous"}
+    | {"foobar"}
 )
 # `your_password`, `YOUR-TOKEN`, `YourApiKey`, `insert-key-here`
 _PLACEHOLDER_LEAD = re.compile(
@@ -212,14 +215,23 @@ def _password_shaped(value: str) -> bool:
     return any(_WORD_AND_NUMBER.fullmatch(p) for p in _NAME_SEPARATOR.split(value) if p)
 
 
-def plausible_secret(value: str, kind: Kind, config: ScrubConfig, bare: bool = False) -> bool:
+_LOWER_WORD = re.compile(r"[a-z]+")
+
+
+def plausible_secret(
+    value: str, kind: Kind, config: ScrubConfig, bare: bool = False, named_password: bool = False
+) -> bool:
     """False for values that name something rather than being a secret, for placeholders and
-    for format strings; `bare` (unquoted) values must not be plain numbers either."""
+    for format strings; `bare` (unquoted) values must not be plain numbers either. A literal
+    a password's own name binds (`named_password`) may be one lowercase word: `"letmein"` is
+    shaped like an identifier, but nobody names a thing in a password variable."""
     if not value or "\\" in value or any(c.isspace() for c in value):
         return False
     if _is_placeholder(value):
         return False
-    password_shaped = kind is Kind.PASSWORD and _password_shaped(value)
+    password_shaped = kind is Kind.PASSWORD and (
+        _password_shaped(value) or (named_password and _LOWER_WORD.fullmatch(value) is not None)
+    )
     if _names_something(value) and not password_shaped:
         return False
     if bare and identifier_like(value) and not password_shaped:
