@@ -207,6 +207,53 @@ def test_placeholder_label_or_lookup_word_beside_a_password_name_stays(line: str
     assert scrubbed(line) == line
 
 
+HEX_KEY = _tok("0123456789abcdef", 32)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (f'const char* hmac_key = "{HEX_KEY}";', 'const char* hmac_key = "<API_KEY>";'),
+        (
+            f'static const char* kHmacKey = "{HEX_KEY}";',
+            'static const char* kHmacKey = "<API_KEY>";',
+        ),
+        (
+            f'const char* signing_key = "{HEX_KEY}";  // HMAC-SHA256',
+            'const char* signing_key = "<API_KEY>";  // HMAC-SHA256',
+        ),
+        (
+            f'// X-Hub-Signature-256 (HMAC-SHA256)\nconst char* webhook_secret = "{HEX_KEY}";',
+            '// X-Hub-Signature-256 (HMAC-SHA256)\nconst char* webhook_secret = "<API_KEY>";',
+        ),
+        (
+            f'// sha256 of the body, signed below\nconst char* api_token = "{HEX_KEY}";',
+            '// sha256 of the body, signed below\nconst char* api_token = "<API_KEY>";',
+        ),
+    ],
+)
+def test_hex_key_under_a_key_or_secret_name_is_replaced_beside_hash_words(
+    line: str, expected: str
+) -> None:
+    assert scrubbed(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f'const char* sha256_of_file = "{HEX_KEY}";',
+        f'const char* expected_hash = "{HEX_KEY}";',
+        f'const char* digest = "{HEX_KEY}";  // sha256',
+        f'const char* checksum = "{HEX_KEY}";',
+        f'const char* token_sha256 = "{HEX_KEY}";',
+        f'const char* hmac_digest = "{HEX_KEY}";  // HMAC-SHA256 of the body',
+        f'// RFC 4231 test case 2\nconst char* hmac_key = "{HEX_KEY}";',
+    ],
+)
+def test_hex_digest_under_a_hash_name_or_a_standards_test_vector_stays(line: str) -> None:
+    assert scrubbed(line) == line
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 

@@ -119,6 +119,23 @@ def credential_kind(name: str) -> Kind | None:
     return None
 
 
+@functools.lru_cache(maxsize=8192)
+def holds_a_secret(name: str) -> bool:
+    """A credential name that ends in the credential (`hmac_key`, `kSigningKey`,
+    `webhook_secret`, `db_password`): what it holds is the secret itself, not a digest of
+    one, as a name ending elsewhere may be (`token_sha256`)."""
+    if credential_kind(name) is None:
+        return False
+    last = _words(name)[-1]
+    return (
+        last in SECRET_WORDS
+        or last in PASSWORD_WORDS
+        or last in _KEY_COMPOUNDS
+        or last == "key"
+        or last.endswith(_SECRET_ENDINGS + _PASSWORD_ENDINGS)
+    )
+
+
 # whose password a bare `pass` or `pw` holds (`db_pass`, `kWifiPw`): alone or after other
 # words they are a compiler's or a renderer's pass, a `passwd` entry, a pixel width
 _ACCOUNT_WORDS = frozenset(
@@ -664,7 +681,9 @@ def _hit(
         return
     if _spells_name(value, name):
         return
-    if on_include_line(text, start) or is_hash_or_uuid(value, text, start, end):
+    if on_include_line(text, start) or is_hash_or_uuid(
+        value, text, start, end, key_named=bool(name) and holds_a_secret(name)
+    ):
         return
     yield Hit(start, end, kind, detector)
 

@@ -44,7 +44,9 @@ def context(
 
 _HASH_WORDS = re.compile(
     r"sha|md5|md4|hash|digest|crc|checksum|hmac|fingerprint|blake|siphash|murmur|fnv|xxh"
-    r"|test.?vector|expected|golden|known.?answer"
+)
+_TEST_VECTOR_WORDS = re.compile(
+    r"test.?vector|expected|golden|known.?answer"
     # a standard's published vectors (`// RFC 8032 TEST 1`, NIST / FIPS known answers)
     r"|rfc\s*\d+|nist|fips|wycheproof|test\s*(?:case|\d)|\bkat\b"
 )
@@ -59,13 +61,19 @@ _UUID = re.compile(
 )
 
 
-def is_hash_or_uuid(value: str, text: str, start: int, end: int) -> bool:
+def is_hash_or_uuid(value: str, text: str, start: int, end: int, key_named: bool = False) -> bool:
     """Hash test vectors, CRC tables, COM interface ids and crypt(3) hashes are high-entropy
-    but public (a password hash in a test is what the test checks, not a secret)."""
+    but public (a password hash in a test is what the test checks, not a secret). Hex under
+    a name that holds a key (`key_named`: `hmac_key`, `kSigningKey`) is that key, however
+    many hash words are near (an HMAC key sits beside `HMAC-SHA256`); only a standard's
+    test vector is public there."""
     if _MODULAR_CRYPT.match(value):
         return True
     if _HEX.fullmatch(value):
-        return _HASH_WORDS.search(context(text, start, end)) is not None
+        around = context(text, start, end)
+        if _TEST_VECTOR_WORDS.search(around):
+            return True
+        return not key_named and _HASH_WORDS.search(around) is not None
     if _UUID.fullmatch(value):
         return _UUID_WORDS.search(context(text, start, end)) is not None
     return False
