@@ -12,7 +12,7 @@ import string
 import pytest
 
 from megacpp_pipeline.gates.scrub import Finding, Kind, ScrubConfig, ScrubError, scrub_text
-from megacpp_pipeline.gates.scrub.credentials import ANCHORS, anchor_positions
+from megacpp_pipeline.gates.scrub.credentials import ANCHORS, PASSWORD_WORDS, anchor_positions
 from tests.fixtures.scrub_eval import evaluate
 from tests.fixtures.scrub_outside import build_outside_set
 from tests.gates.test_scrub import licensed_table
@@ -204,6 +204,42 @@ def test_lowercase_word_a_password_name_holds_is_replaced(line: str, expected: s
     ],
 )
 def test_placeholder_label_or_lookup_word_beside_a_password_name_stays(line: str) -> None:
+    assert scrubbed(line) == line
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *("passwort", "kennwort", "contrasena", "contraseña", "mot_de_passe", "motDePasse"),
+        *("senha", "wachtwoord", "haslo", "hasło", "пароль", "parol", "密码", "mima"),
+        *("db_kennwort", "kPasswort", "usuario_senha", "CONTRASEÑA"),
+    ],
+)
+def test_password_named_in_another_language_is_replaced(name: str) -> None:
+    assert scrubbed(f'std::string {name} = "{PASSWORD}";') == f'std::string {name} = "<PASSWORD>";'
+    assert (
+        scrubbed(f'std::string {name} = "sonnenschein";') == f'std::string {name} = "<PASSWORD>";'
+    )
+
+
+@pytest.mark.parametrize("word", sorted(PASSWORD_WORDS))
+def test_every_password_word_wakes_the_finder(word: str) -> None:
+    line = f'const char* admin_{word} = "{PASSWORD}";'
+    assert scrubbed(line) == f'const char* admin_{word} = "<PASSWORD>";'
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f'std::string parola = "{PASSWORD}";',  # Italian: also just "word"
+        f'const char* parole = "{PASSWORD}";',
+        'mi_option_set(mimalloc_verbose, "Tr0ub4dor");',
+        # a translation table holds the word for "password", not one
+        '{"password", "kennwort"},',
+        'labels["password"] = "contraseña";',
+    ],
+)
+def test_words_near_a_foreign_password_name_and_its_translations_stay(line: str) -> None:
     assert scrubbed(line) == line
 
 

@@ -36,13 +36,15 @@ if TYPE_CHECKING:
 
 PASSWORD_WORDS = frozenset(
     {"password", "passwd", "pwd", "pass", "pw", "passphrase", "passcode", "psk"}
-    | {"contrasena", "contraseña"}
+    # in other languages (German, Spanish, French, Portuguese, Dutch, Polish, Russian and
+    # its transliteration, Chinese and its pinyin); a word spelled in parts counts
+    # (`mot_de_passe`, `motDePasse`). Not Italian `parola`: it is also just "word".
+    | {"passwort", "kennwort", "contrasena", "contraseña", "motdepasse", "senha", "wachtwoord"}
+    | {"haslo", "hasło", "пароль", "parol", "密码", "mima"}
 )
-# `rootpw`, `adminpwd` end in the short forms too; few English words do
-# (`STAPSK`: the ESP8266 examples' Wi-Fi pre-shared key)
-_PASSWORD_ENDINGS = (
-    *("password", "passwd", "passphrase", "contrasena", "contraseña", "pw", "pwd", "psk"),
-)
+# `rootpw`, `adminpwd`, `dbkennwort` end in one too (`STAPSK`: the ESP8266 examples' Wi-Fi
+# pre-shared key); these few must stand alone: `bypass`, `compass`, `mimalloc`
+_PASSWORD_ENDINGS = tuple(sorted(PASSWORD_WORDS - {"pass", "passcode", "parol", "mima"}))
 SECRET_WORDS = frozenset(
     {"secret", "token", "credential", "cred", "creds", "apikey", "bearer", "auth", "authorization"}
 )
@@ -77,9 +79,13 @@ _PASS_ENDS += tuple(f"pass_{c}" for c in " \t=:{")  # a member's trailing unders
 _AUTH_ENDS = (*(f"auth{c}" for c in "_-. \t=:\"'([,\\"), "authtoken", "authkey", "authoriz")
 # a name ending in `key` right before what binds it (`key = "`, `Key{"`, `KEY "`, `key: x`)
 _KEY_ENDS = tuple(f"key{c}" for c in " \t=:\"'({[\\")
+# the password words in other languages that hold no `pass` (`passwort` has `passw`)
+_OTHER_PASSWORD_ANCHORS: tuple[str, ...] = ("contrase", "kennwort", "senha", "wachtwoord")
+_OTHER_PASSWORD_ANCHORS += ("haslo", "hasło", "пароль", "parol", "密码", "mima")
 TRIGGERS: tuple[str, ...] = (
     *("passw", "passp", "passc", *_PASS_ENDS, *_AUTH_ENDS),
-    *("pw", "secret", "token", "cred", "bearer", "contrase"),
+    *("pw", "secret", "token", "cred", "bearer", *_OTHER_PASSWORD_ANCHORS),
+    *("depasse", "de_passe", "de-passe"),  # `mot_de_passe`'s `passe` wakes nothing above
     *_KEY_SPELLINGS,
     *_KEY_ENDS,
     *("mysql", "sshpass", "login", "logon", "signin", "connect("),
@@ -89,7 +95,8 @@ TRIGGERS: tuple[str, ...] = (
 # pass over the file (a case-insensitive regex alternation is a few MB/s in Python's `re`);
 # `key` stands for every `api_key`, `accesskey`, `x-api-key` and is checked on the spot
 ANCHORS: tuple[str, ...] = ("pass", "pw", "secret", "token", "cred", "auth", "bearer", "key")
-ANCHORS += ("contrase", "mysql", "login", "logon", "signin", "connect", "psk", "wifi")
+ANCHORS += ("mysql", "login", "logon", "signin", "connect", "psk", "wifi")
+ANCHORS += _OTHER_PASSWORD_ANCHORS
 _QUALIFIER_LAST = frozenset("_-" + "".join(q[-1] for q in KEY_QUALIFIERS))
 _KEY_QUALIFIED = re.compile(
     "(?:" + "|".join(sorted(KEY_QUALIFIERS - {"secret", "auth"})) + r")[_-]?\Z"
@@ -101,7 +108,26 @@ _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[a-z]+|\d+|[^\x00-\x7f]+")
 
 def _words(name: str) -> list[str]:
     words = [w.lower() for w in _WORD.findall(name)]
-    return [w[:-1] if len(w) > 4 and w.endswith("s") else w for w in words]
+    words = [w[:-1] if len(w) > 4 and w.endswith("s") else w for w in words]
+    return _joined_password_words(words) if len(words) > 1 else words
+
+
+def _joined_password_words(words: list[str]) -> list[str]:
+    """Two or three words that spell a password word become it: `mot_de_passe` and
+    `contraseña` (split at the `ñ`) are one word, as `motdepasse` is."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        for n in (3, 2):
+            joined = "".join(words[i : i + n])
+            if i + n <= len(words) and joined in PASSWORD_WORDS:
+                out.append(joined)
+                i += n
+                break
+        else:
+            out.append(words[i])
+            i += 1
+    return out
 
 
 @functools.lru_cache(maxsize=8192)  # the same few names (`token`, `m_pass`) come back often
