@@ -409,6 +409,42 @@ def test_truncated_pem_block_loses_its_base64_body() -> None:
     assert out == "/*\n<PRIVATE_KEY>\n*/\nint x;\n"
 
 
+def test_pem_block_whose_header_has_three_dashes_becomes_one_placeholder() -> None:
+    lines = [line.replace("-----", "---") for line in _pem_lines("PRIVATE KEY")]
+    text = 'const char* kKey = R"(' + "\n".join(lines) + ')";\n'
+    assert scrubbed(text) == 'const char* kKey = R"(<PRIVATE_KEY>)";\n'
+
+
+def test_three_dash_header_without_key_material_stays() -> None:
+    text = 'if (line == "---BEGIN PRIVATE KEY---") {\n  in_key = true;\n}\n'
+    assert scrubbed(text) == text
+
+
+def _ppk(version: int) -> str:
+    rng = random.Random(version)
+    argon = "Key-Derivation: Argon2id\nArgon2-Memory: 8192\n" if version == 3 else ""
+    return (
+        f"PuTTY-User-Key-File-{version}: ssh-ed25519\nEncryption: aes256-cbc\n"
+        f"Comment: deploy@ci\nPublic-Lines: 2\n{_tok(rng, ALNUM + '+/', 64)}\n"
+        f"{_tok(rng, ALNUM, 8)}\n{argon}Private-Lines: 1\n{_tok(rng, ALNUM + '+/', 44)}\n"
+        f"Private-MAC: {_tok(rng, '0123456789abcdef', 64)}"
+    )
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_putty_key_file_of_either_version_becomes_one_placeholder(version: int) -> None:
+    text = f'static const char kPpk[] = R"({_ppk(version)})";\nint x;\n'
+    assert scrubbed(text) == 'static const char kPpk[] = R"(<PRIVATE_KEY>)";\nint x;\n'
+
+
+def test_putty_key_file_parser_strings_stay() -> None:
+    text = (
+        'if (line.rfind("PuTTY-User-Key-File-3: ", 0) == 0) version = 3;\n'
+        'else if (line.rfind("Private-MAC: ", 0) == 0) mac = line.substr(13);\n'
+    )
+    assert scrubbed(text) == text
+
+
 def test_public_certificate_is_not_a_private_key() -> None:
     text = "\n".join(_pem_lines("CERTIFICATE"))
     assert scrubbed(text) == text

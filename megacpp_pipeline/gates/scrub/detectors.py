@@ -27,6 +27,7 @@ from megacpp_pipeline.gates.scrub.credentials import (
 from megacpp_pipeline.gates.scrub.hits import Finder, Hit, Kind
 from megacpp_pipeline.gates.scrub.keys import (
     BASE64_PEM_TRIGGER,
+    PUTTY_TRIGGER,
     find_base64_private_key,
     find_private_key,
     find_ssh_key,
@@ -101,7 +102,8 @@ DETECTORS: tuple[Detector, ...] = (
         "private_key",
         0,
         find_private_key,
-        triggers=(*(p.pattern for p in PrivateKeyDetector.denylist), "PRIVATE KEY"),
+        # detect-secrets knows only version 2 of PuTTY's format
+        triggers=(*(p.pattern for p in PrivateKeyDetector.denylist), "PRIVATE KEY", PUTTY_TRIGGER),
     ),
     Detector("base64_private_key", 0, find_base64_private_key, triggers=(BASE64_PEM_TRIGGER,)),
     Detector("ssh_key", 1, find_ssh_key, triggers=("ssh-", "ecdsa-sha2-")),

@@ -16,13 +16,17 @@ if TYPE_CHECKING:
     from megacpp_pipeline.gates.scrub.config import ScrubConfig
 
 
-_PEM_BEGIN = re.compile(r"-{4,5} ?BEGIN (?P<label>[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?) ?-{4,5}")
+# three dashes too: hand-copied and Markdown-mangled blocks lose some (`---BEGIN ...---`)
+_PEM_BEGIN = re.compile(r"-{3,5} ?BEGIN (?P<label>[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?) ?-{3,5}")
 _BASE64_LINE = re.compile(r"[^\S\n]*[\"'(]?[A-Za-z0-9+/=:\-, ]{16,}(?:\\n)?[\"']?[^\S\n]*(?:\n|$)")
 # the last line of a truncated block is shorter; taken only right after full ones
 _BASE64_LAST_LINE = re.compile(
     r"[^\S\n]*[\"'(]?[A-Za-z0-9+/]{1,63}={0,2}(?:\\n)?[\"']?[^\S\n]*(?:\n|$)"
 )
-_PUTTY = re.compile(r"PuTTY-User-Key-File-\d+:.*?Private-MAC: ?[0-9a-fA-F]+", re.DOTALL)
+# a .ppk file, version 2 or 3 (PuTTY 0.75+: Argon2 fields before the key): header to MAC,
+# within a .ppk's size, so a parser's header string never reaches a key much further on
+PUTTY_TRIGGER = "PuTTY-User-Key-File-"
+_PUTTY = re.compile(PUTTY_TRIGGER + r"\d+: ?[\w@.-]+[\s\S]{0,16384}?Private-MAC: ?[0-9a-fA-F]+")
 
 
 # a line of key material: base64 (16+ in a run) or an RFC 1421 field (`Proc-Type: 4,...`);
@@ -47,7 +51,7 @@ def find_private_key(text: str, config: ScrubConfig) -> Iterator[Hit]:
         if not _KEY_BODY.search(text, m.end(), m.end() + _BODY_WITHIN):
             pos = m.end()
             continue
-        end_re = re.compile(r"-{4,5} ?END " + re.escape(m.group("label")) + r" ?-{4,5}")
+        end_re = re.compile(r"-{3,5} ?END " + re.escape(m.group("label")) + r" ?-{3,5}")
         # the END must come before the next BEGIN: else this block was cut short, and the
         # END belongs to a later key (replacing everything in between would erase code)
         next_begin = text.find("BEGIN ", m.end())
