@@ -112,9 +112,15 @@ def _words(name: str) -> list[str]:
     return _joined_password_words(words) if len(words) > 1 else words
 
 
+# the words a password word spelled in parts can start with (`mot`, `contrase`, `pass`)
+_PASSWORD_WORD_HEADS = frozenset(w[:i] for w in PASSWORD_WORDS for i in range(2, len(w)))
+
+
 def _joined_password_words(words: list[str]) -> list[str]:
     """Two or three words that spell a password word become it: `mot_de_passe` and
     `contraseña` (split at the `ñ`) are one word, as `motdepasse` is."""
+    if not any(w in _PASSWORD_WORD_HEADS for w in words[:-1]):
+        return words
     out: list[str] = []
     i = 0
     while i < len(words):
