@@ -79,9 +79,11 @@ _PASS_ENDS += tuple(f"pass_{c}" for c in " \t=:{")  # a member's trailing unders
 _AUTH_ENDS = (*(f"auth{c}" for c in "_-. \t=:\"'([,\\"), "authtoken", "authkey", "authoriz")
 # a name ending in `key` right before what binds it (`key = "`, `Key{"`, `KEY "`, `key: x`)
 _KEY_ENDS = tuple(f"key{c}" for c in " \t=:\"'({[\\")
-# the password words in other languages that hold no `pass` (`passwort` has `passw`)
-_OTHER_PASSWORD_ANCHORS: tuple[str, ...] = ("contrase", "kennwort", "senha", "wachtwoord")
-_OTHER_PASSWORD_ANCHORS += ("haslo", "hasło", "пароль", "parol", "密码", "mima")
+# the password words that wake nothing else (`kennwort`, `senha`, `пароль`; `passwort` has
+# `passw`): every word of the vocabulary finds its names
+_OTHER_PASSWORD_ANCHORS = tuple(
+    sorted(w for w in PASSWORD_WORDS if not any(a in w for a in ("pass", "pw", "psk")))
+)
 TRIGGERS: tuple[str, ...] = (
     *("passw", "passp", "passc", *_PASS_ENDS, *_AUTH_ENDS),
     *("pw", "secret", "token", "cred", "bearer", *_OTHER_PASSWORD_ANCHORS),
