@@ -284,6 +284,7 @@ def test_hex_key_under_a_key_or_secret_name_is_replaced_beside_hash_words(
         f'const char* token_sha256 = "{HEX_KEY}";',
         f'const char* hmac_digest = "{HEX_KEY}";  // HMAC-SHA256 of the body',
         f'// RFC 4231 test case 2\nconst char* hmac_key = "{HEX_KEY}";',
+        f'// md5 of the test password\nconst char* password = "{HEX_KEY}";',
     ],
 )
 def test_hex_digest_under_a_hash_name_or_a_standards_test_vector_stays(line: str) -> None:

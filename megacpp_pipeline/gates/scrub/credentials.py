@@ -155,18 +155,18 @@ def credential_kind(name: str) -> Kind | None:
 
 @functools.lru_cache(maxsize=8192)
 def holds_a_secret(name: str) -> bool:
-    """A credential name that ends in the credential (`hmac_key`, `kSigningKey`,
-    `webhook_secret`, `db_password`): what it holds is the secret itself, not a digest of
-    one, as a name ending elsewhere may be (`token_sha256`)."""
-    if credential_kind(name) is None:
+    """A key or secret name that ends in the credential (`hmac_key`, `kSigningKey`,
+    `webhook_secret`): what it holds is the key itself, not a digest of one, as a name
+    ending elsewhere may be (`token_sha256`). (A password in hex beside `sha1` is more
+    likely the hash a test checks.)"""
+    if credential_kind(name) is not Kind.API_KEY:
         return False
     last = _words(name)[-1]
     return (
         last in SECRET_WORDS
-        or last in PASSWORD_WORDS
         or last in _KEY_COMPOUNDS
         or last == "key"
-        or last.endswith(_SECRET_ENDINGS + _PASSWORD_ENDINGS)
+        or last.endswith(_SECRET_ENDINGS)
     )
 
 
