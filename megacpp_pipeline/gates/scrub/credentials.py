@@ -108,21 +108,21 @@ _NAME_CONTINUES = re.compile(r"s?[a-z0-9_]")  # `key_type`, `keyboard`: `key` is
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[a-z]+|\d+|[^\x00-\x7f]+")
 
 
+# the words a password word spelled in parts can start with (`mot`, `contrase`, `pass`)
+_PASSWORD_WORD_HEADS = frozenset(w[:i] for w in PASSWORD_WORDS for i in range(2, len(w)))
+
+
 def _words(name: str) -> list[str]:
     words = [w.lower() for w in _WORD.findall(name)]
     words = [w[:-1] if len(w) > 4 and w.endswith("s") else w for w in words]
-    return _joined_password_words(words) if len(words) > 1 else words
-
-
-# the words a password word spelled in parts can start with (`mot`, `contrase`, `pass`)
-_PASSWORD_WORD_HEADS = frozenset(w[:i] for w in PASSWORD_WORDS for i in range(2, len(w)))
+    if len(words) > 1 and not _PASSWORD_WORD_HEADS.isdisjoint(words[:-1]):
+        return _joined_password_words(words)
+    return words
 
 
 def _joined_password_words(words: list[str]) -> list[str]:
     """Two or three words that spell a password word become it: `mot_de_passe` and
     `contraseña` (split at the `ñ`) are one word, as `motdepasse` is."""
-    if not any(w in _PASSWORD_WORD_HEADS for w in words[:-1]):
-        return words
     out: list[str] = []
     i = 0
     while i < len(words):
