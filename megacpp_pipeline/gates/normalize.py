@@ -11,6 +11,7 @@ import codecs
 import hashlib
 import itertools
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -67,6 +68,10 @@ class NormalizeConfig(BaseModel):
     max_mean_line_length: float = Field(100.0, gt=0)  # characters, BigCode
     min_alnum_fraction: float = Field(0.25, ge=0, le=1)  # ASCII letters+digits / chars
     max_non_text_ratio: float = Field(0.02, ge=0, le=1)  # control characters / chars
+    # tried, in order, before the fallbacks when the bytes look double-byte (_east_asian)
+    east_asian_encodings: list[str] = Field(
+        default_factory=lambda: ["cp932", "euc_jp", "euc_kr", "gbk", "big5"]
+    )
     fallback_encodings: list[str] = Field(default_factory=lambda: ["cp1252", "latin-1"])
     generated_markers: list[str] = Field(default_factory=lambda: list(_DEFAULT_GENERATED_MARKERS))
     generated_path_patterns: list[str] = Field(
@@ -78,7 +83,7 @@ class NormalizeConfig(BaseModel):
     extensionless_sniff_pattern: str = _DEFAULT_EXTENSIONLESS_SNIFF
     extensionless_sniff_chars: int = Field(4096, gt=0)
 
-    @field_validator("fallback_encodings")
+    @field_validator("fallback_encodings", "east_asian_encodings")
     @classmethod
     def _known_encodings(cls, value: list[str]) -> list[str]:
         for name in value:
@@ -86,6 +91,17 @@ class NormalizeConfig(BaseModel):
                 codecs.lookup(name)
             except LookupError as error:
                 raise ValueError(f"unknown encoding {name!r}") from error
+        return value
+
+    @field_validator("east_asian_encodings")
+    @classmethod
+    def _double_byte(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if codecs.lookup(name).name not in _EAST_ASIAN_CODECS:
+                raise ValueError(
+                    f"{name!r} is not a double-byte East Asian encoding normalize can check "
+                    f"(one of: {', '.join(_EAST_ASIAN_CODECS)})"
+                )
         return value
 
     @field_validator("cpp_extensions")
@@ -170,7 +186,7 @@ def run(table: pa.Table, config: NormalizeConfig) -> GateResult:
         if b"\0" in raw and not raw.startswith(_WIDE_BOMS_PREFIXES):
             verdict.drop_one(i, DropReason.BINARY, "NUL byte in raw content")
             continue
-        found = _decode(raw, config.fallback_encodings)
+        found = _decode(raw, config.east_asian_encodings, config.fallback_encodings)
         if isinstance(found, str):
             verdict.drop_one(i, DropReason.UNDECODABLE, found)
             continue
@@ -409,9 +425,12 @@ _UTF8_MULTIBYTE = re.compile(
 )
 
 
-def _decode(raw: bytes, fallbacks: Sequence[str]) -> tuple[str, str] | str:
+def _decode(
+    raw: bytes, east_asian: Sequence[str], fallbacks: Sequence[str]
+) -> tuple[str, str] | str:
     """(text without BOM, original encoding), or why the file is not decodable: a BOM
-    decides its encoding alone, and bytes that are UTF-8 but for a few broken ones never go
+    decides its encoding alone, bytes that look double-byte are Japanese, Korean or Chinese
+    or nothing (_east_asian), and bytes that are UTF-8 but for a few broken ones never go
     to a legacy code page (which would keep them as mojibake)."""
     if raw.startswith(_BOMS):  # one test for all of them: most files have no BOM
         if raw.startswith(codecs.BOM_UTF8):
@@ -427,6 +446,9 @@ def _decode(raw: bytes, fallbacks: Sequence[str]) -> tuple[str, str] | str:
     try:
         return raw.decode("utf-8"), "utf-8"
     except UnicodeDecodeError as e:
+        found = _east_asian(raw, east_asian) if east_asian else None
+        if found is not None:
+            return found
         if _UTF8_MULTIBYTE.search(raw) is not None:
             return f"UTF-8 with bytes that are not (byte {e.start}); no code page would be right"
     for encoding in fallbacks:
@@ -435,6 +457,154 @@ def _decode(raw: bytes, fallbacks: Sequence[str]) -> tuple[str, str] | str:
         except UnicodeDecodeError:
             continue
     return f"not decodable as any of: {', '.join(['utf-8', *fallbacks])}"
+
+
+# The language each double-byte codec writes (by codecs.lookup name), and the range of its
+# commonest ideographs (GB2312 level 1, Big5's frequent set, JIS level 1), as codes in the
+# codec that encodes them: text is mostly those, a misread other encoding mostly not.
+_EAST_ASIAN_CODECS: dict[str, tuple[str, tuple[str, int, int] | None]] = {
+    "cp932": ("Japanese", ("shift_jis", 0x889F, 0x9872)),
+    "shift_jis": ("Japanese", ("shift_jis", 0x889F, 0x9872)),
+    "euc_jp": ("Japanese", ("euc_jp", 0xB0A1, 0xCFD3)),
+    "euc_kr": ("Korean", None),
+    "cp949": ("Korean", None),
+    "gbk": ("Chinese", ("gb2312", 0xB0A1, 0xD7F9)),
+    "gb2312": ("Chinese", ("gb2312", 0xB0A1, 0xD7F9)),
+    "gb18030": ("Chinese", ("gb2312", 0xB0A1, 0xD7F9)),
+    "big5": ("Chinese", ("big5", 0xA440, 0xC67E)),
+    "cp950": ("Chinese", ("big5", 0xA440, 0xC67E)),
+    "big5hkscs": ("Chinese", ("big5", 0xA440, 0xC67E)),
+}
+# Korean's 100 commonest syllables (counted in Debian's Korean message catalogs, 72% of their
+# syllables): Chinese or Japanese read as EUC-KR is Hangul too, but rarely these.
+_COMMON_HANGUL = np.frombuffer(
+    (
+        "가값경고구그기나는니다대데도되된드들디라력로를름리만메면명모못문바버보부블사상서설성세션소수스습시식"
+        "실아않어업없에여열오옵요용위으은을음의이인일입있자작적전정제중지출치크키터트파패표프하한할함합해행형"
+    ).encode("utf-32-le"),
+    np.uint32,
+)
+
+
+def _east_asian(raw: bytes, encodings: Sequence[str]) -> tuple[str, str] | str | None:
+    """(text, encoding) when the bytes are Japanese, Korean or Chinese in one of
+    `encodings`; why not (the file is dropped) when they surely are double-byte but no codec
+    reads them coherently; None when they do not look double-byte (the fallbacks decide).
+
+    The rule, over the non-ASCII ("high") bytes, then the non-ASCII characters a codec reads:
+    1. Worth trying when at least half of the high bytes stand next to another, or are a
+       Shift-JIS lead before an ASCII trail byte (a double-byte character is two high
+       bytes, or such a pair; Western accents stand alone but for pairs as in "ção").
+    2. High bytes that are mostly (3/4) well-formed UTF-8 sequences are broken UTF-8: None.
+    3. A codec reads the bytes coherently when it decodes them strictly, and among the
+       letters (kana, Hangul syllables, ideographs, other letters) it reads:
+       - there are two or more, none is a private-use character (the codecs' user-defined
+         areas), at least half stand next to another non-ASCII character (a misread
+         Western accent is one lone ideograph between ASCII letters), and no ideograph or
+         Hangul syllable repeats itself three times in a row (a DOS box line, ÄÄÄÄ, read
+         as 캄캄캄);
+       - Japanese: kana present, kana and ideographs 9/10 of the letters, half-width
+         katakana at most 1/10; Korean: Hangul syllables 9/10, a third of them among the
+         100 commonest; Chinese: ideographs 9/10, fewer than 1/10 of them after
+         a lone space that follows another (Korean spaces its words, Chinese does not);
+       - for Japanese and Chinese, at least 3/4 of the ideographs are the codec's common
+         ones (see _EAST_ASIAN_CODECS).
+       The first coherent codec in `encodings` is the encoding.
+    4. None is: the file is dropped when it holds a run of four or more high bytes (two
+       double-byte characters) that is neither Latin-1 letters inside (Western words put
+       two or three accents together at most, an alphabet "àèìòù" more, and a quote may
+       stand at either end: “Ça») nor mostly one byte (a box line, ÍÍÍÍ); the fallbacks
+       decide otherwise.
+    """
+    b = np.frombuffer(raw, np.uint8)
+    high = b >= 0x80
+    # paired: next to a high byte, or a Shift-JIS lead before an ASCII trail (ポ is 83 7C)
+    paired = np.zeros_like(high)
+    paired[1:] |= high[:-1]
+    paired[:-1] |= high[1:] | (
+        (b[:-1] >= 0x81) & (b[:-1] <= 0x9F) & (b[1:] >= 0x40) & (b[1:] <= 0x7E)
+    )
+    n_high = int(np.count_nonzero(high))
+    if 2 * np.count_nonzero(high & paired) < n_high:
+        return None
+    # the runs of high bytes, each ended by a NUL (a file with a NUL never gets here)
+    run_ends = np.zeros_like(high)
+    run_ends[1:] = high[:-1] & ~high[1:]
+    runs = np.where(high, b, 0)[high | run_ends].tobytes()
+    if 4 * sum(map(len, _UTF8_MULTIBYTE.findall(runs))) >= 3 * n_high:
+        return None
+    for encoding in encodings:
+        try:
+            text = raw.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        if _reads_coherently(text, encoding):
+            return text, encoding
+    if any(
+        len(run) >= 4 and min(run[1:-1]) < 0xC0 and 2 * max(Counter(run).values()) <= len(run)
+        for run in runs.split(b"\0")
+    ):
+        return (
+            "looks like a double-byte East Asian encoding, none of "
+            f"{'/'.join(encodings)} reads it coherently"
+        )
+    return None
+
+
+def _reads_coherently(text: str, encoding: str) -> bool:
+    """Rule 3 of _east_asian for one codec's reading of the bytes, counted with numpy over
+    the text's code points."""
+    language, common = _EAST_ASIAN_CODECS[codecs.lookup(encoding).name]
+    cp = np.frombuffer(f" {text} ".encode("utf-32-le"), np.uint32)  # spaces: no edge cases
+    wide = cp >= 0x80
+    kana = (cp >= 0x3041) & (cp <= 0x30FF) & (cp != 0x30FB)  # with ー and ゝ, not ・
+    half_kana = (cp >= 0xFF66) & (cp <= 0xFF9D)
+    hangul = (cp >= 0xAC00) & (cp <= 0xD7A3)
+    ideograph = (
+        ((cp >= 0x4E00) & (cp <= 0x9FFF))
+        | ((cp >= 0x3400) & (cp <= 0x4DBF))
+        | ((cp >= 0xF900) & (cp <= 0xFAFF))
+    )
+    letter = kana | half_kana | hangul | ideograph
+    for i in np.flatnonzero(wide & ~letter).tolist():  # few: punctuation, symbols, Greek
+        category = unicodedata.category(chr(cp[i]))
+        if category == "Co":  # a codec's user-defined area, which text does not use
+            return False
+        letter[i] = category.startswith("L")
+    n_letters = int(np.count_nonzero(letter))
+    paired = letter[1:-1] & (wide[:-2] | wide[2:])
+    syllable = ideograph | hangul
+    repeated = syllable[2:] & (cp[2:] == cp[1:-1]) & (cp[1:-1] == cp[:-2])
+    if n_letters < 2 or 2 * np.count_nonzero(paired) < n_letters or repeated.any():
+        return False
+    n_ideographs = int(np.count_nonzero(ideograph))
+    if language == "Japanese":
+        n_kana = int(np.count_nonzero(kana))
+        fits = (
+            n_kana > 0
+            and 10 * (n_kana + n_ideographs) >= 9 * n_letters
+            and 10 * int(np.count_nonzero(half_kana)) <= n_letters
+        )
+    elif language == "Korean":
+        n_hangul = int(np.count_nonzero(hangul))
+        n_usual = int(np.count_nonzero(np.isin(cp[hangul], _COMMON_HANGUL)))
+        fits = 10 * n_hangul >= 9 * n_letters and 3 * n_usual >= n_hangul
+    else:
+        spaced = ideograph[:-2] & (cp[1:-1] == 0x20) & ideograph[2:]
+        fits = (
+            10 * n_ideographs >= 9 * n_letters and 10 * int(np.count_nonzero(spaced)) < n_ideographs
+        )
+    if not fits or common is None or not n_ideographs:
+        return fits
+    codec, first, last = common
+    seen, counts = np.unique(cp[ideograph], return_counts=True)
+    usual = 0
+    for point, count in zip(seen.tolist(), counts.tolist(), strict=True):
+        try:
+            usual += count * (first <= int.from_bytes(chr(point).encode(codec), "big") <= last)
+        except UnicodeEncodeError:
+            continue
+    return 4 * usual >= 3 * n_ideographs
 
 
 def _marker_detail(text: str, markers: Sequence[str], scan_chars: int) -> str:

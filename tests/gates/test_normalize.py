@@ -154,6 +154,150 @@ def test_without_fallbacks_invalid_utf8_is_undecodable():
     assert dropped["old.c"][0] == DropReason.UNDECODABLE
 
 
+# C++ commented in each language, as the files are found: the Japanese in Shift-JIS (cp932)
+# or EUC-JP, the Chinese in GBK (simplified) or Big5 (traditional), the Korean in EUC-KR.
+_JAPANESE = """\
+// リングバッファの実装。スレッドセーフではない。
+#include <cstddef>
+
+template <class T, std::size_t N>
+class ring_buffer {
+ public:
+  // 要素を末尾に追加する。満杯なら最も古い要素を上書きする
+  void push(const T& value) {
+    data_[head_] = value;
+    head_ = (head_ + 1) % N;  // 先頭位置を進める
+  }
+
+ private:
+  T data_[N];
+  std::size_t head_ = 0;  // 次に書き込む位置
+};
+"""
+_SIMPLIFIED_CHINESE = """\
+// 环形缓冲区的实现，不是线程安全的。
+#include <cstddef>
+
+template <class T, std::size_t N>
+class ring_buffer {
+ public:
+  // 在末尾添加元素；如果已满，则覆盖最旧的元素
+  void push(const T& value) {
+    data_[head_] = value;
+    head_ = (head_ + 1) % N;  // 移动写入位置
+  }
+
+ private:
+  T data_[N];
+  std::size_t head_ = 0;  // 下一个写入的位置
+};
+"""
+_TRADITIONAL_CHINESE = """\
+// 環形緩衝區的實作，不是執行緒安全的。
+#include <cstddef>
+
+template <class T, std::size_t N>
+class ring_buffer {
+ public:
+  // 在尾端加入元素；如果已滿，則覆寫最舊的元素
+  void push(const T& value) {
+    data_[head_] = value;
+    head_ = (head_ + 1) % N;  // 移動寫入位置
+  }
+
+ private:
+  T data_[N];
+  std::size_t head_ = 0;  // 下一個寫入的位置
+};
+"""
+_KOREAN = """\
+// 링 버퍼 구현. 스레드 안전하지 않다.
+#include <cstddef>
+
+template <class T, std::size_t N>
+class ring_buffer {
+ public:
+  // 끝에 요소를 추가한다. 가득 차면 가장 오래된 요소를 덮어쓴다
+  void push(const T& value) {
+    data_[head_] = value;
+    head_ = (head_ + 1) % N;  // 쓰기 위치를 옮긴다
+  }
+
+ private:
+  T data_[N];
+  std::size_t head_ = 0;  // 다음에 쓸 위치
+};
+"""
+_EAST_ASIAN_FILES = [
+    (_JAPANESE, "cp932"),
+    (_JAPANESE, "euc_jp"),
+    (_SIMPLIFIED_CHINESE, "gbk"),
+    (_TRADITIONAL_CHINESE, "big5"),
+    (_KOREAN, "euc_kr"),
+]
+
+
+@pytest.mark.parametrize(("text", "codec"), _EAST_ASIAN_FILES)
+def test_east_asian_comments_decode_to_the_original_text_with_their_encoding(text, codec):
+    """They were kept as cp1252 or latin-1 mojibake, or dropped as broken UTF-8."""
+    kept, _ = normalize({"ring_buffer.hpp": text.encode(codec)})
+    assert kept["ring_buffer.hpp"]["text"] == text
+    assert kept["ring_buffer.hpp"]["encoding"] == codec
+    assert kept["ring_buffer.hpp"]["content_sha256"] == schemas.text_sha256(text)
+
+
+@pytest.mark.parametrize(
+    ("comment", "codec"),
+    [
+        ("// ポインタ", "cp932"),  # katakana only: Shift-JIS puts ASCII trail bytes in it
+        ("// デストラクタ", "cp932"),
+        ("// 初期化処理を行う", "euc_jp"),
+        ("// 释放内存", "gbk"),
+        ("// 初始化缓冲区", "gbk"),
+        ("// 釋放記憶體", "big5"),
+        ("// 메모리 해제", "euc_kr"),
+        ("// 버퍼를 초기화한다", "euc_kr"),
+    ],
+)
+def test_one_east_asian_comment_is_enough(comment, codec):
+    text = comment + "\n" + HEADER
+    kept, _ = normalize({"span.hpp": text.encode(codec)})
+    assert (kept["span.hpp"]["text"], kept["span.hpp"]["encoding"]) == (text, codec)
+
+
+def test_a_file_mixing_two_east_asian_encodings_is_undecodable_not_mojibake():
+    """No single codec reads both comments, and cp1252 would keep either as mojibake."""
+    raw = "// バッファを初期化する\n".encode("cp932") + "// 버퍼를 초기화한다\n".encode("euc_kr")
+    kept, dropped = normalize({"mixed.cpp": raw + HEADER.encode()})
+    assert not kept
+    assert dropped["mixed.cpp"] == (
+        DropReason.UNDECODABLE,
+        "looks like a double-byte East Asian encoding, none of "
+        "cp932/euc_jp/euc_kr/gbk/big5 reads it coherently",
+    )
+
+
+def test_utf8_east_asian_text_with_a_broken_byte_is_still_broken_utf8():
+    """Not read as some double-byte codec: its high bytes are nearly all UTF-8 sequences."""
+    raw = "// リングバッファの実装\n".encode() + b"// \xff\n" + HEADER.encode()
+    _, dropped = normalize({"ring.hpp": raw})
+    assert dropped["ring.hpp"][0] == DropReason.UNDECODABLE
+    assert dropped["ring.hpp"][1].startswith("UTF-8 with bytes that are not")
+
+
+def test_the_east_asian_encodings_are_configurable():
+    raw = _SIMPLIFIED_CHINESE.encode("gbk")
+    kept, _ = normalize({"r.hpp": raw}, east_asian_encodings=["gb18030"])
+    assert kept["r.hpp"]["encoding"] == "gb18030"
+    _, dropped = normalize({"r.hpp": raw}, east_asian_encodings=[])
+    assert dropped["r.hpp"][1].startswith("UTF-8 with bytes that are not")  # as before
+
+
+def test_a_single_byte_encoding_is_not_an_east_asian_one():
+    with pytest.raises(ValidationError, match="east_asian_encodings"):
+        NormalizeConfig(east_asian_encodings=["cp1252"])
+
+
 def test_crlf_and_lone_cr_become_lf_and_the_hash_follows_the_text():
     dos = HEADER.replace("\n", "\r\n").encode()
     mac = HEADER.replace("\n", "\r").encode()
@@ -420,6 +564,7 @@ def test_a_table_without_the_content_column_is_refused_by_name():
     ("field", "value"),
     [
         ("fallback_encodings", ["no-such-codec"]),
+        ("east_asian_encodings", ["no-such-codec"]),
         ("cpp_extensions", ["hpp"]),
         ("max_line_length", 0),
         ("min_alnum_fraction", 1.5),
