@@ -265,6 +265,26 @@ def test_one_east_asian_comment_is_enough(comment, codec):
     assert (kept["span.hpp"]["text"], kept["span.hpp"]["encoding"]) == (text, codec)
 
 
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "// (c) Jürgen Müller",
+        "// Größe für später",
+        "// café déjà",
+        "// Função de inicialização",  # accents in pairs: çã
+        "// süße Grüße, Straße",
+        "// INFORMAÇÕES DA FUNÇÃO",
+        "// 25°C, 10µs, don’t",
+        "// « École » — voilà",
+        "// ÄÄÄÄÄÄÄÄÄÄÄÄÄÄÄÄÄÄÄÄ",  # a DOS box line, as cp1252 reads it
+    ],
+)
+def test_western_comments_still_decode_as_cp1252(comment):
+    text = comment + "\n" + HEADER
+    kept, _ = normalize({"span.hpp": text.encode("cp1252")})
+    assert (kept["span.hpp"]["text"], kept["span.hpp"]["encoding"]) == (text, "cp1252")
+
+
 def test_a_file_mixing_two_east_asian_encodings_is_undecodable_not_mojibake():
     """No single codec reads both comments, and cp1252 would keep either as mojibake."""
     raw = "// バッファを初期化する\n".encode("cp932") + "// 버퍼를 초기화한다\n".encode("euc_kr")
@@ -296,6 +316,46 @@ def test_the_east_asian_encodings_are_configurable():
 def test_a_single_byte_encoding_is_not_an_east_asian_one():
     with pytest.raises(ValidationError, match="east_asian_encodings"):
         NormalizeConfig(east_asian_encodings=["cp1252"])
+
+
+_LATIN1_CAPITALS = [chr(c) for c in range(0xC0, 0xDF) if c != 0xD7]  # À..Þ
+_LATIN1_SMALL = [chr(c) for c in range(0xDF, 0x100) if c != 0xF7]  # ß..ÿ
+
+
+@st.composite
+def _western_word(draw: st.DrawFn) -> str:
+    """A word as Western European languages write it: small letters, up to two of them
+    accented, anywhere (café, ção, süß), after an optional capital, maybe accented
+    (École, Über)."""
+    small = st.sampled_from("abcdefghijklmnopqrstuvwxyz")
+    letters = draw(st.lists(small, min_size=1, max_size=10))
+    for accent in draw(st.lists(st.sampled_from(_LATIN1_SMALL), max_size=2)):
+        letters.insert(draw(st.integers(0, len(letters))), accent)
+    capital = draw(st.sampled_from(["", "", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *_LATIN1_CAPITALS]))
+    return capital + "".join(letters)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["", "«", "“", "‘", "(", "¿", "¡"]),
+            _western_word(),
+            st.sampled_from(["", "»", "”", "’s", ",", ".", "…", "€", "°", "—"]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_western_european_text_is_never_taken_for_east_asian(words):
+    comment = "// " + " ".join(before + word + after for before, word, after in words)
+    text = comment + "\n" + HEADER
+    kept, dropped = normalize({"w.hpp": text.encode("cp1252")})
+    assert "w.hpp" not in dropped or "East Asian" not in dropped["w.hpp"][1]
+    if "w.hpp" in kept:  # UTF-8 when ASCII only, or "Â»" is UTF-8's "»"
+        assert kept["w.hpp"]["encoding"] in ("utf-8", "cp1252")
+        if kept["w.hpp"]["encoding"] == "cp1252":
+            assert kept["w.hpp"]["text"] == text
 
 
 def test_crlf_and_lone_cr_become_lf_and_the_hash_follows_the_text():
