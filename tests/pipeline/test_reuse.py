@@ -204,6 +204,7 @@ def test_a_snapshot_stands_only_while_its_folder_is_whole(tmp_path: Path) -> Non
     assert got == want
 
 
+@pytest.mark.slow  # a whole run or more; make test-slow
 def test_a_snapshot_whose_card_was_edited_is_made_whole_again_in_place(tmp_path: Path) -> None:
     """Nothing changed, but the promoted folder's card was edited (then, another time, a
     file planted beside it): the snapshot does not stand, its build finds the rows already
@@ -421,6 +422,7 @@ def test_a_body_whose_inputs_moved_while_it_ran_records_none(tmp_path: Path) -> 
         assert ctx.store.latest("packed_rows").extra.get(INPUTS) == (None if moved else now)
 
 
+@pytest.mark.slow  # a whole run or more; make test-slow
 def test_a_removal_request_added_that_removes_nothing_still_moves_the_snapshot(
     tmp_path: Path,
 ) -> None:

@@ -141,6 +141,7 @@ def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path: Path) ->
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
 
 
+@pytest.mark.slow  # a whole run or more; make test-slow
 def test_a_run_launched_outside_megacpp_run_forks_its_steps_from_a_preloaded_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -161,6 +161,7 @@ def test_a_branch_that_moved_is_collected_at_its_new_commit_once(nightly: Nightl
     assert all(store.verify(m) == [] for m in versions)
 
 
+@pytest.mark.slow  # a whole run or more; make test-slow
 def test_a_group_whose_blocking_check_failed_waits_for_a_new_input_before_it_runs_again(
     tmp_path: Path,
 ) -> None:
@@ -226,6 +227,7 @@ def test_the_cascade_does_not_read_a_refreshed_version_whose_blocking_check_fail
     )
 
 
+@pytest.mark.slow  # a whole run or more; make test-slow
 def test_a_removal_added_to_the_catalog_reaches_the_next_snapshot_through_the_nightly_path(
     tmp_path: Path,
 ) -> None:
