@@ -527,9 +527,9 @@ def test_the_budget_counts_marker_tokens_and_the_output_is_the_same_for_any_row_
 # api.h (the middle member) ends inside a `//` comment and api.cpp (the last) on a brace, both
 # without a final newline; core.h ends in one
 UNTERMINATED = {
-    "lib/include/lib/api.h": '#pragma once\n#include "detail/core.h"\nint api();  // the API',
-    "lib/include/lib/detail/core.h": "#pragma once\nint core();\n",
-    "lib/src/api.cpp": "#include <lib/api.h>\nint api() { return core(); }",
+    **TREE,
+    "lib/include/lib/api.h": TREE["lib/include/lib/api.h"].rstrip("\n") + "  // the API",
+    "lib/src/api.cpp": TREE["lib/src/api.cpp"].rstrip("\n"),
 }
 
 
