@@ -33,7 +33,9 @@ class LocalInstance:
     def __init__(self, cpus: int, timeout_s: float = START_TIMEOUT_S) -> None:
         ctx = multiprocessing.get_context("fork")
         self._conn, theirs = ctx.Pipe()
-        self._process = ctx.Process(target=_hold, args=(cpus, theirs), daemon=True)
+        # the holder gets our end too and closes its copy first: a copy left open in it would
+        # keep the pipe from ever reading as closed there, and `close` would wait it out
+        self._process = ctx.Process(target=_hold, args=(cpus, theirs, self._conn), daemon=True)
         self._process.start()
         theirs.close()
         try:
@@ -45,6 +47,12 @@ class LocalInstance:
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """The holder's exit status once ended: 0 when it left Ray and exited by itself,
+        negative (the signal) when `close` had to kill it."""
+        return self._process.exitcode
 
     def _read_address(self, timeout_s: float) -> str:
         if not self._conn.poll(timeout_s):
@@ -77,8 +85,9 @@ class LocalInstance:
         self.close()
 
 
-def _hold(cpus: int, conn: Connection) -> None:
+def _hold(cpus: int, conn: Connection, other_end: Connection) -> None:
     """The holder: start the instance, send its address, wait for the pipe to close, leave."""
+    other_end.close()  # the copy fork gave us of the end whose closing we wait for
     from megacpp_pipeline.pipeline import ray_engine
     from megacpp_pipeline.pipeline.engine import Engine, EngineKind
 
