@@ -304,24 +304,29 @@ class FileResultCache:
         identities: Sequence[tuple[str, str]],
         kinds: Iterable[str],
         carry: Carry | None = None,
+        materials: Sequence[str] | None = None,
     ) -> ProvenEntry:
         """The cached rows of `kinds` for those of `keys` whose entries prove themselves
-        (`identities[i]`: the (source, path) the input holds at `keys[i]`). An entry that does
-        not is discarded with one warning; its keys are left out, to be computed again. A
-        part that left columns to the input gets them back from `carry(rows, columns,
-        sources)` (`sources`: the input column and type of each one held under another name)."""
+        (`identities[i]`: the (source, path) the input holds at `keys[i]`; `materials[i]`,
+        when given, what `keys[i]` is the hash of). An entry that does not is discarded with
+        one warning; its keys are left out, to be computed again. A part that left columns
+        to the input gets them back from `carry(rows, columns, sources)` (`sources`: the
+        input column and type of each one held under another name)."""
         index = self._load_index()
         wanted: dict[str, dict[str, tuple[str, str]]] = {}
-        for key, ident in zip(keys, identities, strict=True):
+        made_of: dict[str, dict[str, str]] = {}
+        for i, (key, ident) in enumerate(zip(keys, identities, strict=True)):
             entry = index.get(key)
             if entry is not None:
                 wanted.setdefault(entry, {})[key] = ident
+                if materials is not None:
+                    made_of.setdefault(entry, {})[key] = materials[i]
         kinds = list(kinds)
         out = ProvenEntry(keys=[])
         parts: dict[str, list[pa.Table]] = {kind: [] for kind in kinds}
         for entry, served in sorted(wanted.items()):
             try:
-                tables = self._prove(entry, served)
+                tables = self._prove(entry, served, made_of.get(entry))
                 chosen = pa.array(list(served), pa.string())
                 rows = {
                     kind: _restored(tables[kind], chosen, carry, f"{self.dir}/{entry}")
@@ -345,9 +350,14 @@ class FileResultCache:
         }
         return out
 
-    def _prove(self, entry: str, served: dict[str, tuple[str, str]]) -> dict[str, pa.Table]:
+    def _prove(
+        self,
+        entry: str,
+        served: dict[str, tuple[str, str]],
+        materials: Mapping[str, str] | None = None,
+    ) -> dict[str, pa.Table]:
         index = self._entries[entry]
-        return prove_entry(self.fs, self.dir, entry, index, served)
+        return prove_entry(self.fs, self.dir, entry, index, served, materials)
 
     def discard(self, entry: str, why: str, files: Sequence[str] = ()) -> None:
         """Remove an entry that failed to prove itself (index first: no reader trusts parts
@@ -532,28 +542,57 @@ def prove_entry(
     directory: str,
     entry: str,
     index: pa.Table,
-    served: dict[str, tuple[str, str]] | None = None,
+    served: Mapping[str, tuple[str, str]] | None = None,
+    materials: Mapping[str, str] | None = None,
 ) -> dict[str, pa.Table]:
     """Every part of one entry, read once and checked: each key is the hash of what the
     entry recorded for it, and that names the recorded file (and, for `served`, the file the
     input holds at that key); each part has its recorded size and sha256 and only the
     entry's keys, each with its own file; the kept and dropped rows hold every key exactly
-    once. EntryRejected says what failed."""
-    keys = index[KEY].to_pylist()
-    recorded_idents = list(
-        zip(index["source_id"].to_pylist(), index["path"].to_pylist(), strict=True)
-    )
-    ident_of = dict(zip(keys, recorded_idents, strict=True))
-    for key, material, (source, path) in zip(
-        keys, index[_MATERIAL].to_pylist(), recorded_idents, strict=True
-    ):
-        if material is None:
-            continue  # keys that were not made by row_keys: their files' identities still count
-        if _key_of(material) != key or material.split("\0")[1:3] != [source, path]:
-            raise EntryRejected(f"key {key} is not the hash of what the entry records for it")
-    for key, ident in (served or {}).items():
-        if ident_of.get(key) != ident:
-            raise EntryRejected(f"key {key} belongs to {ident_of.get(key)}, not {ident}")
+    once. EntryRejected says what failed.
+
+    `materials`: what the input's keys are the hashes of (row_keys), for served keys. A
+    recorded material equal to it is proven without hashing it again (the key is its hash,
+    computed from the input); any other recorded material is hashed. The checks run as
+    Arrow operations over the entry's columns, not a Python loop per key."""
+    keys = _one(index[KEY])
+    n = len(keys)
+    if pc.count_distinct(keys).as_py() != n:
+        raise EntryRejected("it lists a key twice")
+    sources, paths = _one(index["source_id"]), _one(index["path"])
+    material = _one(index[_MATERIAL])
+    hashed = pc.is_valid(material)  # None: a key not made by row_keys; its file still counts
+    if served:
+        asked = pa.array(list(served), pa.string())
+        at = pc.index_in(asked, value_set=keys)
+        if at.null_count:
+            missing = asked.filter(pc.is_null(at))[0].as_py()
+            raise EntryRejected(f"key {missing} belongs to None, not {served[missing]}")
+        wrong = _differing(
+            (sources.take(at), pa.array([s for s, _ in served.values()], pa.string())),
+            (paths.take(at), pa.array([p for _, p in served.values()], pa.string())),
+        )
+        if wrong is not None:
+            key = asked[wrong].as_py()
+            recorded = (sources[at[wrong].as_py()].as_py(), paths[at[wrong].as_py()].as_py())
+            raise EntryRejected(f"key {key} belongs to {recorded}, not {served[key]}")
+        if materials:
+            theirs = pa.array([materials.get(k) for k in served], pa.string())
+            same = pc.fill_null(pc.equal(material.take(at), theirs), False)
+            matched = np.zeros(n, dtype=bool)
+            matched[at.to_numpy(zero_copy_only=False)[_np_bool(same)]] = True
+            hashed = pc.and_(hashed, pa.array(~matched))
+    check = np.flatnonzero(_np_bool(hashed))
+    if len(check):
+        for key, recorded, source, path in zip(
+            keys.take(check).to_pylist(),
+            material.take(check).to_pylist(),
+            sources.take(check).to_pylist(),
+            paths.take(check).to_pylist(),
+            strict=True,
+        ):
+            if _key_of(recorded) != key or recorded.split("\0")[1:3] != [source, path]:
+                raise EntryRejected(f"key {key} is not the hash of what the entry records for it")
     parts = json.loads((index.schema.metadata or {})[_META_PARTS])
     tables: dict[str, pa.Table] = {}
     for kind, want in sorted(parts.items()):
@@ -576,21 +615,60 @@ def prove_entry(
             raise EntryRejected(f"its {kind} part is unreadable: {e}") from e
         if table.num_rows != want["rows"] or KEY not in table.column_names:
             raise EntryRejected(f"its {kind} part does not hold the rows it recorded")
-        row_keys_ = table[KEY].to_pylist()
+        row_keys_ = _one(table[KEY])
+        at = pc.index_in(row_keys_, value_set=keys)
         if "source_id" in table.column_names and "path" in table.column_names:
-            rows = zip(table["source_id"].to_pylist(), table["path"].to_pylist(), strict=True)
-            for key, ident in zip(row_keys_, rows, strict=True):
-                if ident_of.get(key) != ident:
-                    raise EntryRejected(f"its {kind} part holds a row of {ident} under key {key}")
-        elif any(k not in ident_of for k in row_keys_):
+            wrong = _first_null(at)
+            if wrong is None:
+                wrong = _differing(
+                    (sources.take(at), _one(table["source_id"])),
+                    (paths.take(at), _one(table["path"])),
+                )
+            if wrong is not None:
+                ident = (table["source_id"][wrong].as_py(), table["path"][wrong].as_py())
+                raise EntryRejected(
+                    f"its {kind} part holds a row of {ident} under key {row_keys_[wrong]}"
+                )
+        elif at.null_count:
             raise EntryRejected(f"its {kind} part holds a key the entry does not list")
         tables[kind] = table
-    decided = Counter(
-        k for kind in ("kept", "dropped") if kind in tables for k in tables[kind][KEY].to_pylist()
-    )
-    if decided != Counter(keys):
+    decided = [_one(tables[kind][KEY]) for kind in ("kept", "dropped") if kind in tables]
+    every = pa.concat_arrays(decided) if decided else pa.array([], pa.string())
+    if (
+        len(every) != n
+        or pc.count_distinct(every).as_py() != n
+        or pc.index_in(every, value_set=keys).null_count
+    ):
         raise EntryRejected("its kept and dropped rows do not decide each of its files once")
     return tables
+
+
+def _one(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one string array (an entry's few key and identity columns: a small copy)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array.cast(pa.string()) if array.type != pa.string() else array
+
+
+def _np_bool(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _first_null(array: pa.Array) -> int | None:
+    if not array.null_count:
+        return None
+    return int(np.flatnonzero(_np_bool(pc.is_null(array)))[0])
+
+
+def _differing(*pairs: tuple[pa.Array, pa.Array]) -> int | None:
+    """The first row where any pair of equally long string arrays differs (a null differs
+    from anything), or None."""
+    same: pa.Array | None = None
+    for mine, theirs in pairs:
+        equal = pc.fill_null(pc.equal(mine, theirs), False)
+        same = equal if same is None else pc.and_(same, equal)
+    if same is None or pc.all(same).as_py() is not False:
+        return None
+    return int(np.flatnonzero(~_np_bool(same))[0])
 
 
 def remove_entry(fs: pafs.FileSystem, directory: str, entry: str) -> None:
@@ -630,11 +708,13 @@ def cached_gate_call(
     position = {ident: i for i, ident in enumerate(identity)}
     key_of = dict(zip(identity, keys, strict=True))
     hit_rows = np.flatnonzero(cache.lookup(keys))
+    material = getattr(keys, "material", None)
     proven = cache.fetch_proven(
         [keys[i] for i in hit_rows],
         [identity[i] for i in hit_rows],
         schemas,
         carry=lambda rows, columns, sources: _from_input(rows, columns, sources, table, position),
+        materials=[material[i] for i in hit_rows] if material is not None else None,
     )
     served = set(proven.keys)
     misses = np.array([i for i, k in enumerate(keys) if k not in served], dtype=np.int64)
@@ -650,7 +730,6 @@ def cached_gate_call(
     fresh_tables: dict[str, pa.Table] = {}
     if fresh is not None:
         fresh_tables = {"kept": fresh.kept, "dropped": fresh.dropped, **fresh.extra}
-        material = getattr(keys, "material", None)
         carried, partly = _carried(fresh.kept, table, position, renamed)
         cache.put(
             [keys[i] for i in misses],

@@ -4,6 +4,7 @@ as a cold run, and a config or code change invalidates exactly its stage."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -203,6 +204,50 @@ def test_an_entry_that_decides_no_file_cannot_prove_itself_even_with_matching_ha
     warm, gate, warnings = _warm(tmp_path, table, caplog)
     assert gate.files_seen == 6 and warm.kept.equals(cold.kept)
     assert "do not decide each of its files once" in warnings[0]
+
+
+def _rewrite_index(files: dict[str, Path], edit: Callable[[pa.Table], pa.Table]) -> None:
+    from megacpp_pipeline.storage import file_cache
+
+    index = pa.ipc.open_file(pa.memory_map(str(files["index"]))).read_all()
+    files["index"].write_bytes(file_cache._ipc_bytes(edit(index)).to_pybytes())
+
+
+def test_an_index_that_lists_a_key_twice_cannot_prove_itself(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = _raw(_corpus(3))
+    cache = FileResultCache(tmp_path, "normalize", "c", "k")
+    cold = _call(cache, table, CountingGate(normalize.NormalizeConfig()))
+    _rewrite_index(
+        _entry_files(cache),
+        lambda t: pa.concat_tables([t, t.slice(0, 1)]).replace_schema_metadata(t.schema.metadata),
+    )
+    warm, gate, warnings = _warm(tmp_path, table, caplog)
+    assert gate.files_seen == 4 and warm.kept.equals(cold.kept)
+    assert "lists a key twice" in warnings[0]
+
+
+def test_a_recorded_material_that_is_not_the_inputs_is_hashed_and_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A served key's recorded material equal to the input's is proven by that equality (the
+    key is its hash, computed here); one that differs is hashed, and a key that is not its
+    hash rejects the entry, as before."""
+    table = _raw(_corpus(3))
+    cache = FileResultCache(tmp_path, "normalize", "c", "k")
+    _call(cache, table, CountingGate(normalize.NormalizeConfig()))
+
+    def edit(t: pa.Table) -> pa.Table:
+        material = t["material"].to_pylist()
+        material[1] = material[1] + "x"
+        i = t.schema.get_field_index("material")
+        return t.set_column(i, t.schema.field(i), pa.array(material, t.schema.field(i).type))
+
+    _rewrite_index(_entry_files(cache), edit)
+    _, gate, warnings = _warm(tmp_path, table, caplog)
+    assert gate.files_seen == 4
+    assert "is not the hash of what the entry records for it" in warnings[0]
 
 
 def test_an_entry_recorded_for_another_file_or_code_version_is_not_used(
