@@ -40,10 +40,22 @@ def byte_lengths(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.asarray(pc.binary_length(texts).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def regex_counts(texts: pa.Array, pattern: str) -> np.ndarray:
-    """Non-overlapping matches of RE2 `pattern` per text."""
-    counts = pc.count_substring_regex(texts, pattern)
-    return np.asarray(counts.to_numpy(zero_copy_only=False), dtype=np.int64)
+def regex_counts(texts: pa.Array, pattern: str, needs: str | None = None) -> np.ndarray:
+    """Non-overlapping matches of RE2 `pattern` per text. `needs`: a literal every match
+    contains; only the texts holding it are matched (RE2 finds a literal at memchr speed,
+    about four times faster than a pass of a pattern that starts with a word boundary)."""
+    if needs is None:
+        counts = pc.count_substring_regex(texts, pattern)
+        return np.asarray(counts.to_numpy(zero_copy_only=False), dtype=np.int64)
+    out = np.zeros(len(texts), dtype=np.int64)
+    holding = np.flatnonzero(regex_matches(texts, _re2_literal(needs)))
+    if len(holding):
+        out[holding] = regex_counts(texts.take(pa.array(holding)), pattern)
+    return out
+
+
+def _re2_literal(text: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "\\" + c for c in text)
 
 
 def regex_matches(texts: pa.Array, pattern: str) -> np.ndarray:

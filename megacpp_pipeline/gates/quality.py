@@ -290,7 +290,7 @@ def measure(texts: pa.Array) -> QualityMeasures:
         preprocessor_lines=preprocessor_lines,
         print_lines=cpp_text.regex_counts(code, _PRINT_LINE),
         no_logic_lines=cpp_text.regex_counts(code, _NO_LOGIC_LINE),
-        main_definitions=cpp_text.regex_counts(code, _MAIN_DEFINITION),
+        main_definitions=cpp_text.regex_counts(code, _MAIN_DEFINITION, needs="main"),
         data_bytes=code_bytes - cpp_text.byte_lengths(data_free),
         word_bytes=word_bytes,
         repeated_5gram_bytes=repeated,
