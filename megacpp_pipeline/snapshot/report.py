@@ -13,17 +13,12 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib.style
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 from pydantic import BaseModel, ConfigDict, Field
 
 from megacpp_pipeline.gates.enrich import KIND_NAMES
@@ -33,6 +28,11 @@ from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.snapshot.packed_rows import fixed_list_to_numpy
 from megacpp_pipeline.snapshot.shard_checks import Mapper, inline
 from megacpp_pipeline.storage.versions import write_bytes_atomic
+
+if TYPE_CHECKING:  # matplotlib is imported where a report is drawn: about 0.5 CPU s a
+    # process, and every process that imports the stages (a Ray worker, each job) paid it
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # Dagster runs log at DEBUG; matplotlib's font lookup would add a "findfont" line per
 # missing math font to every report run.
@@ -310,6 +310,12 @@ def duplicate_cluster_sizes(clusters: pa.Table | None, ledger: pa.Table) -> np.n
 # --- plotting -------------------------------------------------------------------------------
 
 
+def _integer_ticks(axis: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _no_data(ax: Axes, title: str, message: str = "no data") -> None:
     ax.set_title(title)
     ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=14, color="0.4")
@@ -326,7 +332,7 @@ def _barh(ax: Axes, items: list[tuple[str, float]], title: str, xlabel: str) -> 
     ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=2, fontsize=8)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _integer_ticks(ax.xaxis)
     ax.margins(x=0.15)
 
 
@@ -379,7 +385,7 @@ def plot_dedup(fig: Figure, sizes: np.ndarray) -> None:
     ax.set_title(f"duplicate clusters ({sizes.size:,} clusters, {int(sizes.sum()):,} files)")
     ax.set_xlabel("cluster size (files)")
     ax.set_ylabel("clusters")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _integer_ticks(ax.yaxis)
     if clusters.max() > 100 * max(clusters.min(), 1):
         ax.set_yscale("log")
 
@@ -447,7 +453,7 @@ def plot_utilization(fig: Figure, rows: RowStats, config: ReportConfig) -> None:
     ax.set_title(f"row utilization (mean {rows.utilization():.1%}, seq_len {rows.seq_len})")
     ax.set_xlabel("valid_token_count / seq_len")
     ax.set_ylabel("rows")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _integer_ticks(ax.yaxis)
     ax.set_xlim(0, 1)
     ax.legend(loc="upper left", fontsize=8)
 
@@ -465,6 +471,10 @@ def _render_png(
 ) -> WrittenFile:
     # The object API with an explicit Agg canvas: no pyplot global state, no GUI backend.
     # The default style ignores any matplotlibrc; dropping "Software" keeps the bytes stable.
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     with matplotlib.style.context("default"):
         fig = Figure(figsize=size, dpi=dpi, layout="constrained")
         FigureCanvasAgg(fig)
@@ -726,6 +736,8 @@ def render_report(
         ),
     ]
     drawings = [(out_dir / name, size, draw, config.dpi) for name, _, size, draw in plan]
+    import matplotlib.figure  # noqa: F401  here, so that forked workers drawing plots inherit it
+
     written = list(mapper(_render_one, drawings, range(len(drawings))))
     snapshot_id = manifest.snapshot_id
     title = f"Quality report: snapshot {snapshot_id}"

@@ -10,8 +10,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from megacpp_pipeline.corpus import minhash
 
@@ -78,6 +76,11 @@ def components(u: minhash.I64, v: minhash.I64) -> tuple[minhash.I64, minhash.I64
     representatives and are not listed: memory follows the edges, not the corpus."""
     if len(u) == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
+    # here, not at the top: scipy costs about 0.3 CPU s to import, and every process that
+    # imports the stages (a Ray worker, each job) would pay it for this one call
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     nodes, index = np.unique(np.concatenate([u, v]), return_inverse=True)
     m = len(nodes)
     graph = coo_matrix(
