@@ -5,6 +5,8 @@ Python loop over files). Good enough for counting lines and spotting syntax; not
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,14 +50,10 @@ def regex_counts(texts: pa.Array, pattern: str, needs: str | None = None) -> np.
         counts = pc.count_substring_regex(texts, pattern)
         return np.asarray(counts.to_numpy(zero_copy_only=False), dtype=np.int64)
     out = np.zeros(len(texts), dtype=np.int64)
-    holding = np.flatnonzero(regex_matches(texts, _re2_literal(needs)))
+    holding = np.flatnonzero(regex_matches(texts, re.escape(needs)))
     if len(holding):
         out[holding] = regex_counts(texts.take(pa.array(holding)), pattern)
     return out
-
-
-def _re2_literal(text: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "\\" + c for c in text)
 
 
 def regex_matches(texts: pa.Array, pattern: str) -> np.ndarray:

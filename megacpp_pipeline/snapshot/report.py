@@ -32,6 +32,7 @@ from megacpp_pipeline.storage.versions import write_bytes_atomic
 if TYPE_CHECKING:  # matplotlib is imported where a report is drawn: about 0.5 CPU s a
     # process, and every process that imports the stages (a Ray worker, each job) paid it
     from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
     from matplotlib.figure import Figure
 
 # Dagster runs log at DEBUG; matplotlib's font lookup would add a "findfont" line per
@@ -310,7 +311,7 @@ def duplicate_cluster_sizes(clusters: pa.Table | None, ledger: pa.Table) -> np.n
 # --- plotting -------------------------------------------------------------------------------
 
 
-def _integer_ticks(axis: Any) -> None:
+def _integer_ticks(axis: Axis) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axis.set_major_locator(MaxNLocator(integer=True))
