@@ -214,6 +214,26 @@ def test_repeated_5gram_bytes_match_a_plain_python_count_file_by_file(files) -> 
         )
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["a", "b", "{", "}", "x;", "return"]), max_size=30),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(min_value=1, max_value=40),
+)
+def test_repeated_5gram_bytes_are_the_same_whatever_run_of_files_each_sort_takes(
+    files, run
+) -> None:
+    texts = [" ".join(words) + "\n" for words in files]
+    code = pa.array(texts, pa.string())
+    one_sort = quality._repeated_ngram_bytes(code, len(texts), run=1 << 40)
+    runs = quality._repeated_ngram_bytes(code, len(texts), run=run)
+    assert [a.tolist() for a in runs] == [a.tolist() for a in one_sort]
+    assert runs[1].tolist() == [reference_repeated_bytes(t)[1] for t in texts]
+
+
 def test_directive_continuation_lines_count_as_preprocessor_lines() -> None:
     text = "#define TWICE(x) \\\n  ((x) + \\\n   (x))\nint y = TWICE(2);\n"
     measures = quality.measure(pa.array([text]))
