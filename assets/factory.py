@@ -10,11 +10,16 @@ gets its own materialization event and metadata in the UI.
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
+from dagster._core.storage.asset_check_execution_record import (
+    AssetCheckExecutionRecordStatus,
+)
 
 from megacpp_pipeline.core.catalog import Catalog
+from megacpp_pipeline.pipeline.checks import VERIFIED, Verified
 from megacpp_pipeline.pipeline.registry import (
     Check,
     CheckOutcome,
@@ -140,10 +145,50 @@ def build_stage_check(
     ) -> dg.AssetCheckResult:
         ctx = pipeline.stage_context(registry, run_id=context.run.run_id, log=context.log.info)
         partitions = _check_partitions(context, ctx.sources()) if partitioned else [None]
+        if check.verdicts:
+            key = dg.AssetCheckKey(dg.AssetKey(stage.name), check.name)
+            ctx = replace(ctx, prior_verdicts=prior_verdicts(context.instance, key, partitions))
         outcomes = [(p, check.evaluate(ctx, stage, p)) for p in partitions]
         return _combined(outcomes)
 
     return _check
+
+
+# How many of a check's latest evaluations are searched for the record of each partition.
+PRIOR_EVALUATIONS = 20
+
+
+def prior_verdicts(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey, partitions: Sequence[str | None]
+) -> dict[str | None, Verified]:
+    """For each partition, the newest record of a pass of this check (what its `verified`
+    metadata names) among the check's latest evaluations in this instance that a run made
+    (an evaluation reported without a run is no pass of the check): the orchestrator's own
+    record, which a writer of the store or the result cache cannot forge. A partition with
+    none is absent (its check reads everything)."""
+    status = {
+        AssetCheckExecutionRecordStatus.SUCCEEDED,
+        AssetCheckExecutionRecordStatus.FAILED,
+    }
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        key, limit=PRIOR_EVALUATIONS, status=status
+    )
+    wanted = set(partitions)
+    found: dict[str | None, Verified] = {}
+    for record in records:  # newest first
+        if not record.run_id:
+            continue
+        event = record.event.dagster_event if record.event is not None else None
+        evaluation = event.event_specific_data if event is not None else None
+        value = (getattr(evaluation, "metadata", None) or {}).get(VERIFIED)
+        if not isinstance(value, dg.JsonMetadataValue) or not isinstance(value.data, dict):
+            continue
+        for name, raw in value.data.items():
+            partition = name or None
+            verified = Verified.from_json(raw, record.run_id)
+            if partition in wanted and partition not in found and verified is not None:
+                found[partition] = verified
+    return found
 
 
 def _check_partitions(context: dg.AssetCheckExecutionContext, sources: list[str]) -> list[str]:
@@ -154,12 +199,23 @@ def _check_partitions(context: dg.AssetCheckExecutionContext, sources: list[str]
 
 def _combined(outcomes: list[tuple[str | None, CheckOutcome]]) -> dg.AssetCheckResult:
     """One partition: its result as it is. Several: passed only if every one did; numbers
-    summed; the failing partitions named, the first one's problem as the description."""
+    summed; the failing partitions named, the first one's problem as the description. What
+    each passing partition's content check proved (`verified`) is kept per partition."""
+    proved = {
+        p or "": o.metadata[VERIFIED]
+        for p, o in outcomes
+        if o.passed and isinstance(o.metadata.get(VERIFIED), dict)
+    }
+    outcomes = [
+        (p, replace(o, metadata={k: v for k, v in o.metadata.items() if k != VERIFIED}))
+        for p, o in outcomes
+    ]
+    verified = {VERIFIED: dg.MetadataValue.json(proved)} if proved else {}
     if len(outcomes) == 1:
         _, only = outcomes[0]
         return dg.AssetCheckResult(
             passed=only.passed,
-            metadata=dagster_metadata(only.metadata),
+            metadata={**dagster_metadata(only.metadata), **verified},
             description=only.description,
         )
     failed = [(p, o) for p, o in outcomes if not o.passed]
@@ -176,6 +232,7 @@ def _combined(outcomes: list[tuple[str | None, CheckOutcome]]) -> dg.AssetCheckR
             "partitions_checked": len(outcomes),
             "partitions_failed": len(failed),
             "failed_partitions": ", ".join(str(p) for p, _ in failed[:20]) or "none",
+            **verified,
         },
         description=first or (f"partition {failed[0][0]} failed" if failed else None),
     )

@@ -4,17 +4,26 @@ left, with the one line that says where every file went."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from megacpp_pipeline.pipeline.context import StageContext
-from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Markdown, Stage
+from megacpp_pipeline.pipeline.registry import (
+    Check,
+    CheckOutcome,
+    Markdown,
+    Stage,
+    module_source,
+)
 from megacpp_pipeline.storage import slices
-from megacpp_pipeline.storage.store import Manifest, ShardStore
+from megacpp_pipeline.storage.store import Manifest, ShardStore, StoreError
 
 
 class CheckFailed(Exception):
@@ -42,12 +51,65 @@ class _RowJob:
     store: ShardStore
     check: RowCheck
     state: Any
+    hashed: bool = False  # each row's text hashed against its content_sha256
+    # hex sha256 of texts an earlier verified pass inspected (sorted): rows holding one of
+    # them are not inspected again
+    clean: np.ndarray | None = None
 
 
-def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> tuple[int, list[str]]:
+def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> tuple[int, int, list[str]]:
+    """(rows inspected, rows trusted, the first problems) of one slice."""
     columns = list(job.check.columns) if job.check.columns else None
+    if job.hashed and columns is not None:
+        columns += [c for c in ("path", TEXT, CONTENT_HASH) if c not in columns]
     rows = slices.read(job.store, pieces, columns)
-    return rows.num_rows, job.check.inspect(job.state, rows)[:MAX_PROBLEMS]
+    problems: list[str] = []
+    trusted = 0
+    if job.hashed:
+        problems, inspect = _hashed_rows(rows, job.clean)
+        trusted = rows.num_rows - int(inspect.sum())
+        if trusted:
+            rows = rows.filter(pa.array(inspect))
+    problems += job.check.inspect(job.state, rows)
+    return rows.num_rows, trusted, problems[:MAX_PROBLEMS]
+
+
+def _hashed_rows(rows: pa.Table, clean: np.ndarray | None) -> tuple[list[str], np.ndarray]:
+    """Each row's text hashed: a row whose text is not what its content_sha256 says is a
+    problem (and inspected); which rows to inspect (all but those whose text is in
+    `clean`)."""
+    actual = text_digests(rows.column(TEXT))
+    declared = rows.column(CONTENT_HASH).to_pylist()
+    paths = rows.column("path").to_pylist()
+    problems = [
+        f"{path}: its text does not hash to its {CONTENT_HASH} ({said})"
+        for path, got, said in zip(paths, actual, declared, strict=True)
+        if got != said
+    ]
+    inspect = np.ones(len(actual), dtype=bool)
+    if clean is not None and len(clean) and len(actual):
+        digests = np.array(actual, dtype="S64")
+        at = np.minimum(np.searchsorted(clean, digests), len(clean) - 1)
+        inspect = clean[at] != digests
+        inspect |= np.array([a != d for a, d in zip(actual, declared, strict=True)], dtype=bool)
+    return problems, inspect
+
+
+def text_digests(texts: pa.ChunkedArray | pa.Array) -> list[str]:
+    """The hex sha256 of each text's UTF-8 bytes (a null as the empty text), hashed where
+    Arrow holds them (no copy of the texts)."""
+    chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
+    sha256 = hashlib.sha256
+    out: list[str] = []
+    for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        wide = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
+        offsets = np.frombuffer(chunk.buffers()[1], np.int64 if wide else np.int32)
+        bounds = offsets[chunk.offset : chunk.offset + len(chunk) + 1].tolist()
+        data = memoryview(chunk.buffers()[2] or b"")
+        out += [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    return out
 
 
 def inspect_rows(
@@ -59,6 +121,13 @@ def inspect_rows(
 ) -> tuple[int, list[str]]:
     """(rows inspected, the first problems) of `check` over the version's data tables (or
     `tables`), one task per slice on the run's executor."""
+    rows, _, problems = _inspect(ctx, manifest, _RowJob(ctx.store, check, state), tables)
+    return rows, problems
+
+
+def _inspect(
+    ctx: StageContext, manifest: Manifest, job: _RowJob, tables: Sequence[str] | None
+) -> tuple[int, int, list[str]]:
     executor = ctx.executor()
     names = list(tables) if tables is not None else manifest.data_tables()
     inputs = [(manifest, n) for n in names]
@@ -66,11 +135,145 @@ def inspect_rows(
         slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
     )
     plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes, cut=False)]
-    rows, problems = 0, list[str]()
-    for n, found in executor.map_light(_inspect_task, _RowJob(ctx.store, check, state), plan):
+    rows, trusted, problems = 0, 0, list[str]()
+    for n, t, found in executor.map_light(_inspect_task, job, plan):
         rows += n
+        trusted += t
         problems += found[: MAX_PROBLEMS - len(problems)]
-    return rows, problems
+    return rows, trusted, problems
+
+
+# --- content checks that stand on an earlier pass --------------------------------------
+# A check that reads every text of a version (scrub's detectors, decontamination's index)
+# gives the same verdict on the same bytes under the same code and config. Its pass is
+# recorded where the orchestrator keeps check results (the Dagster instance's record of
+# the check, never the store or the result cache, which anyone who writes shards can
+# write): which version, its manifest's sha256, and a fingerprint of what decided. The next
+# pass reads nothing again when the version is the one recorded and its objects still hash
+# to its manifest; over a new version it inspects only the rows whose text the recorded
+# version did not hold byte for byte (by sha256, every row's text hashed each pass).
+
+TEXT = "text"
+CONTENT_HASH = "content_sha256"
+VERIFIED = "verified"  # the outcome metadata a content check records its pass under
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What a content check's pass proved of one partition: the version it read (its folder
+    under the store's root), that version's manifest sha256, and the fingerprint of what
+    decided the verdict. Every row of that version had its text inspected, or held text a
+    verified version before it held byte for byte, and hashed to its content_sha256."""
+
+    version: str
+    manifest_sha256: str
+    fingerprint: str
+    run_id: str = ""  # the run that recorded it: shown, never compared
+
+    def as_json(self) -> dict[str, str]:
+        return {
+            "version": self.version,
+            "manifest_sha256": self.manifest_sha256,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_json(cls, data: object, run_id: str = "") -> Verified | None:
+        """A record as the orchestrator returns it; None for anything else."""
+        if not isinstance(data, Mapping):
+            return None
+        fields = [data.get(k) for k in ("version", "manifest_sha256", "fingerprint")]
+        if not all(isinstance(v, str) and v for v in fields):
+            return None
+        version, sha, fingerprint = (str(v) for v in fields)
+        return cls(version, sha, fingerprint, run_id)
+
+    def same_bytes(self, other: Verified) -> bool:
+        return self.as_json() == other.as_json()
+
+
+def verdict_fingerprint(ctx: StageContext, stage: Stage, check: str) -> str:
+    """What decides a content check's verdict: the stage's code version (its code, data
+    files, schemas and config, and what it reads), the check's name and this module."""
+    h = hashlib.sha256(f"{ctx.code_version(stage)}\0{check}\0".encode())
+    h.update(module_source(__name__))
+    return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Rescan:
+    """A content check's pass over one partition's version."""
+
+    rows: int  # rows whose text was inspected
+    trusted: int  # rows whose text the earlier verified version held byte for byte
+    problems: list[str]
+    here: Verified  # what this pass proves when it finds no problem
+    stood_on: Verified | None  # the recorded pass it relied on, if any
+
+    def metadata(self) -> dict[str, Any]:
+        stood = self.stood_on
+        out: dict[str, Any] = {
+            "files_trusted": self.trusted,
+            "stood_on": f"{stood.version} (run {stood.run_id[:8] or 'unknown'})"
+            if stood is not None
+            else "none",
+        }
+        if not self.problems:
+            out[VERIFIED] = self.here.as_json()
+        return out
+
+
+def rescan_content(
+    ctx: StageContext,
+    stage: Stage,
+    check_name: str,
+    manifest: Manifest,
+    partition: str | None,
+    check: RowCheck,
+    state: Any,
+) -> Rescan:
+    """`check` over every row of the version whose text no recorded pass of this check
+    (`ctx.prior_verdicts`) vouches for, each row's text hashed against its content_sha256."""
+    store = ctx.store
+    here = Verified(
+        store.relative(store.version_dir(manifest)),
+        store.manifest_sha256(manifest),
+        verdict_fingerprint(ctx, stage, check_name),
+    )
+    prior = ctx.prior_verdicts.get(partition)
+    if not isinstance(prior, Verified) or prior.fingerprint != here.fingerprint:
+        prior = None
+    if prior is not None and prior.same_bytes(here):
+        # the version an earlier pass read: its verdict stands while its objects, and the
+        # shards holding its text, still hash to what its manifest records
+        problems = store.verify_reused(manifest, ctx.executor().map_light)
+        return Rescan(0, 0 if problems else manifest.rows, problems, here, prior)
+    clean = _verified_digests(store, prior) if prior is not None else None
+    job = _RowJob(store, check, state, hashed=True, clean=clean)
+    rows, trusted, problems = _inspect(ctx, manifest, job, None)
+    return Rescan(rows, trusted, problems, here, prior if clean is not None else None)
+
+
+def _verified_digests(store: ShardStore, prior: Verified) -> np.ndarray | None:
+    """The sorted content hashes of the recorded version's rows, when that version is still
+    in the store with the manifest the record names (read and verified shard by shard);
+    None when it is not (pruned, or not what was recorded)."""
+    vdir = store.join(prior.version)
+    try:
+        manifest = store.read_manifest(vdir)
+        if store.verify_manifest_bytes(vdir) or store.manifest_sha256(manifest) != (
+            prior.manifest_sha256
+        ):
+            return None
+        parts = [
+            t.column(CONTENT_HASH)
+            for name in manifest.data_tables()
+            for t in store.iter_tables(manifest, name, columns=[CONTENT_HASH])
+        ]
+    except (StoreError, KeyError):
+        return None
+    hexes = [h for part in parts for h in part.to_pylist() if h is not None]
+    return np.unique(np.array(hexes, dtype="S64"))
 
 
 def standard_checks(stage: Stage) -> tuple[Check, ...]:

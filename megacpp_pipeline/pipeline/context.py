@@ -67,6 +67,10 @@ class StageContext:
     # False: every version is computed again even where its inputs did not change (the
     # per-file result cache still serves); MEGACPP_RECOMPUTE=1 sets it for a whole run
     reuse: bool = field(default_factory=lambda: os.environ.get(RECOMPUTE_ENV, "") in ("", "0"))
+    # partition -> what an earlier pass of the check being evaluated proved, as the
+    # orchestrator recorded it (pipeline/checks.py, `Verified`); empty outside a check or
+    # where nothing was recorded: a content check then reads everything
+    prior_verdicts: Mapping[str | None, Any] = field(default_factory=dict)
 
     def for_stage(self, stage: Stage) -> StageContext:
         """This context for `stage`'s body or checks."""

@@ -66,6 +66,10 @@ class Check:
     name: str
     description: str
     fn: Callable[[StageContext, Stage, str | None], CheckOutcome]
+    # reads every text of the version and records what its pass proved (VERIFIED in its
+    # metadata): the orchestration hands it the earlier passes' records of its partitions
+    # (StageContext.prior_verdicts; pipeline/checks.py, rescan_content)
+    verdicts: bool = False
 
     def evaluate(self, ctx: StageContext, stage: Stage, partition: str | None) -> CheckOutcome:
         """The outcome on one partition, the check reading only what its stage declares."""

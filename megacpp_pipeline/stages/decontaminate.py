@@ -20,7 +20,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import DEDUPED_FILES
 from megacpp_pipeline.corpus import decontaminate
-from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
+from megacpp_pipeline.pipeline.checks import RowCheck, rescan_content
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -113,6 +113,7 @@ def _contaminated(index: decontaminate.BenchmarkIndex, rows: pa.Table) -> list[s
 
 
 _RESCAN = RowCheck(("source_id", "path", "text"), _contaminated)
+RESCAN_CLEAN = "kept_files_rescan_clean"
 
 
 def _kept_files_rescan_clean(
@@ -120,7 +121,8 @@ def _kept_files_rescan_clean(
 ) -> CheckOutcome:
     manifest = ctx.latest(stage.name, None)
     index = benchmark_index(ctx.catalog, ctx.config(stage))
-    rescanned, findings = inspect_rows(ctx, manifest, _RESCAN, index)
+    scan = rescan_content(ctx, stage, RESCAN_CLEAN, manifest, None, _RESCAN, index)
+    rescanned, findings = scan.rows, scan.problems
     files_in = int(manifest.stats["input_files"])
     dropped = manifest.tables["ledger"].rows if "ledger" in manifest.tables else 0
     accounted = files_in == manifest.rows + dropped
@@ -130,6 +132,7 @@ def _kept_files_rescan_clean(
             "files_rescanned": rescanned,
             "still_contaminated": len(findings),
             "accounted": accounted,
+            **scan.metadata(),
         },
         description=findings[0]
         if findings
@@ -160,10 +163,12 @@ STAGE = Stage(
     report=_report,
     checks=(
         Check(
-            "kept_files_rescan_clean",
+            RESCAN_CLEAN,
             "The kept files, scanned against the benchmark index again, share no sequence "
-            "with any task; every input file is kept or in the ledger.",
+            "with any task (a text that a recorded pass of this check inspected, byte for "
+            "byte, is not read again); every input file is kept or in the ledger.",
             _kept_files_rescan_clean,
+            verdicts=True,
         ),
     ),
 )

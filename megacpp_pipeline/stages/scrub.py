@@ -12,7 +12,7 @@ import pyarrow as pa
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import SCRUBBED_FILES
 from megacpp_pipeline.gates import scrub
-from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
+from megacpp_pipeline.pipeline.checks import RowCheck, rescan_content
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -58,15 +58,22 @@ def _residual(config: Any, rows: pa.Table) -> list[str]:
 _RESCAN = RowCheck(("source_id", "path", "text"), _residual)
 
 
+NO_DETECTOR_FIRES = "no_detector_fires_on_output"
+
+
 def _no_detector_fires(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
     manifest = ctx.latest(stage.name, source)
-    files, residual = inspect_rows(ctx, manifest, _RESCAN, ctx.config(stage))
+    scan = rescan_content(
+        ctx, stage, NO_DETECTOR_FIRES, manifest, source, _RESCAN, ctx.config(stage)
+    )
+    residual = scan.problems
     return CheckOutcome(
         passed=not residual,
         metadata={
-            "files_rescanned": files,
+            "files_rescanned": scan.rows,
             "residual_findings": len(residual),
             "first": "; ".join(residual[:5]),
+            **scan.metadata(),
         },
         description=f"{source}: {residual[0]}" if residual else None,
     )
@@ -93,9 +100,11 @@ STAGE = Stage(
     report=_report,
     checks=(
         Check(
-            "no_detector_fires_on_output",
-            "Re-runs every detector over the scrubbed text: nothing but placeholders.",
+            NO_DETECTOR_FIRES,
+            "Re-runs every detector over the scrubbed text: nothing but placeholders (a text "
+            "that a recorded pass of this check inspected, byte for byte, is not read again).",
             _no_detector_fires,
+            verdicts=True,
         ),
     ),
 )

@@ -1055,6 +1055,10 @@ class ShardStore:
             held += shard.bytes
         return [d for batch in mapper(_sha256_batch, self.fs, batches) for d in batch]
 
+    def verify_manifest_bytes(self, vdir: str) -> list[str]:
+        """`_verify_manifest_bytes`: the manifest against the sha256 its `_COMPLETE` records."""
+        return self._verify_manifest_bytes(vdir)
+
     def _verify_manifest_bytes(self, vdir: str) -> list[str]:
         """The manifest's sha256 against the one `_COMPLETE` recorded, and the marker's
         version id against the folder's name. A marker that records no sha256 (the earliest

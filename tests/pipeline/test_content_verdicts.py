@@ -1,0 +1,226 @@
+"""Content checks that stand on an earlier pass (pipeline/checks.py, `rescan_content`): scrub's
+rescan over a real run of the test corpus. A pass records what it proved (the version, its
+manifest's sha256, a fingerprint of the code and config); given that record back, the next
+pass over the same version reads no text while its objects still hash to the manifest, and
+over a new version inspects only the rows whose text the recorded version did not hold.
+Every row's text is hashed against its content_sha256 each pass, so a row that lies about
+its text fails the check even where its hash was vouched for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.core.schemas import SCRUBBED_FILES, text_sha256
+from megacpp_pipeline.gates import scrub
+from megacpp_pipeline.pipeline.checks import VERIFIED, Verified, text_digests
+from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.registry import CheckOutcome
+from megacpp_pipeline.stages.decontaminate import RESCAN_CLEAN
+from megacpp_pipeline.stages.scrub import NO_DETECTOR_FIRES
+from megacpp_pipeline.storage.store import Manifest
+from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.stage_runs import context, evaluate, run_through
+
+STAGE = "scrubbed_files"
+SOURCE = "tree"
+SECRET = 'static const char* kToken = "ghp_' + "R7c2Lq9ZxV4mT8bN1sK3dF6hJ0wP5yA2eU7i" + '";\n'
+SCHEMAS = {"data": SCRUBBED_FILES, "ledger": LEDGER_SCHEMA, "audit": scrub.AUDIT_SCHEMA}
+
+
+@pytest.fixture(scope="module")
+def scrubbed(tmp_path_factory: pytest.TempPathFactory) -> StageContext:
+    tmp = tmp_path_factory.mktemp("verdicts")
+    catalog, _ = write_catalog(tmp / "corpus")
+    return run_through(context(tmp, catalog, "first"), STAGE)
+
+
+def _check(ctx: StageContext, prior: Verified | None = None) -> CheckOutcome:
+    return evaluate(
+        replace(ctx, prior_verdicts={SOURCE: prior} if prior else {}),
+        STAGE,
+        NO_DETECTOR_FIRES,
+        SOURCE,
+    )
+
+
+def _recorded(outcome: CheckOutcome) -> Verified:
+    assert outcome.passed, outcome.description
+    verified = Verified.from_json(outcome.metadata[VERIFIED], "run-1")
+    assert verified is not None
+    return verified
+
+
+def _rewritten(ctx: StageContext, change: Callable[[pa.Table], pa.Table]) -> Manifest:
+    """A new latest version of the source's scrubbed files: the latest one's shards, each
+    through `change` (text written in full)."""
+    good = ctx.store.latest(STAGE, SOURCE)
+    version = ctx.store.begin(STAGE, SOURCE, code_version=good.code_version)
+    for name, info in good.tables.items():
+        writer = version.table(name, SCHEMAS[name])
+        for shard in info.shards:
+            rows = ctx.store.read_shard(good, shard)
+            written = version.write_parquet(shard.path, change(rows) if name == "data" else rows)
+            assert version.last_schema is not None
+            writer.adopt(written, version.last_schema)
+    version.commit(upstream=good.upstream, stats=good.stats, extra=good.extra)
+    return ctx.store.latest(STAGE, SOURCE)
+
+
+def _first_text(rows: pa.Table, text: str, sha: str | None = None) -> pa.Table:
+    """`rows` with the first row's text replaced (its content_sha256 made to match, or
+    `sha`)."""
+    if rows.num_rows == 0:
+        return rows
+    texts = rows.column("text").to_pylist()
+    shas = rows.column("content_sha256").to_pylist()
+    texts[0] = text
+    shas[0] = sha if sha is not None else text_sha256(text)
+    rows = rows.set_column(
+        rows.schema.get_field_index("text"), "text", pa.array(texts, pa.string())
+    )
+    return rows.set_column(
+        rows.schema.get_field_index("content_sha256"),
+        "content_sha256",
+        pa.array(shas, pa.string()),
+    )
+
+
+def test_a_first_pass_reads_every_text_and_records_the_version_it_proved(
+    scrubbed: StageContext,
+) -> None:
+    outcome = _check(scrubbed)
+    manifest = scrubbed.store.latest(STAGE, SOURCE)
+    assert outcome.metadata["files_rescanned"] == manifest.rows > 0
+    assert outcome.metadata["files_trusted"] == 0
+    recorded = _recorded(outcome)
+    assert recorded.version == scrubbed.store.relative(scrubbed.store.version_dir(manifest))
+    assert recorded.manifest_sha256 == scrubbed.store.manifest_sha256(manifest)
+
+
+def test_a_pass_over_the_recorded_version_reads_no_text(scrubbed: StageContext) -> None:
+    recorded = _recorded(_check(scrubbed))
+    again = _check(scrubbed, recorded)
+    assert again.passed, again.description
+    assert again.metadata["files_rescanned"] == 0
+    assert again.metadata["files_trusted"] == scrubbed.store.latest(STAGE, SOURCE).rows
+    assert "run-1" in again.metadata["stood_on"]
+    assert _recorded(again) == recorded  # the same facts, proved again
+
+
+def test_a_record_under_another_fingerprint_is_not_stood_on(scrubbed: StageContext) -> None:
+    recorded = _recorded(_check(scrubbed))
+    other = replace(recorded, fingerprint="0" * 32)  # other detectors or another config
+    outcome = _check(scrubbed, other)
+    assert outcome.metadata["files_rescanned"] == scrubbed.store.latest(STAGE, SOURCE).rows
+    assert outcome.metadata["files_trusted"] == 0
+    assert outcome.metadata["stood_on"] == "none"
+
+
+def test_a_record_of_another_manifest_is_not_stood_on(scrubbed: StageContext) -> None:
+    recorded = _recorded(_check(scrubbed))
+    forged = replace(recorded, manifest_sha256="f" * 64)  # the version's folder, other bytes
+    outcome = _check(scrubbed, forged)
+    assert outcome.passed
+    assert outcome.metadata["files_trusted"] == 0
+    assert outcome.metadata["files_rescanned"] == scrubbed.store.latest(STAGE, SOURCE).rows
+
+
+def test_a_new_version_reads_only_the_text_the_recorded_one_did_not_hold(
+    tmp_path: Path,
+) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
+    recorded = _recorded(_check(ctx))
+    rows = ctx.store.latest(STAGE, SOURCE).rows
+
+    _rewritten(ctx, lambda t: _first_text(t, "int changed_only_here() { return 7; }\n"))
+    clean = _check(ctx, recorded)
+    assert clean.passed, clean.description
+    assert clean.metadata["files_trusted"] == rows - 1
+    assert clean.metadata["files_rescanned"] == 1
+
+    _rewritten(ctx, lambda t: _first_text(t, SECRET))
+    dirty = _check(ctx, _recorded(clean))
+    assert not dirty.passed
+    assert dirty.metadata["files_rescanned"] == 1
+    assert dirty.description is not None and SOURCE in dirty.description
+    assert VERIFIED not in dirty.metadata  # a failing pass proves nothing
+
+
+def test_a_row_whose_text_is_not_what_its_hash_says_fails_though_the_hash_was_vouched_for(
+    tmp_path: Path,
+) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
+    recorded = _recorded(_check(ctx))
+    first = ctx.store.read_shard(
+        ctx.store.latest(STAGE, SOURCE), ctx.store.latest(STAGE, SOURCE).tables["data"].shards[0]
+    )
+    vouched = first.column("content_sha256")[0].as_py()
+    path = first.column("path")[0].as_py()
+    # the secret under the hash of a text the recorded pass inspected
+    _rewritten(ctx, lambda t: _first_text(t, SECRET, sha=vouched))
+    outcome = _check(ctx, recorded)
+    assert not outcome.passed
+    assert outcome.description is not None
+    assert path in outcome.description and "content_sha256" in outcome.description
+
+
+def test_the_recorded_version_with_a_changed_text_holder_fails(tmp_path: Path) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
+    recorded = _recorded(_check(ctx))
+    manifest = ctx.store.latest(STAGE, SOURCE)
+    holders = {(h.dir, h.path) for s in manifest.tables["data"].shards for h in s.text_from or []}
+    assert holders, "the scrubbed version names the shards that hold its text"
+    held_dir, held_path = sorted(holders)[0]
+    target = Path(ctx.store.join(held_dir)) / held_path
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    outcome = _check(ctx, recorded)
+    assert not outcome.passed
+    assert outcome.description is not None and held_path in outcome.description
+
+
+def test_outside_the_orchestrator_nothing_is_stood_on(scrubbed: StageContext) -> None:
+    """A context with no records (a bench, a test, a check run by hand) reads every text."""
+    outcome = _check(scrubbed)
+    assert outcome.metadata["stood_on"] == "none"
+    assert outcome.metadata["files_rescanned"] == scrubbed.store.latest(STAGE, SOURCE).rows
+
+
+def test_decontamination_s_rescan_stands_on_its_recorded_pass_too(tmp_path: Path) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = run_through(context(tmp_path, catalog, "first"), "decontaminated_files")
+    first = evaluate(ctx, "decontaminated_files", RESCAN_CLEAN)
+    recorded = _recorded(first)
+    assert first.metadata["files_rescanned"] > 0
+    again = evaluate(
+        replace(ctx, prior_verdicts={None: recorded}), "decontaminated_files", RESCAN_CLEAN
+    )
+    assert again.passed, again.description
+    assert (again.metadata["files_rescanned"], again.metadata["files_trusted"]) == (
+        0,
+        first.metadata["files_rescanned"],
+    )
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])
+def test_text_digests_are_the_schema_s_content_hashes_of_any_array_layout(kind) -> None:
+    texts = ["", "int x;\n", "é ünïcode\n", "a" * 5000, "\r\n\t"]
+    whole = pa.array(texts * 3, kind)
+    layouts = [
+        whole,
+        whole.slice(3, 7),
+        pa.chunked_array([whole.slice(0, 4), whole.slice(4)]),
+        pa.chunked_array([], kind),
+    ]
+    for array in layouts:
+        assert text_digests(array) == [text_sha256(t) for t in array.to_pylist()]
