@@ -192,10 +192,11 @@ class Verified:
         return self.as_json() == other.as_json()
 
 
-def verdict_fingerprint(ctx: StageContext, stage: Stage, check: str) -> str:
+def verdict_fingerprint(ctx: StageContext, stage: Stage, check: str, material: str = "") -> str:
     """What decides a content check's verdict: the stage's code version (its code, data
-    files, schemas and config, and what it reads), the check's name and this module."""
-    h = hashlib.sha256(f"{ctx.code_version(stage)}\0{check}\0".encode())
+    files, schemas and config, and what it reads), the check's name, this module, and
+    `material` (what else the check reads, e.g. the tokenizer's sha256)."""
+    h = hashlib.sha256(f"{ctx.code_version(stage)}\0{check}\0{material}\0".encode())
     h.update(module_source(__name__))
     return h.hexdigest()[:32]
 
@@ -231,14 +232,20 @@ def rescan_content(
     partition: str | None,
     check: RowCheck,
     state: Any,
+    *,
+    by_text: bool = True,
+    material: str = "",
 ) -> Rescan:
     """`check` over every row of the version whose text no recorded pass of this check
-    (`ctx.prior_verdicts`) vouches for, each row's text hashed against its content_sha256."""
+    (`ctx.prior_verdicts`) vouches for, each row's text hashed against its content_sha256.
+    `by_text=False`: a verdict that depends on more of a row than its text (chunk spans,
+    token ids) stands only for the very version recorded; otherwise every row is read.
+    `material`: what else decides the verdict (goes into the fingerprint)."""
     store = ctx.store
     here = Verified(
         store.relative(store.version_dir(manifest)),
         store.manifest_sha256(manifest),
-        verdict_fingerprint(ctx, stage, check_name),
+        verdict_fingerprint(ctx, stage, check_name, material),
     )
     prior = ctx.prior_verdicts.get(partition)
     if not isinstance(prior, Verified) or prior.fingerprint != here.fingerprint:
@@ -248,8 +255,8 @@ def rescan_content(
         # shards holding its text, still hash to what its manifest records
         problems = store.verify_reused(manifest, ctx.executor().map_light)
         return Rescan(0, 0 if problems else manifest.rows, problems, here, prior)
-    clean = _verified_digests(store, prior) if prior is not None else None
-    job = _RowJob(store, check, state, hashed=True, clean=clean)
+    clean = _verified_digests(store, prior) if prior is not None and by_text else None
+    job = _RowJob(store, check, state, hashed=by_text, clean=clean)
     rows, trusted, problems = _inspect(ctx, manifest, job, None)
     return Rescan(rows, trusted, problems, here, prior if clean is not None else None)
 

@@ -17,7 +17,7 @@ from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import ENRICHED_FILES
 from megacpp_pipeline.gates import build_context, enrich
-from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
+from megacpp_pipeline.pipeline.checks import RowCheck, rescan_content
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -134,12 +134,23 @@ def _span_problems(state: None, rows: pa.Table) -> list[str]:
 _SPANS = RowCheck(None, _span_problems)
 
 
+SPANS_INSIDE_TEXT = "spans_inside_text_and_no_local_paths"
+
+
 def _spans_inside_text(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
     manifest = ctx.latest(stage.name, source)
-    files, problems = inspect_rows(ctx, manifest, _SPANS, None)
+    # the verdict is the spans' and build contexts' as much as the text's
+    scan = rescan_content(
+        ctx, stage, SPANS_INSIDE_TEXT, manifest, source, _SPANS, None, by_text=False
+    )
+    problems = scan.problems
     return CheckOutcome(
         passed=not problems,
-        metadata={"files": files, "problems": "; ".join(problems[:5]) or "none"},
+        metadata={
+            "files": scan.rows,
+            "problems": "; ".join(problems[:5]) or "none",
+            **scan.metadata(),
+        },
         description=f"{source}: {problems[0]}" if problems else None,
     )
 
@@ -168,10 +179,12 @@ STAGE = Stage(
     report=_report,
     checks=(
         Check(
-            "spans_inside_text_and_no_local_paths",
+            SPANS_INSIDE_TEXT,
             "Every chunk span lies inside its file's text; no build context carries an "
-            "absolute or home path.",
+            "absolute or home path (over the very version a recorded pass of this check "
+            "read, its verdict stands while the version's objects hash to its manifest).",
             _spans_inside_text,
+            verdicts=True,
         ),
     ),
 )

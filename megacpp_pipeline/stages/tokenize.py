@@ -19,7 +19,7 @@ from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import TOKENIZED_DOCS, text_sha256
 from megacpp_pipeline.corpus import encoders, tokenizer
 from megacpp_pipeline.gates import tokenization
-from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
+from megacpp_pipeline.pipeline.checks import RowCheck, rescan_content
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
 from megacpp_pipeline.snapshot import layout
@@ -100,6 +100,11 @@ def _undecodable(state: tuple[Tokenizer, encoders.TokenBytes | None], rows: pa.T
 
 
 _ROUND_TRIP = RowCheck(("path", "token_ids", "content_sha256"), _undecodable)
+ROUND_TRIP = "every_document_round_trips"
+
+
+def _artifact_sha256(tokenizer_version: Manifest) -> str:
+    return next(f.sha256 for f in tokenizer_version.files if f.path == layout.TOKENIZER)
 
 
 def _every_document_round_trips(
@@ -107,13 +112,28 @@ def _every_document_round_trips(
 ) -> CheckOutcome:
     """decode(token_ids) against the sha256 of the enriched text each row carries, every
     slice of the partition in a task of its own."""
-    tok, _ = load_artifact(ctx)
+    tok, artifact = load_artifact(ctx)
     manifest = ctx.latest(stage.name, source)
     state = (tok, encoders.TokenBytes.of(tok))
-    checked, failures = inspect_rows(ctx, manifest, _ROUND_TRIP, state)
+    scan = rescan_content(
+        ctx,
+        stage,
+        ROUND_TRIP,
+        manifest,
+        source,
+        _ROUND_TRIP,
+        state,
+        by_text=False,  # the verdict is the token ids', not the text's
+        material=_artifact_sha256(artifact),
+    )
+    failures = scan.problems
     return CheckOutcome(
         passed=not failures,
-        metadata={"documents_checked": checked, "failures": "; ".join(failures[:10]) or "none"},
+        metadata={
+            "documents_checked": scan.rows,
+            "failures": "; ".join(failures[:10]) or "none",
+            **scan.metadata(),
+        },
         description=f"{source}: {failures[0]} does not decode to its text" if failures else None,
     )
 
@@ -170,9 +190,12 @@ STAGE = Stage(
     report=_report,
     checks=(
         Check(
-            "every_document_round_trips",
-            "decode(token_ids) == the enriched text for every document (by sha256).",
+            ROUND_TRIP,
+            "decode(token_ids) == the enriched text for every document (by sha256); over "
+            "the very version a recorded pass of this check decoded, with the same "
+            "tokenizer, its verdict stands while the version's objects hash to its manifest.",
             _every_document_round_trips,
+            verdicts=True,
         ),
     ),
 )

@@ -18,11 +18,18 @@ import pytest
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
 from megacpp_pipeline.core.schemas import SCRUBBED_FILES, text_sha256
 from megacpp_pipeline.gates import scrub
-from megacpp_pipeline.pipeline.checks import VERIFIED, Verified, text_digests
+from megacpp_pipeline.pipeline.checks import (
+    VERIFIED,
+    Verified,
+    text_digests,
+    verdict_fingerprint,
+)
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import CheckOutcome
 from megacpp_pipeline.stages.decontaminate import RESCAN_CLEAN
+from megacpp_pipeline.stages.enrich import SPANS_INSIDE_TEXT
 from megacpp_pipeline.stages.scrub import NO_DETECTOR_FIRES
+from megacpp_pipeline.stages.tokenize import ROUND_TRIP
 from megacpp_pipeline.storage.store import Manifest
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.stage_runs import context, evaluate, run_through
@@ -224,3 +231,49 @@ def test_text_digests_are_the_schema_s_content_hashes_of_any_array_layout(kind) 
     ]
     for array in layouts:
         assert text_digests(array) == [text_sha256(t) for t in array.to_pylist()]
+
+
+@pytest.mark.parametrize(
+    ("stage", "check", "counted"),
+    [
+        ("enriched_files", SPANS_INSIDE_TEXT, "files"),
+        ("tokenized_docs", ROUND_TRIP, "documents_checked"),
+    ],
+)
+def test_a_check_of_more_than_the_text_stands_only_on_the_very_version_recorded(
+    tokenized: StageContext, stage: str, check: str, counted: str
+) -> None:
+    first = evaluate(tokenized, stage, check, SOURCE)
+    recorded = _recorded(first)
+    rows = tokenized.store.latest(stage, SOURCE).rows
+    assert first.metadata[counted] == rows > 0
+    again = evaluate(replace(tokenized, prior_verdicts={SOURCE: recorded}), stage, check, SOURCE)
+    assert again.passed, again.description
+    assert (again.metadata[counted], again.metadata["files_trusted"]) == (0, rows)
+    # another version of the partition: the record says nothing of its rows, read them all
+    elsewhere = replace(recorded, version=recorded.version + "-other")
+    other = evaluate(replace(tokenized, prior_verdicts={SOURCE: elsewhere}), stage, check, SOURCE)
+    assert (other.metadata[counted], other.metadata["files_trusted"]) == (rows, 0)
+
+
+def test_the_round_trip_s_record_is_bound_to_the_tokenizer_it_decoded_with(
+    tokenized: StageContext,
+) -> None:
+    recorded = _recorded(evaluate(tokenized, "tokenized_docs", ROUND_TRIP, SOURCE))
+    stage = tokenized.registry.get("tokenized_docs")
+    assert recorded.fingerprint == verdict_fingerprint(
+        tokenized, stage, ROUND_TRIP, _tokenizer_sha256(tokenized)
+    )
+    assert recorded.fingerprint != verdict_fingerprint(tokenized, stage, ROUND_TRIP, "0" * 64)
+
+
+def _tokenizer_sha256(ctx: StageContext) -> str:
+    manifest = ctx.store.latest("tokenizer", None)
+    return next(f.sha256 for f in manifest.files if f.path == "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory: pytest.TempPathFactory) -> StageContext:
+    tmp = tmp_path_factory.mktemp("tokenized")
+    catalog, _ = write_catalog(tmp / "corpus")
+    return run_through(context(tmp, catalog, "first"), "tokenized_docs")
