@@ -160,6 +160,22 @@ def test_a_new_version_reads_only_the_text_the_recorded_one_did_not_hold(
     assert VERIFIED not in dirty.metadata  # a failing pass proves nothing
 
 
+def test_a_recorded_version_no_longer_in_the_store_vouches_for_nothing(
+    tmp_path: Path,
+) -> None:
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
+    recorded = _recorded(_check(ctx))
+    rows = ctx.store.latest(STAGE, SOURCE).rows
+    _rewritten(ctx, lambda t: t)  # a new version over the same texts
+    gone = Path(ctx.store.join(recorded.version))
+    (gone / "_COMPLETE").unlink()  # pruned: no longer a readable version
+    outcome = _check(ctx, recorded)
+    assert outcome.passed, outcome.description
+    assert (outcome.metadata["files_rescanned"], outcome.metadata["files_trusted"]) == (rows, 0)
+    assert outcome.metadata["stood_on"] == "none"
+
+
 def test_a_row_whose_text_is_not_what_its_hash_says_fails_though_the_hash_was_vouched_for(
     tmp_path: Path,
 ) -> None:
