@@ -17,7 +17,7 @@ from megacpp_pipeline.core.catalog import Catalog, RemovalSpec
 from megacpp_pipeline.core.ledger import DropReason
 from megacpp_pipeline.core.schemas import LICENSED_FILES
 from megacpp_pipeline.gates import removals
-from megacpp_pipeline.pipeline.checks import RowCheck, inspect_rows
+from megacpp_pipeline.pipeline.checks import RowCheck, rescan_content
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.registry import Check, CheckOutcome, Grain, PreparedGate, Stage
 from megacpp_pipeline.stages import names
@@ -89,17 +89,36 @@ def _still_matching(state: tuple[Any, str, Any], rows: pa.Table) -> list[str]:
 
 # the kept rows through the removal entries again, a task per slice
 _AGAIN = RowCheck(None, _still_matching)
+NOTHING_REMOVED_CONTINUES = "nothing_removed_continues"
 
 
 def _nothing_removed_continues(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
     """The kept output, run through the removal entries again, loses nothing."""
     assert source is not None
     manifest = ctx.latest(stage.name, source)
-    state = (loaded_removals(ctx.catalog), source, _near_config(ctx))
-    _, left = inspect_rows(ctx, manifest, _AGAIN, state)
+    entries, near = loaded_removals(ctx.catalog), _near_config(ctx)
+    scan = rescan_content(
+        ctx,
+        stage,
+        NOTHING_REMOVED_CONTINUES,
+        manifest,
+        source,
+        _AGAIN,
+        (entries, source, near),
+        by_text=False,  # an entry names paths and sources as well as content
+        # the entries as expanded from their request files, which the code version names
+        # by path only
+        material=removals.fingerprint(entries, source) + config_hash(near),
+    )
+    left = scan.problems
     return CheckOutcome(
         passed=not left,
-        metadata={"kept": manifest.rows, "still_matching": len(left), "first": "; ".join(left[:5])},
+        metadata={
+            "kept": manifest.rows,
+            "still_matching": len(left),
+            "first": "; ".join(left[:5]),
+            **scan.metadata(),
+        },
         description=f"{source}: {left[0]}" if left else None,
     )
 
@@ -134,10 +153,13 @@ STAGE = Stage(
     report=_report,
     checks=(
         Check(
-            "nothing_removed_continues",
+            NOTHING_REMOVED_CONTINUES,
             "Run through the removal entries again, the kept files lose none: every file "
-            "an entry names is in the ledger, not in the shards.",
+            "an entry names is in the ledger, not in the shards (over the very version a "
+            "recorded pass of this check read, with the same entries, its verdict stands "
+            "while the version's objects hash to its manifest).",
             _nothing_removed_continues,
+            verdicts=True,
         ),
     ),
 )

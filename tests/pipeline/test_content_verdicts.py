@@ -28,6 +28,7 @@ from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import CheckOutcome
 from megacpp_pipeline.stages.decontaminate import RESCAN_CLEAN
 from megacpp_pipeline.stages.enrich import SPANS_INSIDE_TEXT
+from megacpp_pipeline.stages.removals import NOTHING_REMOVED_CONTINUES
 from megacpp_pipeline.stages.scrub import NO_DETECTOR_FIRES
 from megacpp_pipeline.stages.tokenize import ROUND_TRIP
 from megacpp_pipeline.storage.store import Manifest
@@ -210,6 +211,22 @@ def test_the_recorded_version_with_a_changed_text_holder_fails(tmp_path: Path) -
     outcome = _check(ctx, recorded)
     assert not outcome.passed
     assert outcome.description is not None and held_path in outcome.description
+
+
+def test_the_removals_check_stands_on_a_recorded_pass_of_the_very_version(
+    scrubbed: StageContext,
+) -> None:
+    first = evaluate(scrubbed, "removed_files", NOTHING_REMOVED_CONTINUES, SOURCE)
+    recorded = _recorded(first)
+    again = evaluate(
+        replace(scrubbed, prior_verdicts={SOURCE: recorded}),
+        "removed_files",
+        NOTHING_REMOVED_CONTINUES,
+        SOURCE,
+    )
+    assert again.passed, again.description
+    assert again.metadata["files_trusted"] == scrubbed.store.latest("removed_files", SOURCE).rows
+    assert _recorded(again) == recorded
 
 
 def test_outside_the_orchestrator_nothing_is_stood_on(scrubbed: StageContext) -> None:
