@@ -99,6 +99,13 @@ def _first_text(rows: pa.Table, text: str, sha: str | None = None) -> pa.Table:
     )
 
 
+def _scrubbed_and_recorded(tmp: Path) -> tuple[StageContext, Verified]:
+    """A fresh run of the test corpus through scrub, and its check's first recorded pass."""
+    catalog, _ = write_catalog(tmp / "corpus")
+    ctx = run_through(context(tmp, catalog, "first"), STAGE)
+    return ctx, _recorded(_check(ctx))
+
+
 def test_a_first_pass_reads_every_text_and_records_the_version_it_proved(
     scrubbed: StageContext,
 ) -> None:
@@ -142,9 +149,7 @@ def test_a_record_of_another_manifest_is_not_stood_on(scrubbed: StageContext) ->
 def test_a_new_version_reads_only_the_text_the_recorded_one_did_not_hold(
     tmp_path: Path,
 ) -> None:
-    catalog, _ = write_catalog(tmp_path / "corpus")
-    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
-    recorded = _recorded(_check(ctx))
+    ctx, recorded = _scrubbed_and_recorded(tmp_path)
     rows = ctx.store.latest(STAGE, SOURCE).rows
 
     _rewritten(ctx, lambda t: _first_text(t, "int changed_only_here() { return 7; }\n"))
@@ -164,9 +169,7 @@ def test_a_new_version_reads_only_the_text_the_recorded_one_did_not_hold(
 def test_a_recorded_version_no_longer_in_the_store_vouches_for_nothing(
     tmp_path: Path,
 ) -> None:
-    catalog, _ = write_catalog(tmp_path / "corpus")
-    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
-    recorded = _recorded(_check(ctx))
+    ctx, recorded = _scrubbed_and_recorded(tmp_path)
     rows = ctx.store.latest(STAGE, SOURCE).rows
     _rewritten(ctx, lambda t: t)  # a new version over the same texts
     gone = Path(ctx.store.join(recorded.version))
@@ -180,9 +183,7 @@ def test_a_recorded_version_no_longer_in_the_store_vouches_for_nothing(
 def test_a_row_whose_text_is_not_what_its_hash_says_fails_though_the_hash_was_vouched_for(
     tmp_path: Path,
 ) -> None:
-    catalog, _ = write_catalog(tmp_path / "corpus")
-    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
-    recorded = _recorded(_check(ctx))
+    ctx, recorded = _scrubbed_and_recorded(tmp_path)
     first = ctx.store.read_shard(
         ctx.store.latest(STAGE, SOURCE), ctx.store.latest(STAGE, SOURCE).tables["data"].shards[0]
     )
@@ -197,9 +198,7 @@ def test_a_row_whose_text_is_not_what_its_hash_says_fails_though_the_hash_was_vo
 
 
 def test_the_recorded_version_with_a_changed_text_holder_fails(tmp_path: Path) -> None:
-    catalog, _ = write_catalog(tmp_path / "corpus")
-    ctx = run_through(context(tmp_path, catalog, "first"), STAGE)
-    recorded = _recorded(_check(ctx))
+    ctx, recorded = _scrubbed_and_recorded(tmp_path)
     manifest = ctx.store.latest(STAGE, SOURCE)
     holders = {(h.dir, h.path) for s in manifest.tables["data"].shards for h in s.text_from or []}
     assert holders, "the scrubbed version names the shards that hold its text"
