@@ -80,18 +80,17 @@ def _hashed_rows(rows: pa.Table, clean: np.ndarray | None) -> tuple[list[str], n
     `clean`)."""
     actual = text_digests(rows.column(TEXT))
     declared = rows.column(CONTENT_HASH).to_pylist()
+    lies = np.array([a != d for a, d in zip(actual, declared, strict=True)], dtype=bool)
     paths = rows.column("path").to_pylist()
     problems = [
-        f"{path}: its text does not hash to its {CONTENT_HASH} ({said})"
-        for path, got, said in zip(paths, actual, declared, strict=True)
-        if got != said
+        f"{paths[i]}: its text does not hash to its {CONTENT_HASH} ({declared[i]})"
+        for i in np.flatnonzero(lies).tolist()
     ]
     inspect = np.ones(len(actual), dtype=bool)
     if clean is not None and len(clean) and len(actual):
         digests = np.array(actual, dtype="S64")
         at = np.minimum(np.searchsorted(clean, digests), len(clean) - 1)
-        inspect = clean[at] != digests
-        inspect |= np.array([a != d for a, d in zip(actual, declared, strict=True)], dtype=bool)
+        inspect = (clean[at] != digests) | lies
     return problems, inspect
 
 

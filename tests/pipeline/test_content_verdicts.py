@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -21,6 +22,7 @@ from megacpp_pipeline.gates import scrub
 from megacpp_pipeline.pipeline.checks import (
     VERIFIED,
     Verified,
+    _hashed_rows,
     text_digests,
     verdict_fingerprint,
 )
@@ -309,3 +311,14 @@ def tokenized(tmp_path_factory: pytest.TempPathFactory) -> StageContext:
     tmp = tmp_path_factory.mktemp("tokenized")
     catalog, _ = write_catalog(tmp / "corpus")
     return run_through(context(tmp, catalog, "first"), "tokenized_docs")
+
+
+def test_a_slice_with_no_rows_has_nothing_to_hash_or_inspect() -> None:
+    empty = pa.table(
+        {"path": pa.array([], pa.string()), "text": pa.array([], pa.string()),
+         "content_sha256": pa.array([], pa.string())}
+    )  # fmt: skip
+    clean = np.array([text_sha256("int x;\n")], dtype="S64")
+    for vouched in (None, clean):
+        problems, inspect = _hashed_rows(empty, vouched)
+        assert problems == [] and inspect.tolist() == []
