@@ -5,6 +5,7 @@ verified, and pruning keeps the holder while such a version is there."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -311,3 +312,140 @@ def test_a_holder_with_a_few_rows_dropped_is_sliced_not_copied() -> None:
     assert all(c.buffers()[2].address == base for c in got.chunks)  # views of the read bytes
     scattered = np.arange(0, 1000, 2, dtype=np.int64)  # a run per row: one take
     assert text_refs._rows_of(held, scattered).num_chunks == 1
+
+
+RAW_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("content", pa.binary(), nullable=False),
+    ]
+)
+RAW = {
+    "a.cpp": b"int a() { return 1; }\n",
+    "crlf.cpp": b"int b() {\r\n  return 2;\r\n}\r\n",
+    "latin1.cpp": "// caf\u00e9\nint c;\n".encode("latin-1"),
+    "dropped.cpp": b"int d;\n",
+    "z.hpp": "// \u00fcber\n#pragma once\n".encode(),
+}
+
+
+def _raw_version(store: ShardStore, raw: dict[str, bytes] = RAW) -> Manifest:
+    with store.begin("raw", "src", code_version="c1") as v:
+        v.table("data", RAW_SCHEMA).write(
+            pa.table({"path": list(raw), "content": list(raw.values())}, schema=RAW_SCHEMA)
+        )
+        return v.commit()
+
+
+def _read_all(store: ShardStore, m: Manifest) -> tuple[pa.Table, text_refs.TextPlaces]:
+    vdir = store.version_dir(m)
+    return slices.read_located(
+        store, [slices.Piece(vdir, s, 0, s.rows) for s in m.tables["data"].shards]
+    )
+
+
+def _normalized(raw: pa.Table) -> pa.Table:
+    """What normalize keeps of `raw`: every file but dropped.cpp, decoded, LF endings."""
+    kept = raw.filter(pa.compute.not_equal(raw["path"], "dropped.cpp"))
+    texts = []
+    for data in kept["content"].to_pylist():
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            text = data.decode("latin-1")
+        texts.append(text.replace("\r\n", "\n"))
+    return _files(dict(zip(kept["path"].to_pylist(), texts, strict=True)))
+
+
+def _write(
+    store: ShardStore,
+    asset: str,
+    kept: pa.Table,
+    source: pa.Table,
+    places: text_refs.TextPlaces,
+) -> Manifest:
+    with store.begin(asset, "src", code_version="c1") as v:
+        out, holders, _ = text_refs.by_reference(kept, source, places)
+        shard, written = v.uploader.write_parquet("part-00000.parquet", out)
+        shard.text_from = holders
+        v.table("data", SCHEMA).adopt(shard, written)
+        return v.commit()
+
+
+def test_a_raw_shard_holds_the_text_of_each_file_whose_bytes_normalize_keeps_as_they_are(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore(str(tmp_path / "data"))
+    raw_m = _raw_version(store)
+    raw, places = _read_all(store, raw_m)
+    (holder,) = places.holders
+    assert holder.column == "content" and places.at.tolist() == [0, 1, 2, 3, 4]
+    kept = _normalized(raw)
+    normalized = _write(store, "normalized", kept, raw, places)
+    shard = normalized.tables["data"].shards[0]
+    written = pq.read_table(f"{store.version_dir(normalized)}/{shard.path}")
+    # the CRLF and Latin-1 files' text differs from their bytes: written; the rest named
+    assert written.filter(pa.compute.is_valid(written[TEXT]))["path"].to_pylist() == [
+        "crlf.cpp",
+        "latin1.cpp",
+    ]
+    assert written[TEXT_AT].to_pylist() == [0, None, None, 4]
+    assert [h.column for h in shard.text_from or []] == ["content"]
+    recorded = json.loads(Path(store.manifest_path(normalized)).read_text())
+    (held,) = recorded["tables"]["data"]["shards"][0]["text_from"]
+    assert held["column"] == "content"
+    assert store.read_table(normalized).equals(kept)
+    # the next gate names the raw shard or normalize's, row by row: one hop each
+    table, places = _read_all(store, normalized)
+    assert {(h.dir.split("/")[1], h.column) for h in places.holders} == {
+        ("raw", "content"),
+        ("normalized", "text"),
+    }
+    classified = _write(store, "classified", table, table, places)
+    c_shard = classified.tables["data"].shards[0]
+    assert pq.read_table(f"{store.version_dir(classified)}/{c_shard.path}")[TEXT].null_count == 4
+    assert store.read_table(classified).equals(kept)
+    assert store.verify(classified) == []
+
+
+def test_a_text_holders_column_is_recorded_only_when_it_is_not_text() -> None:
+    shard = dict(dir="assets/raw/src/v", path="part-00000.parquet", rows=3, bytes=9, sha256="ab")
+    assert "column" not in TextHolder(**shard).model_dump()
+    assert TextHolder(**shard).key() == "ab"
+    held = TextHolder(**shard, column="content")
+    assert held.model_dump()["column"] == "content" and held.key() == "ab:content"
+    assert TextHolder.model_validate(held.model_dump()) == held
+
+
+def test_a_raw_holder_that_is_not_utf8_fails_the_read_naming_its_shard(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path / "data"))
+    raw_m = _raw_version(store, {"bad.cpp": b"int x; // \xff\xfe\n"})
+    raw_shard = raw_m.tables["data"].shards[0]
+    holder = TextHolder.of(store.relative(store.version_dir(raw_m)), raw_shard, "content")
+    # a row that names it anyway (a bug or a tampered manifest; by_reference never would)
+    row = _files({"bad.cpp": "int x;\n"})
+    out = row.set_column(1, SCHEMA.field(TEXT).with_nullable(True), pa.nulls(1, pa.string()))
+    out = out.append_column(pa.field(TEXT_AT, pa.int64()), pa.array([0], pa.int64()))
+    with store.begin("normalized", "src", code_version="c1") as v:
+        shard, written = v.uploader.write_parquet("part-00000.parquet", out)
+        shard.text_from = [holder]
+        v.table("data", SCHEMA).adopt(shard, written)
+        m = v.commit()
+    with pytest.raises(StoreError, match=f"{raw_shard.path}: column 'content' is not the UTF-8"):
+        store.read_table(m)
+    assert store.read_shard(m, m.tables["data"].shards[0], ["path"]).num_rows == 1
+
+
+def test_a_tampered_raw_holder_fails_the_read_of_the_text_it_holds(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path / "data"))
+    raw_m = _raw_version(store)
+    raw, places = _read_all(store, raw_m)
+    normalized = _write(store, "normalized", _normalized(raw), raw, places)
+    first = raw_m.tables["data"].shards[0]
+    path = Path(store.version_dir(raw_m)) / first.path
+    table = pq.read_table(path)
+    contents = table["content"].to_pylist()
+    contents[0] = contents[0].replace(b"return 1", b"return 7")
+    pq.write_table(table.set_column(1, RAW_SCHEMA.field("content"), pa.array(contents)), path)
+    with pytest.raises(ShardVerificationError, match=first.path):
+        store.read_table(normalized)
