@@ -63,7 +63,6 @@ from megacpp_pipeline.storage.lease import (
 from megacpp_pipeline.storage.text_refs import TextPlaces
 from megacpp_pipeline.storage.versions import (
     COMPLETE,
-    CONTENT,
     LATEST,
     LEASE_SUFFIX,
     MANIFEST,
@@ -205,16 +204,6 @@ def _read_rows(parquet: pq.ParquetFile, columns: list[str] | None, lo: int, hi: 
         return parquet.schema_arrow.empty_table().select(columns or parquet.schema_arrow.names)
     table = parquet.read_row_groups(groups, columns=columns)
     return table.slice(lo - (first or 0), hi - lo)
-
-
-def _held_column(table: pa.Table) -> str | None:
-    """The column of a table read from a shard holding its rows' text itself: `text`, or a
-    raw file's bytes (`content`); None when it holds neither."""
-    if TEXT in table.column_names:
-        return TEXT
-    if CONTENT in table.column_names and pa.types.is_binary(table.schema.field(CONTENT).type):
-        return CONTENT
-    return None
 
 
 def _sha256_batch(fs: pafs.FileSystem, paths: list[str]) -> list[str]:
@@ -803,14 +792,13 @@ class ShardStore:
         referred = shard.text_from is not None and wants_text
         own = [*columns, TEXT_AT] if referred and columns is not None else columns
         table = self._decode(vdir, shard, own, rows)
-        if not referred:  # the shard holds what it has: its text, or a raw file's bytes
-            held = _held_column(table)
-            if held is None or not vdir.startswith(self.root.rstrip("/") + "/"):
-                return table, TextPlaces.nowhere(table.num_rows)  # (not of this store)
-            me = TextHolder.of(self.relative(vdir), shard, held)
-            return table, TextPlaces.rows_of(me, lo, lo + table.num_rows)
-        if TEXT not in table.column_names:
+        if not wants_text or TEXT not in table.column_names:
             return table, TextPlaces.nowhere(table.num_rows)
+        if not referred:
+            if not vdir.startswith(self.root.rstrip("/") + "/"):  # not a version of this store
+                return table, TextPlaces.nowhere(table.num_rows)
+            me = TextHolder.of(self.relative(vdir), shard)
+            return table, TextPlaces.rows_of(me, lo, lo + table.num_rows)
         me = TextHolder.of(self.relative(vdir), shard)
         holders = shard.text_from or []
         try:
@@ -837,11 +825,8 @@ class ShardStore:
             raise StoreError(f"{vdir}/{shard.path}: unreadable shard ({e})") from e
 
     def _holder_text(self, holder: TextHolder, lo: int, hi: int) -> pa.ChunkedArray:
-        """Rows [lo, hi) of the column a holder shard holds text in, its bytes verified (a
-        raw shard's `content` comes as bytes: text_refs.resolve reads the rows it names
-        as UTF-8)."""
-        vdir = self.join(holder.dir)
-        return self._decode(vdir, holder.shard(), [holder.column], (lo, hi))[holder.column]
+        """Rows [lo, hi) of the text a holder shard holds, its bytes verified."""
+        return self._decode(self.join(holder.dir), holder.shard(), [TEXT], (lo, hi))[TEXT]
 
     def relative(self, path: str) -> str:
         """A store path relative to the root (what a manifest records of another version)."""

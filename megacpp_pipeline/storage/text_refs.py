@@ -9,10 +9,7 @@ those shards, so no reader sees the difference.
 Whether a kept row's text is its input row's: the same `content_sha256` and the same
 length in bytes. The schema's rule that `content_sha256` is always the sha256 of `text`
 makes that exact; comparing the bytes would cost a copy of every text per gate, which is
-what this saves. The first gate's input is raw files, whose shards hold each file's bytes
-(`content`) and no sha256 of them: normalize names a raw shard as the holder of a row's
-text where the text's UTF-8 bytes are exactly the file's, compared byte for byte, so a
-file normalize leaves as it is (nearly every one) is stored once, by collection."""
+what this saves."""
 
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from megacpp_pipeline.storage.versions import CONTENT, TEXT, TEXT_AT, TextHolder
+from megacpp_pipeline.storage.versions import TEXT, TEXT_AT, TextHolder
 
 KEY = "path"  # a kept row is matched to its input row by this, then checked by its text's hash
 CONTENT_HASH = "content_sha256"
@@ -134,7 +131,7 @@ def resolve(
             lo, hi = int(local.min()), int(local.max()) + 1
             got = read_text(holders[h], lo, hi)
             got = got if isinstance(got, pa.ChunkedArray) else pa.chunked_array([got])
-            pieces.append(_as_text(_rows_of(got, local - lo), field.type, holders[h]))
+            pieces.append(_rows_of(got, local - lo))
         chunks = [c for piece in pieces for c in piece.chunks]
         if placed.all() and np.all(np.diff(k) >= 0):  # the holders' rows one after another
             text = pa.chunked_array(chunks, type=field.type)
@@ -150,20 +147,6 @@ def resolve(
     else:
         table = table.set_column(i, field.with_nullable(False), table[TEXT])
     return table, at
-
-
-def _as_text(rows: pa.ChunkedArray, text: pa.DataType, holder: TextHolder) -> pa.ChunkedArray:
-    """A holder's rows as text: a raw shard's bytes read as UTF-8 (only the rows named, as
-    the bytes of a file normalize decoded otherwise need not be UTF-8)."""
-    if rows.type == text:
-        return rows
-    try:
-        return rows.cast(text)
-    except pa.ArrowInvalid as e:
-        raise ValueError(
-            f"{holder.dir}/{holder.path}: column {holder.column!r} is not the UTF-8 text"
-            f" rows name it as holding ({e})"
-        ) from e
 
 
 # a holder's rows are sliced (no copy) while they fall in at most one run per this many rows,
@@ -193,14 +176,20 @@ def by_reference(
     its place; with the holders those places are in and each row's place (-1: written)."""
     n = out.num_rows
     at = np.full(n, -1, dtype=np.int64)
-    held = TEXT in source.column_names or CONTENT in source.column_names
-    if n and held and (places.at >= 0).any():
+    if n and TEXT in source.column_names and (places.at >= 0).any():
         idx = pc.index_in(out[KEY], value_set=source[KEY])
         found = np.asarray(pc.is_valid(idx)).astype(bool)
         if found.any():
             rows = np.flatnonzero(found)
             src = np.asarray(pc.fill_null(idx, 0)).astype(np.int64)[rows]
-            same = _same_text(out, source, rows, src)
+            mine, theirs = pa.array(rows), pa.array(src)
+            same = pc.and_(
+                pc.equal(out[CONTENT_HASH].take(mine), source[CONTENT_HASH].take(theirs)),
+                pc.equal(
+                    pc.binary_length(out[TEXT]).take(mine),
+                    pc.binary_length(source[TEXT]).take(theirs),
+                ),
+            )
             same_rows = np.asarray(pc.fill_null(same, False)).astype(bool)
             at[rows[same_rows]] = places.at[src[same_rows]]
     holders, at = compact(places.holders, at)
@@ -214,30 +203,6 @@ def by_reference(
         pa.field(TEXT_AT, pa.int64()), pa.array(np.where(placed, at, 0), mask=~placed)
     )
     return written, holders, at
-
-
-def _same_text(out: pa.Table, source: pa.Table, rows: np.ndarray, src: np.ndarray) -> pa.Array:
-    """Whether each row `rows[i]` of `out` has the text of row `src[i]` of `source`: the
-    same `content_sha256` and length (see above), or, where `source` is raw files, the
-    same bytes as its `content` (compared, since raw rows carry no sha256 of them)."""
-    if TEXT in source.column_names:
-        mine, theirs = pa.array(rows), pa.array(src)
-        return pc.and_(
-            pc.equal(out[CONTENT_HASH].take(mine), source[CONTENT_HASH].take(theirs)),
-            pc.equal(
-                pc.binary_length(out[TEXT]).take(mine),
-                pc.binary_length(source[TEXT]).take(theirs),
-            ),
-        )
-    text = _taken(out[TEXT], rows).cast(pa.binary())
-    return pc.equal(text, _taken(source[CONTENT], src))
-
-
-def _taken(column: pa.ChunkedArray, rows: np.ndarray) -> pa.ChunkedArray:
-    """`column`'s `rows` (itself when they are all its rows in order: no copy)."""
-    if len(rows) == len(column) and not np.any(rows != np.arange(len(rows))):
-        return column
-    return column.take(pa.array(rows))
 
 
 def after_write(holders: Sequence[TextHolder], at: np.ndarray, written: TextHolder) -> TextPlaces:

@@ -149,9 +149,6 @@ def pid_alive(pid: int) -> bool:
 # this column holds, for such a row, its place in the shard's `text_from` holders (their
 # rows one after another), and is null where the shard holds the row's text itself.
 TEXT = "text"
-# a raw file's bytes: a holder of the text of rows whose text is exactly those bytes (what
-# normalize keeps of a file already UTF-8 with LF endings, nearly every one)
-CONTENT = "content"
 TEXT_AT = "_text_at"
 TEXT_FROM = "text_from"
 HELD_BYTES = "held_bytes"
@@ -168,32 +165,13 @@ class TextHolder(BaseModel):
     rows: int
     bytes: int
     sha256: str
-    # the column that holds it: `text`, or a raw shard's `content` (its UTF-8 bytes)
-    column: str = TEXT
 
     @classmethod
-    def of(cls, dir: str, shard: ShardInfo, column: str = TEXT) -> TextHolder:
+    def of(cls, dir: str, shard: ShardInfo) -> TextHolder:
         """`shard` of the version in `dir` (relative to the store's root) as a holder."""
         return cls(
-            dir=dir,
-            path=shard.path,
-            rows=shard.rows,
-            bytes=shard.bytes,
-            sha256=shard.sha256,
-            column=column,
+            dir=dir, path=shard.path, rows=shard.rows, bytes=shard.bytes, sha256=shard.sha256
         )
-
-    @model_serializer(mode="wrap")
-    def _without_text_column(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("column") == TEXT:
-            data.pop("column")  # a holder of `text` reads as before
-        return data
-
-    def key(self) -> str:
-        """What a version's identity records of it (pipeline/reuse.py): its sha256, and the
-        column when it is not `text`."""
-        return self.sha256 if self.column == TEXT else f"{self.sha256}:{self.column}"
 
     def shard(self) -> ShardInfo:
         return ShardInfo(path=self.path, rows=self.rows, bytes=self.bytes, sha256=self.sha256)
@@ -269,7 +247,10 @@ def content_id(manifest: Manifest, table: str | None = None) -> str:
     tables = {
         name: [
             info.schema_fingerprint,
-            [[s.path, s.rows, s.sha256, [h.key() for h in s.text_from or ()]] for s in info.shards],
+            [
+                [s.path, s.rows, s.sha256, [h.sha256 for h in s.text_from or ()]]
+                for s in info.shards
+            ],
         ]
         for name, info in sorted(manifest.tables.items())
         if table is None or name == table

@@ -1,8 +1,7 @@
-"""The collect-to-scrub gates write a file's text once (issue 29): collection writes a
-file's bytes, normalize writes only the text it changed (line endings, an encoding) and
-names the raw shard for the rest, the gates that keep it (language, quality, licence,
-removals, and scrub where it redacts nothing) write their decisions and name the shard that
-holds it; every reader gets the same rows as before."""
+"""The collect-to-scrub gates write a file's text once (issue 29): normalize writes it, the
+gates that keep it (language, quality, licence, removals, and scrub where it redacts
+nothing) write their decisions and name the shard that holds it; every reader gets the
+same rows as before."""
 
 from __future__ import annotations
 
@@ -18,13 +17,6 @@ from megacpp_pipeline.storage.versions import TEXT
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.stage_runs import context, run_through
 
-# files whose text is not their bytes: normalize writes these (and only these) again
-CHANGED_BY_NORMALIZE = {
-    "src/windows_endings.cc": b"// MIT\r\nint windows_endings() {\r\n  return 7;\r\n}\r\n",
-    "src/latin1.cc": "// Copyright (c) Jos\u00e9 M\u00fcller\nint latin1() { return 8; }\n".encode(
-        "latin-1"
-    ),
-}
 KEEPERS = ("classified_files", "quality_files", "licensed_files", "removed_files")
 # after scrub: their rows' text is held by normalize's shards or, where scrub redacted, its
 AFTER_SCRUB = ("deduped_files", "decontaminated_files", "enriched_files")
@@ -34,8 +26,6 @@ AFTER_SCRUB = ("deduped_files", "decontaminated_files", "enriched_files")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> StageContext:
     tmp = tmp_path_factory.mktemp("text_once")
     catalog, _ = write_catalog(tmp)
-    for name, data in CHANGED_BY_NORMALIZE.items():
-        (tmp / "corpus_dir" / name).write_bytes(data)
     return run_through(context(tmp / "run", catalog, "run", workers=2), "enriched_files")
 
 
@@ -47,42 +37,23 @@ def _written(ctx: StageContext, stage: str, source: str) -> pa.Table:
     return pa.concat_tables(pq.read_table(f"{vdir}/{s.path}") for s in shards)
 
 
-def test_collection_holds_the_text_normalize_keeps_and_normalize_writes_only_what_it_changed(
-    ran: StageContext,
-) -> None:
-    changed: set[str] = set()
+def test_only_normalize_writes_the_text_of_a_file_no_later_gate_changes(ran: StageContext) -> None:
     for source in ran.sources():
         normalized = ran.store.read_table(ran.store.latest("normalized_files", source))
         text_of = dict(
             zip(normalized["path"].to_pylist(), normalized[TEXT].to_pylist(), strict=True)
         )
-        written = _written(ran, "normalized_files", source)
-        mine = written.filter(pc.is_valid(written[TEXT]))["path"].to_pylist()
-        changed.update(mine)
-        assert 0 < written[TEXT].null_count == written.num_rows - len(mine)
-        for shard in ran.store.latest("normalized_files", source).tables["data"].shards:
-            assert {(h.dir.split("/")[1], h.column) for h in shard.text_from or []} == {
-                ("raw_files", "content")
-            }
+        assert _written(ran, "normalized_files", source)[TEXT].null_count == 0
         for stage in KEEPERS:
             m = ran.store.latest(stage, source)
             written = _written(ran, stage, source)
             assert written[TEXT].null_count == written.num_rows > 0, (stage, source)
             for shard in m.tables["data"].shards:
                 assert shard.text_from, (stage, shard.path)
-                held = {h.dir.split("/")[1] for h in shard.text_from}
-                assert held <= {"raw_files", "normalized_files"}, (stage, held)
+                assert {h.dir.split("/")[1] for h in shard.text_from} == {"normalized_files"}
             rows = ran.store.read_table(m)
             assert rows[TEXT].null_count == 0
             assert rows[TEXT].to_pylist() == [text_of[p] for p in rows["path"].to_pylist()]
-    assert changed == set(CHANGED_BY_NORMALIZE)
-    assert "\r" not in text_of_file(ran, "src/windows_endings.cc")
-    assert "Jos\u00e9 M\u00fcller" in text_of_file(ran, "src/latin1.cc")
-
-
-def text_of_file(ctx: StageContext, path: str) -> str:
-    rows = ctx.store.read_table(ctx.store.latest("normalized_files", "tree"))
-    return str(rows.filter(pc.equal(rows["path"], path))[TEXT][0].as_py())
 
 
 def test_the_gates_after_scrub_name_the_text_normalize_or_scrub_wrote(ran: StageContext) -> None:
@@ -96,8 +67,8 @@ def test_the_gates_after_scrub_name_the_text_normalize_or_scrub_wrote(ran: Stage
             holders = {
                 h.dir.split("/")[1] for s in m.tables[table].shards for h in s.text_from or []
             }
-            assert holders <= {"raw_files", "normalized_files", "scrubbed_files"}, holders
-            assert "raw_files" in holders
+            assert holders <= {"normalized_files", "scrubbed_files"}, (stage, holders)
+            assert "normalized_files" in holders
             rows = pa.concat_tables(ran.store.iter_tables(m, table))
             assert rows.num_rows > 0
             assert rows[TEXT].to_pylist() == [text_of[p] for p in rows["path"].to_pylist()]
@@ -109,20 +80,20 @@ def test_scrub_writes_the_text_it_redacted_and_names_the_rest(ran: StageContext)
         written = _written(ran, "scrubbed_files", source)
         rows = ran.store.read_table(ran.store.latest("scrubbed_files", source))
         changed = pc.greater(written["scrub_replacements"], 0)
-        # a row with a replacement holds its new text; every other one names where it is
+        # a row with a replacement holds its new text; every other one names normalize's
         assert pc.all(pc.equal(pc.is_valid(written[TEXT]), changed)).as_py()
         redacted += pc.sum(changed).as_py() or 0
         assert rows[TEXT].null_count == 0
     assert redacted > 0  # the corpus has author emails to scrub
 
 
-def _text_bytes(ctx: StageContext, stage: str, source: str, column: str = TEXT) -> int:
-    """What the text (or raw bytes) column takes in a version's data shards, compressed."""
+def _text_bytes(ctx: StageContext, stage: str, source: str) -> int:
+    """What the text column takes in a version's data shards, compressed."""
     m = ctx.store.latest(stage, source)
     total = 0
     for shard in m.tables["data"].shards:
         meta = pq.read_metadata(f"{ctx.store.version_dir(m)}/{shard.path}")
-        i = meta.schema.to_arrow_schema().get_field_index(column)
+        i = meta.schema.to_arrow_schema().get_field_index(TEXT)
         total += sum(
             meta.row_group(g).column(i).total_compressed_size for g in range(meta.num_row_groups)
         )
@@ -131,8 +102,8 @@ def _text_bytes(ctx: StageContext, stage: str, source: str, column: str = TEXT) 
 
 def test_the_versions_that_keep_the_text_hold_almost_none_of_its_bytes(ran: StageContext) -> None:
     for source in ran.sources():
-        whole = _text_bytes(ran, "raw_files", source, "content")
-        for stage in ("normalized_files", *KEEPERS):
+        whole = _text_bytes(ran, "normalized_files", source)
+        for stage in KEEPERS:
             kept = _text_bytes(ran, stage, source)
             assert kept < whole / 20, (stage, source, kept, whole)
 
