@@ -6,72 +6,21 @@ An evaluation reported without a run is never stood on."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.storage.asset_check_execution_record import (
-    AssetCheckExecutionRecordStatus,
-)
 
 from assets.factory import prior_verdicts
 from megacpp_pipeline.pipeline.checks import VERIFIED
-from megacpp_pipeline.stages.scrub import NO_DETECTOR_FIRES
-from tests.fixtures.pipeline_corpus import write_catalog
-
-REPO = Path(__file__).resolve().parents[2]
-KEY = dg.AssetCheckKey(dg.AssetKey("scrubbed_files"), NO_DETECTOR_FIRES)
-CHANGED = "include/lib1/container.hpp"
-
-
-def _run(root: Path, catalog: Path) -> None:
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(root / "dagster_home"),
-        "MEGACPP_CACHE_DIR": str(root / "cache"),
-    }
-    args = ["run", "--config", str(catalog), "--data-dir", str(root / "data")]
-    out = subprocess.run(
-        [sys.executable, "-m", "assets.cli", *args, "--stop-after", "scrubbed_files"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-
-
-def _metadata(record: object) -> dict[str, object]:
-    event = record.event.dagster_event  # type: ignore[attr-defined]
-    return {
-        k: getattr(v, "value", getattr(v, "text", getattr(v, "data", v)))
-        for k, v in event.event_specific_data.metadata.items()
-    }
+from tests.fixtures.verdict_runs import KEY
+from tests.fixtures.verdict_runs import three_runs as run_three
 
 
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
     root = tmp_path_factory.mktemp("verdicts")
-    catalog, _ = write_catalog(root / "corpus")
-    _run(root, catalog)
-    _run(root, catalog)
-    changed = root / "corpus" / "corpus_dir" / CHANGED
-    changed.write_text(changed.read_text() + "\nint one_more_line() { return 1; }\n")
-    _run(root, catalog)
-    os.environ["DAGSTER_HOME"] = str(root / "dagster_home")
-    try:
-        instance = dg.DagsterInstance.get()
-        records = instance.event_log_storage.get_asset_check_execution_history(
-            KEY, limit=10, status={AssetCheckExecutionRecordStatus.SUCCEEDED}
-        )
-        done = [_metadata(r) for r in records if r.event is not None and r.run_id]
-    finally:
-        del os.environ["DAGSTER_HOME"]
-    return root, list(reversed(done))  # oldest first
+    return root, run_three(root)
 
 
 def test_the_first_run_reads_every_text_and_records_both_sources(three_runs: tuple) -> None:

@@ -1,0 +1,50 @@
+"""A check stands on its recorded passes with the store in a bucket as on a disk: the three
+runs of test_check_verdicts.py with `--data-dir s3://...` on an S3-compatible server on
+loopback (moto's server mode). The verdict path's store calls (the manifest's bytes, the
+version's objects re-hashed, the recorded version's `content_sha256` read back) all go to
+the bucket. Run by `make test-slow` and `make test-cluster`; needs the `cluster` extra."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+try:
+    from moto.server import ThreadedMotoServer
+except ImportError:  # the cluster extra; deselected tests then report no skip
+    ThreadedMotoServer = None
+
+from megacpp_pipeline.pipeline.checks import VERIFIED
+from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
+from tests.fixtures.verdict_runs import three_runs
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(
+        ThreadedMotoServer is None,
+        reason="moto[server]>=5.2.5 is not installed (pip install -e '.[dev,cluster]')",
+    ),
+]
+
+BUCKET = "megacpp-verdicts"
+
+
+@pytest.fixture(scope="module")
+def passes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, object]]]:
+    with moto_bucket(BUCKET) as endpoint:
+        root = tmp_path_factory.mktemp("verdicts_s3")
+        uri = f"s3://{BUCKET}/run?endpoint_override={endpoint}&scheme=http"
+        yield three_runs(root, uri, CREDENTIALS)
+
+
+def test_runs_on_a_bucket_read_every_text_then_none_then_the_changed_files(
+    passes: list[dict[str, object]],
+) -> None:
+    first, second, third = passes
+    read = first["files_rescanned"]
+    assert isinstance(read, int) and read > 0 and first["files_trusted"] == 0
+    assert set(first[VERIFIED]) == {"tree", "repo"}  # type: ignore[arg-type]
+    assert second["files_rescanned"] == 0 and second["files_trusted"] == read
+    assert second[VERIFIED] == first[VERIFIED]
+    assert third["files_rescanned"] == 1 and third["files_trusted"] == read - 1
