@@ -401,13 +401,14 @@ def _every_occurrence(lowered: str, anchor: str) -> list[int]:
 @pytest.mark.parametrize("seed", range(40))
 def test_anchor_positions_are_every_occurrence_of_every_anchor(seed: int) -> None:
     """The one-pass anchor scan against a brute force, on text woven from anchors that
-    overlap one another (`passecretoken`, `mysqlogin`), anchors' pieces and code: ASCII takes
-    RE2's pass, the rest str.find."""
+    overlap one another (`passecretoken`, `mysqlogin`), anchors' pieces and code; half the
+    texts also hold characters of two, three and four UTF-8 bytes (whose byte offsets the
+    scan counts back to character offsets)."""
     rnd = random.Random(seed)
     pieces = [*ANCHORS, "p", "s", "ss", "sshpass", "t", "oken", "ecret", "ogin", " ", "_", "="]
     pieces.append("\n")
-    if seed % 4 == 0:
-        pieces.append("é")
+    if seed % 2 == 0:
+        pieces.extend(["é", "中文", "\U0001f600", "pässword"])
     text = "".join(rnd.choice(pieces) for _ in range(rnd.randrange(0, 400)))
     found = anchor_positions(text)
     assert list(found) == list(ANCHORS)

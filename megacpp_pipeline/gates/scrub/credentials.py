@@ -22,7 +22,7 @@ from megacpp_pipeline.gates.scrub.plausibility import (
     plausible_secret,
     random_looking,
 )
-from megacpp_pipeline.gates.scrub.re2_bytes import BytesRegex
+from megacpp_pipeline.gates.scrub.re2_bytes import BytesRegex, chars_in
 
 if TYPE_CHECKING:
     from megacpp_pipeline.gates.scrub.config import ScrubConfig
@@ -423,16 +423,21 @@ _ANCHORS_BY_FIRST = {c: tuple(a for a in ANCHORS if a[0] == c) for c in {a[0] fo
 
 
 def anchor_positions(lowered: str) -> dict[str, list[int]]:
-    """Every occurrence of every anchor in `lowered` (folded text), ascending per anchor."""
+    """Every occurrence of every anchor in `lowered` (folded text), ascending per anchor.
+    A text that is not ASCII is scanned as its UTF-8 bytes too: an anchor is whole
+    characters, and UTF-8 is self-synchronizing, so a match starts and ends on characters;
+    its byte offsets are counted back to character offsets from the match before it."""
     found: dict[str, list[int]] = {anchor: [] for anchor in ANCHORS}
-    if not lowered.isascii():  # byte offsets would not be character offsets
-        for anchor in ANCHORS:
-            pos = lowered.find(anchor)
-            while pos >= 0:
-                found[anchor].append(pos)
-                pos = lowered.find(anchor, pos + len(anchor))
-        return found
-    for (start, end), *_ in _ANCHOR_SCAN.spans(lowered.encode("ascii")):
+    data = lowered.encode("utf-8", "surrogatepass")
+    ascii = len(data) == len(lowered)
+    byte_at = char_at = 0
+    for (start_b, end_b), *_ in _ANCHOR_SCAN.spans(data):
+        if ascii:
+            start, end = start_b, end_b
+        else:
+            char_at += chars_in(data, byte_at, start_b)
+            byte_at, start = start_b, char_at
+            end = start + chars_in(data, start_b, end_b)
         found[lowered[start:end]].append(start)
         for inner in range(start + 1, end):
             for anchor in _ANCHORS_BY_FIRST.get(lowered[inner], ()):

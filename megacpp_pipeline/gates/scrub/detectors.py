@@ -155,6 +155,42 @@ def _placeholder_spans(text: str, config: ScrubConfig) -> list[tuple[int, int]]:
     return spans
 
 
+@dataclass(frozen=True)
+class _Waking:
+    """Which of a detector list a text's screen tags wake: the ones that always look (a
+    screened finder, a common detector's own prefilter) and, by tag, the rare ones."""
+
+    detectors: Sequence[Detector]
+    always: tuple[int, ...]
+    by_tag: dict[str, tuple[int, ...]]
+
+
+_WAKING: dict[int, _Waking] = {}
+
+
+def _woken(detectors: Sequence[Detector], tags: frozenset[str]) -> list[Detector]:
+    """The detectors to run on a text whose screen found `tags`, in the list's order (which
+    breaks ties between equal hits): a text's few tags, not every detector, are visited."""
+    waking = _WAKING.get(id(detectors))
+    if waking is None or waking.detectors is not detectors:
+        by_tag: dict[str, list[int]] = {}
+        for i, det in enumerate(detectors):
+            if det.screened is None and not det.common:
+                by_tag.setdefault(f"det:{det.name}", []).append(i)
+        waking = _Waking(
+            detectors,
+            tuple(i for i, d in enumerate(detectors) if d.screened is not None or d.common),
+            {tag: tuple(ix) for tag, ix in by_tag.items()},
+        )
+        if len(_WAKING) >= 64:  # lists made on the fly (tests, a finder of one detector)
+            _WAKING.clear()
+        _WAKING[id(detectors)] = waking
+    woken = [i for tag in tags for i in waking.by_tag.get(tag, ())]
+    if not woken:
+        return [detectors[i] for i in waking.always]
+    return [detectors[i] for i in sorted({*waking.always, *woken})]
+
+
 def detect(
     text: str,
     config: ScrubConfig,
@@ -173,17 +209,15 @@ def detect(
 
     screened = screen().screen(text)
     ranked: list[tuple[int, int, int, Hit]] = []
-    for det in detectors:
+    for det in _woken(detectors, screened.tags):
         if det.screened is not None:
             found = det.screened(text, config, screened)
         elif det.common:
             if not det.triggered(text, fold):
                 continue
             found = det.find(text, config)
-        elif f"det:{det.name}" in screened.tags:
-            found = det.find(text, config)
         else:
-            continue
+            found = det.find(text, config)
         for hit in found:
             if hit.end > hit.start:
                 priority = det.priority if hit.priority is None else hit.priority

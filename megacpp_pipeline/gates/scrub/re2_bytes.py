@@ -68,6 +68,11 @@ class BytesRegex:
         return bool(self.probe.Match(UNANCHORED, data, 0, len(data))[0][0] >= 0)
 
 
+def chars_in(data: bytes, start: int, end: int) -> int:
+    """How many characters UTF-8 `data[start:end]` holds (both on character boundaries)."""
+    return int(_re2.BytesToCharLen(data, start, end))
+
+
 class ByteOffsets:
     """UTF-8 byte offsets to str offsets (the identity for ASCII text)."""
 

@@ -361,17 +361,21 @@ GATE_EXCLUDED_RULES: dict[str, str] = {
 }
 
 
-def _screened_rules(rules: RuleSet, tags: frozenset[str]) -> list[VendorRule]:
+@functools.lru_cache(maxsize=1 << 12)
+def _screened_rules(tags: frozenset[str]) -> tuple[VendorRule, ...]:
+    """The default rules a text whose screen found `tags` needs (texts share a few thousand
+    tag sets at most: kept per set)."""
+    rules = default_rules()
     by_tag = _rules_by_tag()
     chosen = set(rules.unkeyed)
     for tag in tags:
         chosen.update(by_tag.get(tag, ()))
     picked = [rules.rules[i] for i in sorted(chosen)]
-    return [
+    return tuple(
         r
         for r in picked
         if (not r.screened or f"probe:{r.id}" in tags) and r.id not in GATE_EXCLUDED_RULES
-    ]
+    )
 
 
 @functools.cache
@@ -413,7 +417,7 @@ def find_screened_vendor_secrets(
     (`#include` lines, hashes and interface ids in their context); the generic rule's
     values must also pass the same plausibility as a value bound to a credential name."""
     rules = default_rules()
-    candidates = _screened_rules(rules, screened.tags)
+    candidates = _screened_rules(screened.tags)
     prefixed = PREFIXED_TAG in screened.tags
     for hit in _raw_hits(text, screened.data, candidates, prefixed):
         start, end = hit.start, hit.end
@@ -433,8 +437,8 @@ def find_screened_vendor_secrets(
         yield Hit(start, end, hit.kind, hit.detector, hit.priority)
     for joined, pieces in _joined_literals(text):
         data = joined.encode()
-        candidates = [r for r in candidate_rules(data, rules) if r.id not in GATE_EXCLUDED_RULES]
-        for hit in _raw_hits(joined, data, candidates, True, literal=True):
+        in_literal = [r for r in candidate_rules(data, rules) if r.id not in GATE_EXCLUDED_RULES]
+        for hit in _raw_hits(joined, data, in_literal, True, literal=True):
             span = _to_text(pieces, hit.start, hit.end)
             if hit.kind is Kind.PRIVATE_KEY and not has_key_material(joined[hit.start : hit.end]):
                 continue
