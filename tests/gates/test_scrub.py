@@ -850,3 +850,21 @@ def test_run_gives_every_file_the_same_text_as_scrub_text(eval_set: list) -> Non
     table = licensed_table({i.item_id: i.text for i in eval_set})
     kept = run(table, CONFIG).kept
     assert kept.column("text").to_pylist() == [scrubbed(i.text) for i in eval_set]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_a_texts_screen_tags_wake_the_detectors_a_visit_of_every_one_would(
+    data: st.DataObject,
+) -> None:
+    """detect() looks rare detectors up by tag; the same ones, in the registry's order (which
+    breaks ties between equal hits), as asking each detector in turn."""
+    from megacpp_pipeline.gates.scrub.detectors import DETECTORS, _woken
+
+    tags = [f"det:{d.name}" for d in DETECTORS] + ["kw:password", "probe:jwt", "prefixed"]
+    seen = frozenset(data.draw(st.lists(st.sampled_from(tags), max_size=8)))
+    expected = [
+        d for d in DETECTORS if d.screened is not None or d.common or f"det:{d.name}" in seen
+    ]
+    assert _woken(DETECTORS, seen) == expected
+    assert _woken(list(DETECTORS), seen) == expected  # a list: looked up afresh

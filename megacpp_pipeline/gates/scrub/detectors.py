@@ -171,8 +171,8 @@ _WAKING: dict[int, _Waking] = {}
 def _woken(detectors: Sequence[Detector], tags: frozenset[str]) -> list[Detector]:
     """The detectors to run on a text whose screen found `tags`, in the list's order (which
     breaks ties between equal hits): a text's few tags, not every detector, are visited."""
-    waking = _WAKING.get(id(detectors))
-    if waking is None or waking.detectors is not detectors:
+    waking = _WAKING.get(id(detectors)) if isinstance(detectors, tuple) else None
+    if waking is None or waking.detectors is not detectors:  # (a list may change: not kept)
         by_tag: dict[str, list[int]] = {}
         for i, det in enumerate(detectors):
             if det.screened is None and not det.common:
@@ -182,9 +182,10 @@ def _woken(detectors: Sequence[Detector], tags: frozenset[str]) -> list[Detector
             tuple(i for i, d in enumerate(detectors) if d.screened is not None or d.common),
             {tag: tuple(ix) for tag, ix in by_tag.items()},
         )
-        if len(_WAKING) >= 64:  # lists made on the fly (tests, a finder of one detector)
-            _WAKING.clear()
-        _WAKING[id(detectors)] = waking
+        if isinstance(detectors, tuple):
+            if len(_WAKING) >= 64:  # tuples made on the fly (tests, a finder of one detector)
+                _WAKING.clear()
+            _WAKING[id(detectors)] = waking
     woken = [i for tag in tags for i in waking.by_tag.get(tag, ())]
     if not woken:
         return [detectors[i] for i in waking.always]
