@@ -10,32 +10,19 @@ import io
 from pathlib import Path
 
 import pyarrow.fs as pafs
-import pytest
 
 from megacpp_pipeline import cli
 from megacpp_pipeline.plan.sizing import store_usage
 from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.s3_server import NEEDS_S3_SERVER, moto_bucket
 
-try:
-    from moto.server import ThreadedMotoServer
-except ImportError:  # the cluster extra
-    ThreadedMotoServer = None
-
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        ThreadedMotoServer is None,
-        reason="moto[server]>=5.2.5 is not installed (pip install -e '.[dev,cluster]')",
-    ),
-]
+pytestmark = NEEDS_S3_SERVER
 BUCKET = "megacpp-plan"
 
 
 def test_an_s3_data_dir_is_sized_by_its_listing_and_planned_for_the_bucket(
     tmp_path: Path,
 ) -> None:
-    from tests.fixtures.s3_server import moto_bucket
-
     with moto_bucket(BUCKET) as endpoint:
         fs = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http")
         for i in range(3):  # what an earlier run left there

@@ -10,22 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-try:
-    from moto.server import ThreadedMotoServer
-except ImportError:  # the cluster extra; deselected tests then report no skip
-    ThreadedMotoServer = None
-
 from megacpp_pipeline.pipeline.checks import VERIFIED
-from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
+from tests.fixtures.s3_server import CREDENTIALS, NEEDS_S3_SERVER, moto_bucket
 from tests.fixtures.verdict_runs import three_runs
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        ThreadedMotoServer is None,
-        reason="moto[server]>=5.2.5 is not installed (pip install -e '.[dev,cluster]')",
-    ),
-]
+pytestmark = NEEDS_S3_SERVER
 
 BUCKET = "megacpp-verdicts"
 

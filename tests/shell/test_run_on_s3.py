@@ -21,26 +21,15 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-try:
-    from moto.server import ThreadedMotoServer
-except ImportError:  # the cluster extra; deselected tests then report no skip
-    ThreadedMotoServer = None
-
 from megacpp_pipeline import cli
 from megacpp_pipeline.loader import PackedRowsLoader
 from megacpp_pipeline.snapshot.layout import SnapshotManifest
 from megacpp_pipeline.stages.snapshot import prune_store_snapshots
 from megacpp_pipeline.storage.store import COMPLETE, ShardStore
 from tests.fixtures.pipeline_corpus import write_catalog
-from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
+from tests.fixtures.s3_server import CREDENTIALS, NEEDS_S3_SERVER, moto_bucket
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        ThreadedMotoServer is None,
-        reason="moto[server]>=5.2.5 is not installed (pip install -e '.[dev,cluster]')",
-    ),
-]
+pytestmark = NEEDS_S3_SERVER
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "megacpp-run"

@@ -16,11 +16,6 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-try:
-    from moto.server import ThreadedMotoServer
-except ImportError:  # the cluster extra; deselected tests then report no skip
-    ThreadedMotoServer = None
-
 from megacpp_pipeline.storage.store import (
     COMPLETE,
     LATEST,
@@ -29,16 +24,10 @@ from megacpp_pipeline.storage.store import (
     StoreError,
 )
 from megacpp_pipeline.storage.versions import LEASE_SUFFIX
-from tests.fixtures.s3_server import CREDENTIALS, moto_bucket
+from tests.fixtures.s3_server import CREDENTIALS, NEEDS_S3_SERVER, moto_bucket
 from tests.storage.writer_process import SCHEMA, WriterProcess
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        ThreadedMotoServer is None,
-        reason="moto[server]>=5.2.5 is not installed (pip install -e '.[dev,cluster]')",
-    ),
-]
+pytestmark = NEEDS_S3_SERVER
 
 BUCKET = "megacpp-test"
 
