@@ -83,4 +83,4 @@ class ByteOffsets:
     def char(self, offset: int) -> int:
         if self.ascii:
             return offset
-        return int(_re2.BytesToCharLen(self.data, 0, offset))
+        return chars_in(self.data, 0, offset)
