@@ -66,7 +66,11 @@ def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> tuple[int, 
     problems: list[str] = []
     trusted = 0
     if job.hashed:
-        problems, inspect = _hashed_rows(rows, job.clean)
+        try:
+            problems, inspect = _hashed_rows(rows, job.clean)
+        except TextLayoutError as e:  # nothing of the slice is trusted or inspected: failed
+            where = ", ".join(sorted({p.path for p in pieces}))
+            return rows.num_rows, 0, [f"{where}: {e}"]
         trusted = rows.num_rows - int(inspect.sum())
         if trusted:
             rows = rows.filter(pa.array(inspect))
@@ -94,13 +98,27 @@ def _hashed_rows(rows: pa.Table, clean: np.ndarray | None) -> tuple[list[str], n
     return problems, inspect
 
 
+class TextLayoutError(ValueError):
+    """A text column stored in a layout other than the schema's (a string or binary array
+    of offsets and bytes): its buffers would be read as something else."""
+
+
+_TEXT_LAYOUTS = (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+
+
 def text_digests(texts: pa.ChunkedArray | pa.Array) -> list[str]:
     """The hex sha256 of each text's UTF-8 bytes (a null as the empty text), hashed where
-    Arrow holds them (no copy of the texts)."""
+    Arrow holds them (no copy of the texts). A column of another layout (a view, a
+    dictionary, nulls only: a shard's writer chose it, not the schema) is a TextLayoutError,
+    never read through buffers that mean something else there."""
     chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
     sha256 = hashlib.sha256
     out: list[str] = []
     for chunk in chunks:
+        if chunk.type not in _TEXT_LAYOUTS:
+            raise TextLayoutError(
+                f"its text is stored as {chunk.type}, not as the schema's string: refused"
+            )
         if len(chunk) == 0:
             continue
         wide = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)

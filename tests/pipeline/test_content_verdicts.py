@@ -21,6 +21,7 @@ from megacpp_pipeline.core.schemas import SCRUBBED_FILES, text_sha256
 from megacpp_pipeline.gates import scrub
 from megacpp_pipeline.pipeline.checks import (
     VERIFIED,
+    TextLayoutError,
     Verified,
     _hashed_rows,
     text_digests,
@@ -322,3 +323,27 @@ def test_a_slice_with_no_rows_has_nothing_to_hash_or_inspect() -> None:
     for vouched in (None, clean):
         problems, inspect = _hashed_rows(empty, vouched)
         assert problems == [] and inspect.tolist() == []
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array(["int secret;\n", "int x;\n"], pa.string_view()),
+        pa.array(["int x;\n", "int x;\n"], pa.string()).dictionary_encode(),
+        pa.nulls(2),
+    ],
+    ids=["string_view", "dictionary", "nulls"],
+)
+def test_a_text_column_in_another_layout_fails_the_slice_instead_of_being_hashed(
+    column: pa.Array,
+) -> None:
+    """A view array's buffers hold 16-byte views, not offsets: hashed as offsets, a row's
+    digest would be of other bytes than its text (a secret could carry a vouched hash)."""
+    with pytest.raises(TextLayoutError, match=f"stored as {column.type}"):
+        text_digests(column)
+    rows = pa.table(
+        {"path": ["a.cpp", "b.cpp"], "text": column,
+         "content_sha256": [text_sha256("int x;\n")] * 2}
+    )  # fmt: skip
+    with pytest.raises(TextLayoutError):
+        _hashed_rows(rows, None)
