@@ -593,12 +593,19 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
     """End a pool's workers now (a failed or broken map must not leave them running). They
     are killed, not asked: a worker stopped while it holds the task queue's lock would
     leave the others waiting on it forever, and a task is safe to run again."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())
+    table = getattr(pool, "_processes", None) or {}  # shutdown drops the pool's reference
+    processes = list(table.values())
     for process in processes:
         if process.is_alive():
             process.kill()
     pool.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
+    # a worker started meanwhile (a submit from the thread still mapping, before the
+    # shutdown refused the next one) is killed too
+    late = [p for p in list(table.values()) if p not in processes]
+    for process in late:
+        if process.is_alive():
+            process.kill()
+    for process in [*processes, *late]:
         process.join(timeout=5)
 
 
