@@ -347,3 +347,31 @@ def test_a_text_column_in_another_layout_fails_the_slice_instead_of_being_hashed
     )  # fmt: skip
     with pytest.raises(TextLayoutError):
         _hashed_rows(rows, None)
+
+
+def test_a_slice_whose_stored_text_is_a_view_fails_naming_its_shard(tmp_path: Path) -> None:
+    """Through the store, as a check's task reads it: the slice fails with its shard named;
+    none of its rows is trusted or handed to the check's inspection."""
+    from megacpp_pipeline.pipeline.checks import RowCheck, _inspect_task, _RowJob
+    from megacpp_pipeline.storage import slices
+    from megacpp_pipeline.storage.store import ShardStore
+
+    store = ShardStore(str(tmp_path / "data"))
+    schema = pa.schema(
+        [("path", pa.string()), ("text", pa.string_view()), ("content_sha256", pa.string())]
+    )
+    rows = pa.table(
+        {"path": ["a.cpp"], "text": ["int x;\n"], "content_sha256": [text_sha256("int x;\n")]},
+        schema=schema,
+    )
+    with store.begin("scrubbed_files", "src", code_version="c1") as v:
+        v.table("data", schema).write(rows)
+        m = v.commit()
+    vdir = store.version_dir(m)
+    pieces = tuple(slices.Piece(vdir, s, 0, s.rows) for s in m.tables["data"].shards)
+    inspected: list[int] = []
+    check = RowCheck(("path", "text"), lambda _, t: inspected.append(t.num_rows) or [])
+    clean = np.array([text_sha256("int x;\n")], dtype="S64")
+    n, trusted, problems = _inspect_task(_RowJob(store, check, None, True, clean), pieces)
+    assert (n, trusted, inspected) == (1, 0, [])
+    assert len(problems) == 1 and pieces[0].path in problems[0] and "string_view" in problems[0]
