@@ -8,7 +8,9 @@ columns that gate decides. `text` always holds the current text of the file and
 from __future__ import annotations
 
 import hashlib
+import itertools
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = "1"
@@ -210,3 +212,34 @@ def git_blob_sha(content: bytes) -> str:
 
 def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class TextLayoutError(ValueError):
+    """A text column stored in a layout other than the schema's (a string or binary array
+    of offsets and bytes): its buffers would be read as something else."""
+
+
+_TEXT_LAYOUTS = (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+
+
+def text_digests(texts: pa.ChunkedArray | pa.Array) -> list[str]:
+    """The hex sha256 of each text's UTF-8 bytes (a null as the empty text), hashed where
+    Arrow holds them (no copy of the texts). A column of another layout (a view, a
+    dictionary, nulls only: a shard's writer chose it, not the schema) is a TextLayoutError,
+    never read through buffers that mean something else there."""
+    chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
+    sha256 = hashlib.sha256
+    out: list[str] = []
+    for chunk in chunks:
+        if chunk.type not in _TEXT_LAYOUTS:
+            raise TextLayoutError(
+                f"its text is stored as {chunk.type}, not as the schema's string: refused"
+            )
+        if len(chunk) == 0:
+            continue
+        wide = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
+        offsets = np.frombuffer(chunk.buffers()[1], np.int64 if wide else np.int32)
+        bounds = offsets[chunk.offset : chunk.offset + len(chunk) + 1].tolist()
+        data = memoryview(chunk.buffers()[2] or b"")
+        out += [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    return out

@@ -5,7 +5,6 @@ left, with the one line that says where every file went."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from megacpp_pipeline.core.schemas import TextLayoutError, text_digests
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import (
     Check,
@@ -55,33 +55,70 @@ class _RowJob:
     # hex sha256 of texts an earlier verified pass inspected (sorted): rows holding one of
     # them are not inspected again
     clean: np.ndarray | None = None
+    # per shard of the version (its path in the version), the note of the texts this run's
+    # gate inspected when it wrote it (note_gate_scan): a whole shard whose texts hash to it
+    # is not inspected again
+    scanned: Mapping[str, str] | None = None
 
 
-def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> tuple[int, int, list[str]]:
-    """(rows inspected, rows trusted, the first problems) of one slice."""
+@dataclass(frozen=True)
+class _Inspected:
+    rows: int  # rows inspected
+    trusted: int  # rows an earlier verified pass vouched for
+    scanned: int  # rows this run's gate inspected, byte for byte
+    problems: list[str]
+
+
+def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> _Inspected:
+    """The rows inspected, trusted and vouched for by the gate's note, and the first
+    problems, of one slice."""
     columns = list(job.check.columns) if job.check.columns else None
     if job.hashed and columns is not None:
         columns += [c for c in ("path", TEXT, CONTENT_HASH) if c not in columns]
     rows = slices.read(job.store, pieces, columns)
     problems: list[str] = []
-    trusted = 0
+    trusted = scanned = 0
     if job.hashed:
         try:
-            problems, inspect = _hashed_rows(rows, job.clean)
+            problems, inspect, noted = _hashed_rows(
+                rows, job.clean, _scanned_spans(pieces, job.scanned)
+            )
         except TextLayoutError as e:  # nothing of the slice is trusted or inspected: failed
             where = ", ".join(sorted({p.path for p in pieces}))
-            return rows.num_rows, 0, [f"{where}: {e}"]
-        trusted = rows.num_rows - int(inspect.sum())
-        if trusted:
+            return _Inspected(rows.num_rows, 0, 0, [f"{where}: {e}"])
+        scanned = int((noted & ~inspect).sum())
+        trusted = rows.num_rows - int(inspect.sum()) - scanned
+        if trusted or scanned:
             rows = rows.filter(pa.array(inspect))
     problems += job.check.inspect(job.state, rows)
-    return rows.num_rows, trusted, problems[:MAX_PROBLEMS]
+    return _Inspected(rows.num_rows, trusted, scanned, problems[:MAX_PROBLEMS])
 
 
-def _hashed_rows(rows: pa.Table, clean: np.ndarray | None) -> tuple[list[str], np.ndarray]:
+def _scanned_spans(
+    pieces: Sequence[slices.Piece], notes: Mapping[str, str] | None
+) -> list[tuple[int, int, str]]:
+    """(first row, end row, note) in the slice of each whole shard a gate's note names."""
+    spans: list[tuple[int, int, str]] = []
+    at = 0
+    for piece in pieces:
+        n = piece.hi - piece.lo
+        shard = piece.shard
+        note = notes.get(shard.path) if notes and shard is not None else None
+        if note is not None and shard is not None and (piece.lo, piece.hi) == (0, shard.rows):
+            spans.append((at, at + n, note))
+        at += n
+    return spans
+
+
+def _hashed_rows(
+    rows: pa.Table,
+    clean: np.ndarray | None,
+    scanned: Sequence[tuple[int, int, str]] = (),
+) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Each row's text hashed: a row whose text is not what its content_sha256 says is a
     problem (and inspected); which rows to inspect (all but those whose text is in
-    `clean`)."""
+    `clean`, and those of a `scanned` span whose texts hash to its note); the rows of
+    those spans."""
     actual = text_digests(rows.column(TEXT))
     declared = rows.column(CONTENT_HASH).to_pylist()
     lies = np.array([a != d for a, d in zip(actual, declared, strict=True)], dtype=bool)
@@ -94,39 +131,14 @@ def _hashed_rows(rows: pa.Table, clean: np.ndarray | None) -> tuple[list[str], n
     if clean is not None and len(clean) and len(actual):
         digests = np.array(actual, dtype="S64")
         at = np.minimum(np.searchsorted(clean, digests), len(clean) - 1)
-        inspect = (clean[at] != digests) | lies
-    return problems, inspect
-
-
-class TextLayoutError(ValueError):
-    """A text column stored in a layout other than the schema's (a string or binary array
-    of offsets and bytes): its buffers would be read as something else."""
-
-
-_TEXT_LAYOUTS = (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
-
-
-def text_digests(texts: pa.ChunkedArray | pa.Array) -> list[str]:
-    """The hex sha256 of each text's UTF-8 bytes (a null as the empty text), hashed where
-    Arrow holds them (no copy of the texts). A column of another layout (a view, a
-    dictionary, nulls only: a shard's writer chose it, not the schema) is a TextLayoutError,
-    never read through buffers that mean something else there."""
-    chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
-    sha256 = hashlib.sha256
-    out: list[str] = []
-    for chunk in chunks:
-        if chunk.type not in _TEXT_LAYOUTS:
-            raise TextLayoutError(
-                f"its text is stored as {chunk.type}, not as the schema's string: refused"
-            )
-        if len(chunk) == 0:
-            continue
-        wide = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
-        offsets = np.frombuffer(chunk.buffers()[1], np.int64 if wide else np.int32)
-        bounds = offsets[chunk.offset : chunk.offset + len(chunk) + 1].tolist()
-        data = memoryview(chunk.buffers()[2] or b"")
-        out += [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
-    return out
+        inspect = clean[at] != digests
+    noted = np.zeros(len(actual), dtype=bool)
+    for a, b, note in scanned:
+        if scan_note(actual[a:b]) == note:
+            noted[a:b] = True
+    inspect &= ~noted
+    inspect |= lies
+    return problems, inspect, noted
 
 
 def inspect_rows(
@@ -138,13 +150,13 @@ def inspect_rows(
 ) -> tuple[int, list[str]]:
     """(rows inspected, the first problems) of `check` over the version's data tables (or
     `tables`), one task per slice on the run's executor."""
-    rows, _, problems = _inspect(ctx, manifest, _RowJob(ctx.store, check, state), tables)
-    return rows, problems
+    done = _inspect(ctx, manifest, _RowJob(ctx.store, check, state), tables)
+    return done.rows, done.problems
 
 
 def _inspect(
     ctx: StageContext, manifest: Manifest, job: _RowJob, tables: Sequence[str] | None
-) -> tuple[int, int, list[str]]:
+) -> _Inspected:
     executor = ctx.executor()
     names = list(tables) if tables is not None else manifest.data_tables()
     inputs = [(manifest, n) for n in names]
@@ -152,12 +164,15 @@ def _inspect(
         slices.total_bytes(inputs), executor.workers, ctx.engine.task_bytes
     )
     plan = [s.pieces for s in slices.plan(ctx.store, inputs, task_bytes, cut=False)]
-    rows, trusted, problems = 0, 0, list[str]()
-    for n, t, found in executor.map_light(_inspect_task, job, plan):
-        rows += n
-        trusted += t
-        problems += found[: MAX_PROBLEMS - len(problems)]
-    return rows, trusted, problems
+    total = _Inspected(0, 0, 0, [])
+    for part in executor.map_light(_inspect_task, job, plan):
+        total = _Inspected(
+            total.rows + part.rows,
+            total.trusted + part.trusted,
+            total.scanned + part.scanned,
+            total.problems + part.problems[: MAX_PROBLEMS - len(total.problems)],
+        )
+    return total
 
 
 # --- content checks that stand on an earlier pass --------------------------------------
@@ -227,11 +242,13 @@ class Rescan:
     problems: list[str]
     here: Verified  # what this pass proves when it finds no problem
     stood_on: Verified | None  # the recorded pass it relied on, if any
+    scanned: int = 0  # rows whose text this run's gate inspected, byte for byte
 
     def metadata(self) -> dict[str, Any]:
         stood = self.stood_on
         out: dict[str, Any] = {
             "files_trusted": self.trusted,
+            "files_scanned_by_gate": self.scanned,
             "stood_on": f"{stood.version} (run {stood.run_id[:8] or 'unknown'})"
             if stood is not None
             else "none",
@@ -252,12 +269,15 @@ def rescan_content(
     *,
     by_text: bool = True,
     material: str = "",
+    gate_scans: bool = False,
 ) -> Rescan:
     """`check` over every row of the version whose text no recorded pass of this check
     (`ctx.prior_verdicts`) vouches for, each row's text hashed against its content_sha256.
     `by_text=False`: a verdict that depends on more of a row than its text (chunk spans,
     token ids) stands only for the very version recorded; otherwise every row is read.
-    `material`: what else decides the verdict (goes into the fingerprint)."""
+    `material`: what else decides the verdict (goes into the fingerprint). `gate_scans`:
+    the stage's gate runs this very inspection over every text it keeps, so a shard whose
+    texts hash to what the gate noted in this process (note_gate_scan) is not read again."""
     store = ctx.store
     here = Verified(
         store.relative(store.version_dir(manifest)),
@@ -273,9 +293,57 @@ def rescan_content(
         problems = store.verify_reused(manifest, ctx.executor().map_light)
         return Rescan(0, 0 if problems else manifest.rows, problems, here, prior)
     clean = _verified_digests(store, prior) if prior is not None and by_text else None
-    job = _RowJob(store, check, state, hashed=by_text, clean=clean)
-    rows, trusted, problems = _inspect(ctx, manifest, job, None)
-    return Rescan(rows, trusted, problems, here, prior if clean is not None else None)
+    scanned = gate_scan(manifest, here.version, ctx.code_version(stage)) if gate_scans else None
+    job = _RowJob(store, check, state, hashed=by_text, clean=clean, scanned=scanned)
+    done = _inspect(ctx, manifest, job, None)
+    stood = prior if clean is not None else None
+    return Rescan(done.rows, done.trusted, done.problems, here, stood, done.scanned)
+
+
+# --- what a gate's own pass inspected, held in this process ------------------------------
+# A gate whose pass is its stage's content check (scrub runs its detectors over every text it
+# keeps, and again over each text it rewrote) notes the sha256 of each kept text as it
+# inspected it (GateResult.scanned_clean). Per shard it writes, the task returns one note
+# over those digests with its result; the process that commits the version keeps the notes
+# here, in memory: never in the store or the result cache, which anyone who writes shards
+# can write, and never for a row served from the cache. The check of that version, run in
+# the same process, does not inspect a whole shard whose texts hash to its note: the same
+# detectors have already read those very bytes. A shard that does not (tampered, or other
+# text than the gate inspected), a version committed by another process or at another code
+# version, or a check run on its own: every text inspected, as before.
+
+_GATE_SCANS: dict[tuple[str, str], tuple[str, str, dict[str, str]]] = {}
+
+
+def scan_note(digests: Sequence[str]) -> str:
+    """One shard's note: the sha256 over its texts' hex sha256s, in row order."""
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
+
+
+def note_gate_scan(
+    store: ShardStore, manifest: Manifest, code_version: str, notes: Mapping[str, str]
+) -> None:
+    """Keep, for the version `manifest` just committed, the notes of the shards its gate
+    inspected (shard path in the version -> scan_note); the partition's earlier notes go."""
+    key = (manifest.asset, manifest.partition)
+    _GATE_SCANS.pop(key, None)
+    if notes:
+        version = store.relative(store.version_dir(manifest))
+        _GATE_SCANS[key] = (version, code_version, dict(notes))
+
+
+def forget_gate_scans() -> None:
+    """Drop every note this process holds: its next checks read every text, as a check run
+    in another process does."""
+    _GATE_SCANS.clear()
+
+
+def gate_scan(manifest: Manifest, version: str, code_version: str) -> dict[str, str] | None:
+    """The notes this process holds for `version` at `code_version`, if any."""
+    held = _GATE_SCANS.get((manifest.asset, manifest.partition))
+    if held is None or held[:2] != (version, code_version):
+        return None
+    return held[2]
 
 
 def _verified_digests(store: ShardStore, prior: Verified) -> np.ndarray | None:

@@ -40,6 +40,7 @@ from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline import reuse
+from megacpp_pipeline.pipeline.checks import note_gate_scan, scan_note
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.executor import Executor, MapStats
 from megacpp_pipeline.pipeline.metadata import file_stage_metadata
@@ -122,6 +123,9 @@ class SliceResult:
     tables: dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]]
     stats: Counter[str]
     busy_s: float = 0.0  # this gate's seconds on the slice (the first one's: with the read)
+    # (data shard's path in the version, scan_note of its texts) when the gate inspected
+    # every kept text as its content check does (GateResult.scanned_clean)
+    scanned: tuple[str, str] | None = None
 
 
 # Per process: each stage's gate and cache for one source, for the job it last ran. The
@@ -182,9 +186,20 @@ def gate_slice(job: GateJob, task: SliceTask) -> list[SliceResult]:
         result, stats = gate_table(table, gate, link.stage, cache)
         tables, table, places = _write(link, output, task.index, result, table, places)
         now = time.perf_counter()
-        results.append(SliceResult(tables, stats, now - started))
+        scanned = _scanned(result, tables[output.table])
+        results.append(SliceResult(tables, stats, now - started, scanned))
         started = now
     return results
+
+
+def _scanned(
+    result: GateResult, kept: tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]
+) -> tuple[str, str] | None:
+    """The note of the kept rows' shard, when the gate vouched for every text in it."""
+    digests, shard = result.scanned_clean, kept[1]
+    if digests is None or shard is None or len(digests) != shard.rows:
+        return None
+    return shard.path, scan_note(digests)
 
 
 def _write(
@@ -242,6 +257,7 @@ class _Pending:
     stats: Counter[str] = field(default_factory=Counter)
     tasks_left: int = 0
     nodes: MapStats = field(default_factory=MapStats)  # where this version's tasks ran
+    scanned: dict[str, str] = field(default_factory=dict)  # SliceResult.scanned, by shard
 
 
 @dataclass
@@ -496,6 +512,8 @@ def _salt_now(ctx: StageContext, stage: Stage, source: str) -> str:
 
 def _adopt(p: _Pending, stage: Stage, result: SliceResult) -> None:
     p.stats.update(result.stats)
+    if result.scanned is not None:
+        p.scanned[result.scanned[0]] = result.scanned[1]
     for name, (schema, shard, written) in result.tables.items():
         writer = p.version.table(name, schema)
         if shard is not None and written is not None:
@@ -521,6 +539,7 @@ def _commit(ctx: StageContext, stage: Stage, p: _Pending, executor: Executor) ->
             reuse.INPUTS: inputs,
         },
     )
+    note_gate_scan(ctx.store, manifest, manifest.code_version, p.scanned)
     where = f" [{partition}]" if partition else ""
     ctx.log(
         f"{stage.name}{where}: {stats['input_files']} files in, {stats['kept_files']} kept,"

@@ -1,6 +1,7 @@
 """scrubbed_files: emails, public IPs, keys and tokens, private keys and machine-local paths
 replaced by stable placeholders before tokenization; an audit table of salted hashes (never
-the values); the check re-runs every detector over the output."""
+the values); the check re-runs every detector over the output (but over text this run's gate
+already inspected, byte for byte: pipeline/checks.py, note_gate_scan)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,14 @@ NO_DETECTOR_FIRES = "no_detector_fires_on_output"
 def _no_detector_fires(ctx: StageContext, stage: Stage, source: str | None) -> CheckOutcome:
     manifest = ctx.latest(stage.name, source)
     scan = rescan_content(
-        ctx, stage, NO_DETECTOR_FIRES, manifest, source, _RESCAN, ctx.config(stage)
+        ctx,
+        stage,
+        NO_DETECTOR_FIRES,
+        manifest,
+        source,
+        _RESCAN,
+        ctx.config(stage),
+        gate_scans=True,  # scrub.run's detectors are this check's, over every text it keeps
     )
     residual = scan.problems
     return CheckOutcome(
@@ -102,7 +110,9 @@ STAGE = Stage(
         Check(
             NO_DETECTOR_FIRES,
             "Re-runs every detector over the scrubbed text: nothing but placeholders (a text "
-            "that a recorded pass of this check inspected, byte for byte, is not read again).",
+            "that a recorded pass of this check inspected, byte for byte, is not read again, "
+            "nor a shard whose texts hash to what this run's gate inspected with the same "
+            "detectors in this process).",
             _no_detector_fires,
             verdicts=True,
         ),

@@ -743,6 +743,7 @@ def cached_gate_call(
         )
     live = {c: table[c].to_pylist() for c in CARRIED_LIVE if c in table.column_names}
     out: dict[str, pa.Table] = {}
+    in_order_kept = True
     for kind, schema in schemas.items():
         parts = (
             [fresh_tables[kind].select(schema.names).cast(schema)] if kind in fresh_tables else []
@@ -760,8 +761,13 @@ def cached_gate_call(
         )
         in_order = len(order) < 2 or bool(np.all(order[:-1] <= order[1:]))
         out[kind] = t if in_order else t.take(np.argsort(order, kind="stable"))  # no copy
+        in_order_kept = in_order_kept and (kind != "kept" or in_order)
     stats: Counter[str] = Counter(fresh.stats) if fresh is not None else Counter()
     result = GateResult(kept=out.pop("kept"), dropped=out.pop("dropped"), stats=stats, extra=out)
+    if fresh is not None and not served and in_order_kept:
+        # every kept row is the gate's own, in its order: its note of what it inspected
+        # stands; a row served from an entry is vouched for by nothing but that entry
+        result.scanned_clean = fresh.scanned_clean
     return result, len(served)
 
 

@@ -868,3 +868,28 @@ def test_a_texts_screen_tags_wake_the_detectors_a_visit_of_every_one_would(
     ]
     assert _woken(DETECTORS, seen) == expected
     assert _woken(list(DETECTORS), seen) == expected  # a list: looked up afresh
+
+
+def test_the_gate_notes_the_sha256_of_each_kept_text_as_it_inspected_it() -> None:
+    """`scanned_clean`: a text no detector fired on, by its input bytes; a rewritten one,
+    by its replacement (which the second pass found clean); a dropped one, not at all."""
+    config = ScrubConfig(keep_path_tail=True)
+    files = {
+        "clean.cpp": "int answer() { return 42; }\n",
+        "mail.cpp": "// alice.smith@corp.example\nint x;\n",
+        "nested.cpp": "// /home/alice/home/bob/x\n",  # still trips a detector: dropped
+    }
+    result = run(licensed_table(files), config)
+    kept = result.kept.column("text").to_pylist()
+    assert result.kept.column("path").to_pylist() == ["clean.cpp", "mail.cpp"]
+    assert kept[1] != files["mail.cpp"]
+    assert result.scanned_clean == [schemas.text_sha256(t) for t in kept]
+    assert result.scanned_clean == result.kept.column("content_sha256").to_pylist()
+    assert residual_table(result.kept, config).num_rows == 0
+
+
+def test_the_gate_vouches_for_nothing_when_its_text_is_not_the_schema_s_string() -> None:
+    table = licensed_table({"a.cpp": "int a;\n"})
+    text = table.schema.get_field_index("text")
+    viewed = table.set_column(text, "text", table.column("text").cast(pa.string_view()))
+    assert run(viewed, CONFIG).scanned_clean is None

@@ -3,12 +3,13 @@ rescan over a real run of the test corpus. A pass records what it proved (the ve
 manifest's sha256, a fingerprint of the code and config); given that record back, the next
 pass over the same version reads no text while its objects still hash to the manifest, and
 over a new version inspects only the rows whose text the recorded version did not hold.
+(What the gate's own pass inspected, held in its process, is tests/pipeline/test_gate_scans.py;
+here the checks run without it, as in another process.)
 Every row's text is hashed against its content_sha256 each pass, so a row that lies about
 its text fails the check even where its hash was vouched for."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,15 +17,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
-from megacpp_pipeline.core.schemas import SCRUBBED_FILES, text_sha256
-from megacpp_pipeline.gates import scrub
+from megacpp_pipeline.core.schemas import (
+    TextLayoutError,
+    text_digests,
+    text_sha256,
+)
 from megacpp_pipeline.pipeline.checks import (
     VERIFIED,
-    TextLayoutError,
     Verified,
     _hashed_rows,
-    text_digests,
+    forget_gate_scans,
+    scan_note,
     verdict_fingerprint,
 )
 from megacpp_pipeline.pipeline.context import StageContext
@@ -34,21 +37,18 @@ from megacpp_pipeline.stages.enrich import SPANS_INSIDE_TEXT
 from megacpp_pipeline.stages.removals import NOTHING_REMOVED_CONTINUES
 from megacpp_pipeline.stages.scrub import NO_DETECTOR_FIRES
 from megacpp_pipeline.stages.tokenize import ROUND_TRIP
-from megacpp_pipeline.storage.store import Manifest
 from tests.fixtures.pipeline_corpus import write_catalog
+from tests.fixtures.scrubbed_versions import SECRET, SOURCE, STAGE, first_text, rewritten
 from tests.fixtures.stage_runs import context, evaluate, run_through
-
-STAGE = "scrubbed_files"
-SOURCE = "tree"
-SECRET = 'static const char* kToken = "ghp_' + "R7c2Lq9ZxV4mT8bN1sK3dF6hJ0wP5yA2eU7i" + '";\n'
-SCHEMAS = {"data": SCRUBBED_FILES, "ledger": LEDGER_SCHEMA, "audit": scrub.AUDIT_SCHEMA}
 
 
 @pytest.fixture(scope="module")
 def scrubbed(tmp_path_factory: pytest.TempPathFactory) -> StageContext:
     tmp = tmp_path_factory.mktemp("verdicts")
     catalog, _ = write_catalog(tmp / "corpus")
-    return run_through(context(tmp, catalog, "first"), STAGE)
+    ctx = run_through(context(tmp, catalog, "first"), STAGE)
+    forget_gate_scans()  # a check in another process than the gate's: no note of its pass
+    return ctx
 
 
 def _check(ctx: StageContext, prior: Verified | None = None) -> CheckOutcome:
@@ -65,41 +65,6 @@ def _recorded(outcome: CheckOutcome) -> Verified:
     verified = Verified.from_json(outcome.metadata[VERIFIED], "run-1")
     assert verified is not None
     return verified
-
-
-def _rewritten(ctx: StageContext, change: Callable[[pa.Table], pa.Table]) -> Manifest:
-    """A new latest version of the source's scrubbed files: the latest one's shards, each
-    through `change` (text written in full)."""
-    good = ctx.store.latest(STAGE, SOURCE)
-    version = ctx.store.begin(STAGE, SOURCE, code_version=good.code_version)
-    for name, info in good.tables.items():
-        writer = version.table(name, SCHEMAS[name])
-        for shard in info.shards:
-            rows = ctx.store.read_shard(good, shard)
-            written = version.write_parquet(shard.path, change(rows) if name == "data" else rows)
-            assert version.last_schema is not None
-            writer.adopt(written, version.last_schema)
-    version.commit(upstream=good.upstream, stats=good.stats, extra=good.extra)
-    return ctx.store.latest(STAGE, SOURCE)
-
-
-def _first_text(rows: pa.Table, text: str, sha: str | None = None) -> pa.Table:
-    """`rows` with the first row's text replaced (its content_sha256 made to match, or
-    `sha`)."""
-    if rows.num_rows == 0:
-        return rows
-    texts = rows.column("text").to_pylist()
-    shas = rows.column("content_sha256").to_pylist()
-    texts[0] = text
-    shas[0] = sha if sha is not None else text_sha256(text)
-    rows = rows.set_column(
-        rows.schema.get_field_index("text"), "text", pa.array(texts, pa.string())
-    )
-    return rows.set_column(
-        rows.schema.get_field_index("content_sha256"),
-        "content_sha256",
-        pa.array(shas, pa.string()),
-    )
 
 
 def _scrubbed_and_recorded(tmp: Path) -> tuple[StageContext, Verified]:
@@ -155,13 +120,13 @@ def test_a_new_version_reads_only_the_text_the_recorded_one_did_not_hold(
     ctx, recorded = _scrubbed_and_recorded(tmp_path)
     rows = ctx.store.latest(STAGE, SOURCE).rows
 
-    _rewritten(ctx, lambda t: _first_text(t, "int changed_only_here() { return 7; }\n"))
+    rewritten(ctx, lambda t: first_text(t, "int changed_only_here() { return 7; }\n"))
     clean = _check(ctx, recorded)
     assert clean.passed, clean.description
     assert clean.metadata["files_trusted"] == rows - 1
     assert clean.metadata["files_rescanned"] == 1
 
-    _rewritten(ctx, lambda t: _first_text(t, SECRET))
+    rewritten(ctx, lambda t: first_text(t, SECRET))
     dirty = _check(ctx, _recorded(clean))
     assert not dirty.passed
     assert dirty.metadata["files_rescanned"] == 1
@@ -174,7 +139,7 @@ def test_a_recorded_version_no_longer_in_the_store_vouches_for_nothing(
 ) -> None:
     ctx, recorded = _scrubbed_and_recorded(tmp_path)
     rows = ctx.store.latest(STAGE, SOURCE).rows
-    _rewritten(ctx, lambda t: t)  # a new version over the same texts
+    rewritten(ctx, lambda t: t)  # a new version over the same texts
     gone = Path(ctx.store.join(recorded.version))
     (gone / "_COMPLETE").unlink()  # pruned: no longer a readable version
     outcome = _check(ctx, recorded)
@@ -193,7 +158,7 @@ def test_a_row_whose_text_is_not_what_its_hash_says_fails_though_the_hash_was_vo
     vouched = first.column("content_sha256")[0].as_py()
     path = first.column("path")[0].as_py()
     # the secret under the hash of a text the recorded pass inspected
-    _rewritten(ctx, lambda t: _first_text(t, SECRET, sha=vouched))
+    rewritten(ctx, lambda t: first_text(t, SECRET, sha=vouched))
     outcome = _check(ctx, recorded)
     assert not outcome.passed
     assert outcome.description is not None
@@ -321,8 +286,8 @@ def test_a_slice_with_no_rows_has_nothing_to_hash_or_inspect() -> None:
     )  # fmt: skip
     clean = np.array([text_sha256("int x;\n")], dtype="S64")
     for vouched in (None, clean):
-        problems, inspect = _hashed_rows(empty, vouched)
-        assert problems == [] and inspect.tolist() == []
+        problems, inspect, noted = _hashed_rows(empty, vouched, [(0, 0, scan_note([]))])
+        assert problems == [] and inspect.tolist() == [] and noted.tolist() == []
 
 
 @pytest.mark.parametrize(
@@ -372,6 +337,8 @@ def test_a_slice_whose_stored_text_is_a_view_fails_naming_its_shard(tmp_path: Pa
     inspected: list[int] = []
     check = RowCheck(("path", "text"), lambda _, t: inspected.append(t.num_rows) or [])
     clean = np.array([text_sha256("int x;\n")], dtype="S64")
-    n, trusted, problems = _inspect_task(_RowJob(store, check, None, True, clean), pieces)
-    assert (n, trusted, inspected) == (1, 0, [])
+    notes = {s.path: scan_note([text_sha256("int x;\n")]) for s in m.tables["data"].shards}
+    done = _inspect_task(_RowJob(store, check, None, True, clean, notes), pieces)
+    assert (done.rows, done.trusted, done.scanned, inspected) == (1, 0, 0, [])
+    problems = done.problems
     assert len(problems) == 1 and pieces[0].path in problems[0] and "string_view" in problems[0]

@@ -1,7 +1,8 @@
 """A content check stands on its earlier passes as the Dagster instance recorded them
 (assets/factory.py, `prior_verdicts`): three `megacpp run --stop-after scrubbed_files` over
-the test corpus in one instance. The first reads every scrubbed text; the second, over the
-same versions, reads none; the third, after one file changed, reads that file's text only.
+the test corpus in one instance. The first runs no detector over a text its gate inspected in
+the same process (every scrubbed text), and reads every one to hash it; the second, over the
+same versions, reads none; the third, after one file changed, inspects that file's text only.
 An evaluation reported without a run is never stood on."""
 
 from __future__ import annotations
@@ -23,25 +24,29 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dic
     return root, run_three(root)
 
 
-def test_the_first_run_reads_every_text_and_records_both_sources(three_runs: tuple) -> None:
+def test_the_first_run_stands_on_its_gate_s_pass_and_records_both_sources(
+    three_runs: tuple,
+) -> None:
     _, passes = three_runs
     assert len(passes) == 3
     first = passes[0]
-    assert first["files_rescanned"] > 0 and first["files_trusted"] == 0
+    assert first["files_scanned_by_gate"] > 0
+    assert first["files_rescanned"] == 0 and first["files_trusted"] == 0
     assert set(first[VERIFIED]) == {"tree", "repo"}
 
 
 def test_the_second_run_over_the_same_versions_reads_no_text(three_runs: tuple) -> None:
     _, (first, second, _) = three_runs
     assert second["files_rescanned"] == 0
-    assert second["files_trusted"] == first["files_rescanned"]
+    assert second["files_trusted"] == first["files_scanned_by_gate"]
     assert second[VERIFIED] == first[VERIFIED]
 
 
 def test_after_one_file_changed_only_its_text_is_read(three_runs: tuple) -> None:
     _, (first, _, third) = three_runs
     assert third["files_rescanned"] == 1
-    assert third["files_trusted"] == first["files_rescanned"] - 1
+    assert third["files_trusted"] == first["files_scanned_by_gate"] - 1
+    assert third["files_scanned_by_gate"] == 0  # its other rows came from the result cache
     assert third[VERIFIED]["repo"] == first[VERIFIED]["repo"]
     assert third[VERIFIED]["tree"]["version"] != first[VERIFIED]["tree"]["version"]
 

@@ -27,12 +27,13 @@ def passes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, 
         yield three_runs(root, uri, CREDENTIALS)
 
 
-def test_runs_on_a_bucket_read_every_text_then_none_then_the_changed_files(
+def test_runs_on_a_bucket_stand_on_the_gate_then_the_record_then_read_the_changed_file(
     passes: list[dict[str, object]],
 ) -> None:
     first, second, third = passes
-    read = first["files_rescanned"]
-    assert isinstance(read, int) and read > 0 and first["files_trusted"] == 0
+    read = first["files_scanned_by_gate"]  # the gate's pass, in the check's process
+    assert isinstance(read, int) and read > 0
+    assert first["files_rescanned"] == 0 and first["files_trusted"] == 0
     assert set(first[VERIFIED]) == {"tree", "repo"}  # type: ignore[arg-type]
     assert second["files_rescanned"] == 0 and second["files_trusted"] == read
     assert second[VERIFIED] == first[VERIFIED]

@@ -13,7 +13,7 @@ import pytest
 
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA, drops
-from megacpp_pipeline.core.schemas import NORMALIZED_FILES, RAW_FILES, git_blob_sha
+from megacpp_pipeline.core.schemas import NORMALIZED_FILES, RAW_FILES, git_blob_sha, text_digests
 from megacpp_pipeline.gates import normalize
 from megacpp_pipeline.storage.file_cache import FileResultCache, cached_gate_call, row_keys
 
@@ -598,3 +598,30 @@ def test_an_entry_that_leaves_text_to_bytes_that_are_not_utf8_is_discarded(
     assert "result cache entry discarded" in caplog.text
     assert "not its input's 'content'" in caplog.text
     assert result.kept.num_rows + result.dropped.num_rows == bad.num_rows
+
+
+class NotingGate(CountingGate):
+    """normalize, noting the sha256 of each kept text as a scanning gate would."""
+
+    def __call__(self, table: pa.Table) -> GateResult:
+        result = super().__call__(table)
+        result.scanned_clean = text_digests(result.kept.column("text"))
+        return result
+
+
+def test_only_a_result_the_gate_computed_whole_carries_its_note(tmp_path: Path) -> None:
+    """A gate's note of what it inspected (GateResult.scanned_clean) comes through when
+    every row is the gate's own; a row served from an entry carries no note, so a result
+    holding one carries none (the entry, not the gate, vouches for that row)."""
+    cfg = normalize.NormalizeConfig()
+    files = _corpus()
+    cold = _call(FileResultCache(tmp_path, "normalize", "c", "k"), _raw(files), NotingGate(cfg))
+    assert cold.scanned_clean == text_digests(cold.kept.column("text"))
+    assert cold.kept.num_rows == 40
+
+    files["include/m7.hpp"] = b"#pragma once\nint changed() { return 7; }\n"
+    gate = NotingGate(cfg)
+    mixed = _call(FileResultCache(tmp_path, "normalize", "c", "k"), _raw(files), gate)
+    assert gate.files_seen == 1 and mixed.scanned_clean is None
+    served = _call(FileResultCache(tmp_path, "normalize", "c", "k"), _raw(files), gate)
+    assert gate.files_seen == 1 and served.scanned_clean is None

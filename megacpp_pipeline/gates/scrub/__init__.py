@@ -251,7 +251,25 @@ def run(table: pa.Table, config: ScrubConfig) -> GateResult:
     )
     result = GateResult(kept=kept, dropped=dropped, extra={"audit": audit})
     result.stats = summary(result)
+    result.scanned_clean = _scanned_clean(texts, replaced, keep)
     return result
+
+
+def _scanned_clean(
+    texts: pa.Array | pa.ChunkedArray,
+    replaced: Sequence[tuple[int, str, list[Finding]]],
+    keep: np.ndarray,
+) -> list[str] | None:
+    """The sha256 of each kept text as `run` inspected it: the input's bytes where no
+    detector fired, the replacement where one did (its second pass found nothing left).
+    None when the text is not laid out as the schema's string (nothing is vouched for)."""
+    try:
+        digests = schemas.text_digests(texts)
+    except schemas.TextLayoutError:
+        return None
+    for row, new_text, _ in replaced:
+        digests[row] = schemas.text_sha256(new_text)
+    return [digests[i] for i in np.flatnonzero(keep).tolist()]
 
 
 def summary(result: GateResult) -> Counter[str]:
