@@ -483,3 +483,16 @@ def test_labelled_set_recall_and_decoys() -> None:
     assert index.match(decoys) == []
     near = [benchmark_tasks.near_miss(t, rng) for t in sample]
     assert len({c.row for c in index.match(near)}) <= 3
+
+
+def test_an_index_that_holds_no_window_matches_nothing_and_the_gate_keeps_every_file() -> None:
+    """No benchmark in the catalog, or tasks whose every window is allow-listed (trivial
+    code): nothing can match, and no text is lexed for it."""
+    trivial = BenchmarkTask("cppeval", "CppEval/0", tuple(CONFIG.trivial_code))
+    files = {"a.cpp": PROMPT + SOLUTION, "b.cpp": "int main() { return 0; }\n"}
+    for index in (index_of(), index_of(trivial)):
+        assert all(len(p.keys) == 0 for p in index.postings)
+        assert index.match(list(files.values())) == []
+        result = run(table(files), index, CONFIG)
+        assert result.kept.num_rows == 2 and result.dropped.num_rows == 0
+    assert len(index_of(TASK).match([PROMPT + SOLUTION])) == 1  # a real one still matches

@@ -160,6 +160,8 @@ class BenchmarkIndex:
 
     def match(self, texts: Sequence[str]) -> list[Contamination]:
         """Every (file, benchmark) pair that shares an indexed window, files by position."""
+        if not any(len(p.keys) for p in self.postings):
+            return []  # no benchmark, or every window allow-listed: nothing to lex texts for
         batch = LexedBatch(texts, self.unit)
         file_, first, count, task = [], [], [], []
         for p in self.postings:
