@@ -21,11 +21,11 @@ class GateResult:
     extra: dict[str, pa.Table] = field(default_factory=dict)  # side tables, e.g. scrub audit
     # The hex sha256 of each kept row's text, in kept order, as the gate's own pass inspected
     # it and found it clean, when that inspection is the stage's content check (scrub runs
-    # its detectors over every text it keeps). It travels to the process that commits the
-    # version, in memory, and lets the check of that version in the same process skip the
-    # texts that hash the same (pipeline/checks.py, note_gate_scan). Never stored or cached:
-    # a row served from the result cache has no such note.
-    scanned_clean: list[str] | None = None
+    # its detectors over every text it keeps); None for a kept row it does not vouch for. It
+    # travels to the process that commits the version, in memory, and lets the check of that
+    # version in the same process skip the texts that hash the same (pipeline/checks.py,
+    # note_gate_scan). Never stored or cached: a row served from the result cache has none.
+    scanned_clean: list[str | None] | None = None
 
 
 def merge_stats(total: Counter[str], part: Counter[str]) -> Counter[str]:

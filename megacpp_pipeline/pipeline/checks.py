@@ -56,9 +56,9 @@ class _RowJob:
     # them are not inspected again
     clean: np.ndarray | None = None
     # per shard of the version (its path in the version), the note of the texts this run's
-    # gate inspected when it wrote it (note_gate_scan): a whole shard whose texts hash to it
-    # is not inspected again
-    scanned: Mapping[str, str] | None = None
+    # gate inspected when it wrote it (note_gate_scan): the rows it vouched for in a whole
+    # shard whose texts hash to it are not inspected again
+    scanned: Mapping[str, ShardScan] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,10 +95,10 @@ def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> _Inspected:
 
 
 def _scanned_spans(
-    pieces: Sequence[slices.Piece], notes: Mapping[str, str] | None
-) -> list[tuple[int, int, str]]:
+    pieces: Sequence[slices.Piece], notes: Mapping[str, ShardScan] | None
+) -> list[tuple[int, int, ShardScan]]:
     """(first row, end row, note) in the slice of each whole shard a gate's note names."""
-    spans: list[tuple[int, int, str]] = []
+    spans: list[tuple[int, int, ShardScan]] = []
     at = 0
     for piece in pieces:
         n = piece.hi - piece.lo
@@ -113,12 +113,12 @@ def _scanned_spans(
 def _hashed_rows(
     rows: pa.Table,
     clean: np.ndarray | None,
-    scanned: Sequence[tuple[int, int, str]] = (),
+    scanned: Sequence[tuple[int, int, ShardScan]] = (),
 ) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Each row's text hashed: a row whose text is not what its content_sha256 says is a
     problem (and inspected); which rows to inspect (all but those whose text is in
-    `clean`, and those of a `scanned` span whose texts hash to its note); the rows of
-    those spans."""
+    `clean`, and the rows a `scanned` span's note vouches for when its texts hash to the
+    note); the rows the notes vouched for."""
     actual = text_digests(rows.column(TEXT))
     declared = rows.column(CONTENT_HASH).to_pylist()
     lies = np.array([a != d for a, d in zip(actual, declared, strict=True)], dtype=bool)
@@ -133,9 +133,10 @@ def _hashed_rows(
         at = np.minimum(np.searchsorted(clean, digests), len(clean) - 1)
         inspect = clean[at] != digests
     noted = np.zeros(len(actual), dtype=bool)
-    for a, b, note in scanned:
-        if scan_note(actual[a:b]) == note:
+    for a, b, scan in scanned:
+        if scan.holds(actual[a:b]):
             noted[a:b] = True
+            noted[[a + u for u in scan.unvouched]] = False
     inspect &= ~noted
     inspect |= lies
     return problems, inspect, noted
@@ -312,19 +313,43 @@ def rescan_content(
 # text than the gate inspected), a version committed by another process or at another code
 # version, or a check run on its own: every text inspected, as before.
 
-_GATE_SCANS: dict[tuple[str, str], tuple[str, str, dict[str, str]]] = {}
+_GATE_SCANS: dict[tuple[str, str], tuple[str, str, dict[str, ShardScan]]] = {}
 
 
-def scan_note(digests: Sequence[str]) -> str:
-    """One shard's note: the sha256 over its texts' hex sha256s, in row order."""
+@dataclass(frozen=True)
+class ShardScan:
+    """One shard's note: the sha256 over its texts' hex sha256s in row order, each row the
+    gate did not vouch for (`unvouched`, its row in the shard) counted as an empty digest."""
+
+    note: str
+    unvouched: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, digests: Sequence[str | None]) -> ShardScan:
+        """The note of a shard whose texts the gate inspected as `digests` (None: a row it
+        did not vouch for)."""
+        unvouched = tuple(i for i, d in enumerate(digests) if d is None)
+        return cls(_joined_sha256([d or "" for d in digests]), unvouched)
+
+    def holds(self, digests: Sequence[str]) -> bool:
+        """Whether a whole shard's texts, hashed now (`digests`), are what was noted."""
+        if any(u >= len(digests) for u in self.unvouched):
+            return False
+        kept = list(digests)
+        for u in self.unvouched:
+            kept[u] = ""
+        return _joined_sha256(kept) == self.note
+
+
+def _joined_sha256(digests: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
 def note_gate_scan(
-    store: ShardStore, manifest: Manifest, code_version: str, notes: Mapping[str, str]
+    store: ShardStore, manifest: Manifest, code_version: str, notes: Mapping[str, ShardScan]
 ) -> None:
     """Keep, for the version `manifest` just committed, the notes of the shards its gate
-    inspected (shard path in the version -> scan_note); the partition's earlier notes go."""
+    inspected (shard path in the version -> ShardScan); the partition's earlier notes go."""
     key = (manifest.asset, manifest.partition)
     _GATE_SCANS.pop(key, None)
     if notes:
@@ -338,7 +363,7 @@ def forget_gate_scans() -> None:
     _GATE_SCANS.clear()
 
 
-def gate_scan(manifest: Manifest, version: str, code_version: str) -> dict[str, str] | None:
+def gate_scan(manifest: Manifest, version: str, code_version: str) -> dict[str, ShardScan] | None:
     """The notes this process holds for `version` at `code_version`, if any."""
     held = _GATE_SCANS.get((manifest.asset, manifest.partition))
     if held is None or held[:2] != (version, code_version):

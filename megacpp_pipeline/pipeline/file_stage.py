@@ -40,7 +40,7 @@ from megacpp_pipeline.core import ledger
 from megacpp_pipeline.core.errors import FieldedError
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.pipeline import reuse
-from megacpp_pipeline.pipeline.checks import note_gate_scan, scan_note
+from megacpp_pipeline.pipeline.checks import ShardScan, note_gate_scan
 from megacpp_pipeline.pipeline.context import SourceInputs, StageContext
 from megacpp_pipeline.pipeline.executor import Executor, MapStats
 from megacpp_pipeline.pipeline.metadata import file_stage_metadata
@@ -123,9 +123,9 @@ class SliceResult:
     tables: dict[str, tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]]
     stats: Counter[str]
     busy_s: float = 0.0  # this gate's seconds on the slice (the first one's: with the read)
-    # (data shard's path in the version, scan_note of its texts) when the gate inspected
-    # every kept text as its content check does (GateResult.scanned_clean)
-    scanned: tuple[str, str] | None = None
+    # (data shard's path in the version, the note of its texts) when the gate inspected
+    # kept texts as its content check does (GateResult.scanned_clean)
+    scanned: tuple[str, ShardScan] | None = None
 
 
 # Per process: each stage's gate and cache for one source, for the job it last ran. The
@@ -194,12 +194,14 @@ def gate_slice(job: GateJob, task: SliceTask) -> list[SliceResult]:
 
 def _scanned(
     result: GateResult, kept: tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]
-) -> tuple[str, str] | None:
-    """The note of the kept rows' shard, when the gate vouched for every text in it."""
+) -> tuple[str, ShardScan] | None:
+    """The note of the kept rows' shard, when the gate vouched for any text in it."""
     digests, shard = result.scanned_clean, kept[1]
     if digests is None or shard is None or len(digests) != shard.rows:
         return None
-    return shard.path, scan_note(digests)
+    if all(d is None for d in digests):
+        return None
+    return shard.path, ShardScan.of(digests)
 
 
 def _write(
@@ -257,7 +259,7 @@ class _Pending:
     stats: Counter[str] = field(default_factory=Counter)
     tasks_left: int = 0
     nodes: MapStats = field(default_factory=MapStats)  # where this version's tasks ran
-    scanned: dict[str, str] = field(default_factory=dict)  # SliceResult.scanned, by shard
+    scanned: dict[str, ShardScan] = field(default_factory=dict)  # SliceResult.scanned
 
 
 @dataclass

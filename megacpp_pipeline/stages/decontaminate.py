@@ -121,7 +121,16 @@ def _kept_files_rescan_clean(
 ) -> CheckOutcome:
     manifest = ctx.latest(stage.name, None)
     index = benchmark_index(ctx.catalog, ctx.config(stage))
-    scan = rescan_content(ctx, stage, RESCAN_CLEAN, manifest, None, _RESCAN, index)
+    scan = rescan_content(
+        ctx,
+        stage,
+        RESCAN_CLEAN,
+        manifest,
+        None,
+        _RESCAN,
+        index,
+        gate_scans=True,  # the gate's index match over every text it keeps unexcised
+    )
     rescanned, findings = scan.rows, scan.problems
     files_in = int(manifest.stats["input_files"])
     dropped = manifest.tables["ledger"].rows if "ledger" in manifest.tables else 0
@@ -166,7 +175,8 @@ STAGE = Stage(
             RESCAN_CLEAN,
             "The kept files, scanned against the benchmark index again, share no sequence "
             "with any task (a text that a recorded pass of this check inspected, byte for "
-            "byte, is not read again); every input file is kept or in the ledger.",
+            "byte, is not read again, nor an unexcised text this run's gate matched in this "
+            "process); every input file is kept or in the ledger.",
             _kept_files_rescan_clean,
             verdicts=True,
         ),

@@ -496,3 +496,19 @@ def test_an_index_that_holds_no_window_matches_nothing_and_the_gate_keeps_every_
         result = run(table(files), index, CONFIG)
         assert result.kept.num_rows == 2 and result.dropped.num_rows == 0
     assert len(index_of(TASK).match([PROMPT + SOLUTION])) == 1  # a real one still matches
+
+
+def test_the_gate_vouches_for_the_texts_it_matched_nothing_in_and_not_an_excised_one() -> None:
+    """`scanned_clean`: a kept text the index matched nothing in, by its input bytes; an
+    excised one, None (the check inspects what excision left); a dropped one, not at all."""
+    before = "".join(f"inline int before_{k}() {{ return {k}; }}\n" for k in range(40))
+    files = {
+        "clean.cpp": "int answer() { return 42; }\n",
+        "mixed.cpp": before + TESTS,  # excised
+        "whole.cpp": PROMPT + SOLUTION + TESTS,  # nothing but the task: dropped
+    }
+    result = run(table(files), index_of(TASK), DecontaminateConfig(action="excise"))
+    assert result.kept["path"].to_pylist() == ["clean.cpp", "mixed.cpp"]
+    assert result.dropped["path"].to_pylist() == ["whole.cpp"]
+    assert result.scanned_clean == [text_sha256(files["clean.cpp"]), None]
+    assert run(table(files), index_of(), CONFIG).scanned_clean is None  # an empty index

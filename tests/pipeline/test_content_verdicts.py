@@ -24,10 +24,10 @@ from megacpp_pipeline.core.schemas import (
 )
 from megacpp_pipeline.pipeline.checks import (
     VERIFIED,
+    ShardScan,
     Verified,
     _hashed_rows,
     forget_gate_scans,
-    scan_note,
     verdict_fingerprint,
 )
 from megacpp_pipeline.pipeline.context import StageContext
@@ -286,7 +286,7 @@ def test_a_slice_with_no_rows_has_nothing_to_hash_or_inspect() -> None:
     )  # fmt: skip
     clean = np.array([text_sha256("int x;\n")], dtype="S64")
     for vouched in (None, clean):
-        problems, inspect, noted = _hashed_rows(empty, vouched, [(0, 0, scan_note([]))])
+        problems, inspect, noted = _hashed_rows(empty, vouched, [(0, 0, ShardScan.of([]))])
         assert problems == [] and inspect.tolist() == [] and noted.tolist() == []
 
 
@@ -337,7 +337,7 @@ def test_a_slice_whose_stored_text_is_a_view_fails_naming_its_shard(tmp_path: Pa
     inspected: list[int] = []
     check = RowCheck(("path", "text"), lambda _, t: inspected.append(t.num_rows) or [])
     clean = np.array([text_sha256("int x;\n")], dtype="S64")
-    notes = {s.path: scan_note([text_sha256("int x;\n")]) for s in m.tables["data"].shards}
+    notes = {s.path: ShardScan.of([text_sha256("int x;\n")]) for s in m.tables["data"].shards}
     done = _inspect_task(_RowJob(store, check, None, True, clean, notes), pieces)
     assert (done.rows, done.trusted, done.scanned, inspected) == (1, 0, 0, [])
     problems = done.problems

@@ -6,11 +6,16 @@ a check in another process. Real runs of the test corpus through scrub."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
+from megacpp_pipeline.core.schemas import text_sha256
 from megacpp_pipeline.pipeline.checks import (
     VERIFIED,
+    ShardScan,
     Verified,
     forget_gate_scans,
     gate_scan,
@@ -18,7 +23,9 @@ from megacpp_pipeline.pipeline.checks import (
 )
 from megacpp_pipeline.pipeline.context import StageContext
 from megacpp_pipeline.pipeline.registry import CheckOutcome
+from megacpp_pipeline.stages.decontaminate import RESCAN_CLEAN
 from megacpp_pipeline.stages.scrub import NO_DETECTOR_FIRES
+from tests.fixtures import benchmark_tasks
 from tests.fixtures.pipeline_corpus import write_catalog
 from tests.fixtures.scrubbed_versions import SECRET, SOURCE, STAGE, first_text, rewritten
 from tests.fixtures.stage_runs import context, evaluate, run_through
@@ -130,3 +137,43 @@ def test_notes_are_kept_for_a_partition_s_latest_commit_only(tmp_path: Path) -> 
     note_gate_scan(ctx.store, newer, newer.code_version, {})  # a commit that vouched for nothing
     assert gate_scan(old, old_version, old.code_version) is None
     assert gate_scan(newer, _version(ctx), newer.code_version) is None
+
+
+def test_a_shard_note_vouches_only_for_its_rows_and_only_over_the_same_texts() -> None:
+    digests = [text_sha256(t) for t in ("int a;\n", "int b;\n", "int c;\n")]
+    scan = ShardScan.of([digests[0], None, digests[2]])
+    assert scan.unvouched == (1,)
+    assert scan.holds(digests)  # the unvouched row may hold anything: the check reads it
+    assert scan.holds([digests[0], text_sha256("anything\n"), digests[2]])
+    assert not scan.holds([digests[0], digests[1], text_sha256("int d;\n")])
+    assert not scan.holds(digests[:2]) and not scan.holds([*digests, digests[0]])
+    assert not ShardScan.of(digests).holds(list(reversed(digests)))
+
+
+def test_decontamination_s_check_inspects_only_what_its_gate_did_not_match(
+    tmp_path: Path,
+) -> None:
+    """With a benchmark in the catalog, the check in the gate's process lexes no text the
+    gate matched nothing in; without the notes it reads every kept text, and agrees."""
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    tasks = benchmark_tasks.build(n_tasks=20, seed=3)
+    (tmp_path / "corpus" / "evals").mkdir()
+    bench = benchmark_tasks.write_jsonl(tasks, tmp_path / "corpus" / "evals" / "tasks.jsonl")
+    data = yaml.safe_load(catalog.read_text())
+    data["benchmarks"] = [{
+        "id": "cppeval", "uri": "evals/tasks.jsonl", "format": "jsonl",
+        "sha256": hashlib.sha256(bench.read_bytes()).hexdigest(),
+        "fields": ["prompt", "canonical_solution", "test"],
+    }]  # fmt: skip
+    catalog.write_text(yaml.safe_dump(data))
+    ctx = run_through(context(tmp_path, catalog, "first"), "decontaminated_files")
+    kept = ctx.store.latest("decontaminated_files", None).rows
+    outcome = evaluate(ctx, "decontaminated_files", RESCAN_CLEAN)
+    assert outcome.passed, outcome.description
+    assert (outcome.metadata["files_scanned_by_gate"], outcome.metadata["files_rescanned"]) == (
+        kept,
+        0,
+    )
+    forget_gate_scans()
+    again = evaluate(ctx, "decontaminated_files", RESCAN_CLEAN)
+    assert again.passed and again.metadata["files_rescanned"] == kept

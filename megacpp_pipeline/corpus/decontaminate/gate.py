@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import DropReason, drops
-from megacpp_pipeline.core.schemas import text_sha256
+from megacpp_pipeline.core.schemas import TextLayoutError, text_digests, text_sha256
 from megacpp_pipeline.corpus import minhash
 from megacpp_pipeline.corpus.decontaminate.config import DecontaminateConfig
 from megacpp_pipeline.corpus.decontaminate.excise import excise
@@ -129,7 +129,25 @@ def run(table: pa.Table, index: BenchmarkIndex, config: DecontaminateConfig) -> 
         details=[dropped[r] for r in rows],
     )
     matches = pa.Table.from_pylist(records, schema=MATCHES_SCHEMA)
-    return GateResult(kept=kept, dropped=ledger, stats=stats, extra={"matches": matches})
+    result = GateResult(kept=kept, dropped=ledger, stats=stats, extra={"matches": matches})
+    result.scanned_clean = _scanned_clean(table, index, replaced, keep)
+    return result
+
+
+def _scanned_clean(
+    table: pa.Table, index: BenchmarkIndex, replaced: Mapping[int, str], keep: np.ndarray
+) -> list[str | None] | None:
+    """The sha256 of each kept text the index matched nothing in (its input bytes, which
+    the blocking check's rescan would read again); None for an excised one, which the check
+    inspects. None when the index is empty (the check then lexes nothing either) or the text
+    is not laid out as the schema's string."""
+    if index.empty:
+        return None
+    try:
+        digests = text_digests(table["text"])
+    except TextLayoutError:
+        return None
+    return [None if r in replaced else digests[r] for r in np.flatnonzero(keep).tolist()]
 
 
 def rescan(table: pa.Table, index: BenchmarkIndex) -> list[RescanFinding]:

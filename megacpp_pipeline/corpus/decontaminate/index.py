@@ -158,9 +158,14 @@ class BenchmarkIndex:
             fingerprint=fingerprint.hexdigest()[:16],
         )
 
+    @property
+    def empty(self) -> bool:
+        """Whether the index holds no window: it matches nothing."""
+        return not any(len(p.keys) for p in self.postings)
+
     def match(self, texts: Sequence[str]) -> list[Contamination]:
         """Every (file, benchmark) pair that shares an indexed window, files by position."""
-        if not any(len(p.keys) for p in self.postings):
+        if self.empty:
             return []  # no benchmark, or every window allow-listed: nothing to lex texts for
         batch = LexedBatch(texts, self.unit)
         file_, first, count, task = [], [], [], []

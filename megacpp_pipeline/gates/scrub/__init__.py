@@ -259,7 +259,7 @@ def _scanned_clean(
     texts: pa.Array | pa.ChunkedArray,
     replaced: Sequence[tuple[int, str, list[Finding]]],
     keep: np.ndarray,
-) -> list[str] | None:
+) -> list[str | None] | None:
     """The sha256 of each kept text as `run` inspected it: the input's bytes where no
     detector fired, the replacement where one did (its second pass found nothing left).
     None when the text is not laid out as the schema's string (nothing is vouched for)."""
@@ -269,7 +269,8 @@ def _scanned_clean(
         return None
     for row, new_text, _ in replaced:
         digests[row] = schemas.text_sha256(new_text)
-    return [digests[i] for i in np.flatnonzero(keep).tolist()]
+    out: list[str | None] = [digests[i] for i in np.flatnonzero(keep).tolist()]
+    return out
 
 
 def summary(result: GateResult) -> Counter[str]:
