@@ -8,7 +8,6 @@ columns that gate decides. `text` always holds the current text of the file and
 from __future__ import annotations
 
 import hashlib
-import itertools
 
 import numpy as np
 import pyarrow as pa
@@ -239,7 +238,14 @@ def text_digests(texts: pa.ChunkedArray | pa.Array) -> list[str]:
             continue
         wide = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
         offsets = np.frombuffer(chunk.buffers()[1], np.int64 if wide else np.int32)
-        bounds = offsets[chunk.offset : chunk.offset + len(chunk) + 1].tolist()
+        bounds = offsets[chunk.offset : chunk.offset + len(chunk) + 1]
+        starts, ends = bounds[:-1].copy(), bounds[1:]
+        if chunk.null_count:  # a null slot's offsets may span bytes: it hashes as ""
+            nulls = np.asarray(chunk.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            starts[nulls] = ends[nulls]
         data = memoryview(chunk.buffers()[2] or b"")
-        out += [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+        out += [
+            sha256(data[a:b]).hexdigest()
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+        ]
     return out

@@ -58,14 +58,14 @@ class _RowJob:
     # per shard of the version (its path in the version), the note of the texts this run's
     # gate inspected when it wrote it (note_gate_scan): the rows it vouched for in a whole
     # shard whose texts hash to it are not inspected again
-    scanned: Mapping[str, ShardScan] | None = None
+    notes: Mapping[str, ShardScan] | None = None
 
 
 @dataclass(frozen=True)
 class _Inspected:
     rows: int  # rows inspected
     trusted: int  # rows an earlier verified pass vouched for
-    scanned: int  # rows this run's gate inspected, byte for byte
+    by_gate: int  # rows this run's gate inspected, byte for byte
     problems: list[str]
 
 
@@ -77,24 +77,24 @@ def _inspect_task(job: _RowJob, pieces: tuple[slices.Piece, ...]) -> _Inspected:
         columns += [c for c in ("path", TEXT, CONTENT_HASH) if c not in columns]
     rows = slices.read(job.store, pieces, columns)
     problems: list[str] = []
-    trusted = scanned = 0
+    trusted = by_gate = 0
     if job.hashed:
         try:
             problems, inspect, noted = _hashed_rows(
-                rows, job.clean, _scanned_spans(pieces, job.scanned)
+                rows, job.clean, _noted_spans(pieces, job.notes)
             )
         except TextLayoutError as e:  # nothing of the slice is trusted or inspected: failed
             where = ", ".join(sorted({p.path for p in pieces}))
             return _Inspected(rows.num_rows, 0, 0, [f"{where}: {e}"])
-        scanned = int((noted & ~inspect).sum())
-        trusted = rows.num_rows - int(inspect.sum()) - scanned
-        if trusted or scanned:
+        by_gate = int((noted & ~inspect).sum())
+        trusted = rows.num_rows - int(inspect.sum()) - by_gate
+        if trusted or by_gate:
             rows = rows.filter(pa.array(inspect))
     problems += job.check.inspect(job.state, rows)
-    return _Inspected(rows.num_rows, trusted, scanned, problems[:MAX_PROBLEMS])
+    return _Inspected(rows.num_rows, trusted, by_gate, problems[:MAX_PROBLEMS])
 
 
-def _scanned_spans(
+def _noted_spans(
     pieces: Sequence[slices.Piece], notes: Mapping[str, ShardScan] | None
 ) -> list[tuple[int, int, ShardScan]]:
     """(first row, end row, note) in the slice of each whole shard a gate's note names."""
@@ -113,13 +113,15 @@ def _scanned_spans(
 def _hashed_rows(
     rows: pa.Table,
     clean: np.ndarray | None,
-    scanned: Sequence[tuple[int, int, ShardScan]] = (),
+    noted_spans: Sequence[tuple[int, int, ShardScan]] = (),
 ) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Each row's text hashed: a row whose text is not what its content_sha256 says is a
-    problem (and inspected); which rows to inspect (all but those whose text is in
-    `clean`, and the rows a `scanned` span's note vouches for when its texts hash to the
-    note); the rows the notes vouched for."""
-    actual = text_digests(rows.column(TEXT))
+    problem (and inspected), and so is a null text (the schema has none; nothing to
+    inspect); which rows to inspect (all but those whose text is in `clean`, and the rows
+    a noted span's note vouches for when its texts hash to the note); the rows the notes
+    vouched for."""
+    texts = rows.column(TEXT)
+    actual = text_digests(texts)
     declared = rows.column(CONTENT_HASH).to_pylist()
     lies = np.array([a != d for a, d in zip(actual, declared, strict=True)], dtype=bool)
     paths = rows.column("path").to_pylist()
@@ -127,19 +129,24 @@ def _hashed_rows(
         f"{paths[i]}: its text does not hash to its {CONTENT_HASH} ({declared[i]})"
         for i in np.flatnonzero(lies).tolist()
     ]
+    null = np.zeros(len(actual), dtype=bool)
+    if texts.null_count:
+        null = np.asarray(texts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        problems += [f"{paths[i]}: its text is null" for i in np.flatnonzero(null).tolist()]
     inspect = np.ones(len(actual), dtype=bool)
     if clean is not None and len(clean) and len(actual):
         digests = np.array(actual, dtype="S64")
         at = np.minimum(np.searchsorted(clean, digests), len(clean) - 1)
         inspect = clean[at] != digests
     noted = np.zeros(len(actual), dtype=bool)
-    for a, b, scan in scanned:
+    for a, b, scan in noted_spans:
         if scan.holds(actual[a:b]):
             noted[a:b] = True
             noted[[a + u for u in scan.unvouched]] = False
     inspect &= ~noted
     inspect |= lies
-    return problems, inspect, noted
+    inspect &= ~null
+    return problems, inspect, noted & ~null
 
 
 def inspect_rows(
@@ -170,7 +177,7 @@ def _inspect(
         total = _Inspected(
             total.rows + part.rows,
             total.trusted + part.trusted,
-            total.scanned + part.scanned,
+            total.by_gate + part.by_gate,
             total.problems + part.problems[: MAX_PROBLEMS - len(total.problems)],
         )
     return total
@@ -196,7 +203,9 @@ class Verified:
     """What a content check's pass proved of one partition: the version it read (its folder
     under the store's root), that version's manifest sha256, and the fingerprint of what
     decided the verdict. Every row of that version had its text inspected, or held text a
-    verified version before it held byte for byte, and hashed to its content_sha256."""
+    verified version before it held byte for byte, or text the stage's gate inspected the
+    same way in the process that ran the check (note_gate_scan), and hashed to its
+    content_sha256."""
 
     version: str
     manifest_sha256: str
@@ -243,13 +252,13 @@ class Rescan:
     problems: list[str]
     here: Verified  # what this pass proves when it finds no problem
     stood_on: Verified | None  # the recorded pass it relied on, if any
-    scanned: int = 0  # rows whose text this run's gate inspected, byte for byte
+    by_gate: int = 0  # rows whose text this run's gate inspected, byte for byte
 
     def metadata(self) -> dict[str, Any]:
         stood = self.stood_on
         out: dict[str, Any] = {
             "files_trusted": self.trusted,
-            "files_scanned_by_gate": self.scanned,
+            "files_scanned_by_gate": self.by_gate,
             "stood_on": f"{stood.version} (run {stood.run_id[:8] or 'unknown'})"
             if stood is not None
             else "none",
@@ -277,8 +286,9 @@ def rescan_content(
     `by_text=False`: a verdict that depends on more of a row than its text (chunk spans,
     token ids) stands only for the very version recorded; otherwise every row is read.
     `material`: what else decides the verdict (goes into the fingerprint). `gate_scans`:
-    the stage's gate runs this very inspection over every text it keeps, so a shard whose
-    texts hash to what the gate noted in this process (note_gate_scan) is not read again."""
+    the stage's gate runs this very inspection over the texts it keeps, so the rows it
+    vouched for in a shard whose texts hash to what it noted in this process
+    (note_gate_scan) are read and hashed but not inspected again."""
     store = ctx.store
     here = Verified(
         store.relative(store.version_dir(manifest)),
@@ -294,11 +304,11 @@ def rescan_content(
         problems = store.verify_reused(manifest, ctx.executor().map_light)
         return Rescan(0, 0 if problems else manifest.rows, problems, here, prior)
     clean = _verified_digests(store, prior) if prior is not None and by_text else None
-    scanned = gate_scan(manifest, here.version, ctx.code_version(stage)) if gate_scans else None
-    job = _RowJob(store, check, state, hashed=by_text, clean=clean, scanned=scanned)
+    notes = gate_scan(manifest, here.version, ctx.code_version(stage)) if gate_scans else None
+    job = _RowJob(store, check, state, hashed=by_text, clean=clean, notes=notes)
     done = _inspect(ctx, manifest, job, None)
     stood = prior if clean is not None else None
-    return Rescan(done.rows, done.trusted, done.problems, here, stood, done.scanned)
+    return Rescan(done.rows, done.trusted, done.problems, here, stood, done.by_gate)
 
 
 # --- what a gate's own pass inspected, held in this process ------------------------------
@@ -345,16 +355,14 @@ def _joined_sha256(digests: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
-def note_gate_scan(
-    store: ShardStore, manifest: Manifest, code_version: str, notes: Mapping[str, ShardScan]
-) -> None:
+def note_gate_scan(store: ShardStore, manifest: Manifest, notes: Mapping[str, ShardScan]) -> None:
     """Keep, for the version `manifest` just committed, the notes of the shards its gate
     inspected (shard path in the version -> ShardScan); the partition's earlier notes go."""
     key = (manifest.asset, manifest.partition)
     _GATE_SCANS.pop(key, None)
     if notes:
         version = store.relative(store.version_dir(manifest))
-        _GATE_SCANS[key] = (version, code_version, dict(notes))
+        _GATE_SCANS[key] = (version, manifest.code_version, dict(notes))
 
 
 def forget_gate_scans() -> None:

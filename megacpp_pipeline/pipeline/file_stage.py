@@ -125,7 +125,7 @@ class SliceResult:
     busy_s: float = 0.0  # this gate's seconds on the slice (the first one's: with the read)
     # (data shard's path in the version, the note of its texts) when the gate inspected
     # kept texts as its content check does (GateResult.scanned_clean)
-    scanned: tuple[str, ShardScan] | None = None
+    note: tuple[str, ShardScan] | None = None
 
 
 # Per process: each stage's gate and cache for one source, for the job it last ran. The
@@ -186,13 +186,13 @@ def gate_slice(job: GateJob, task: SliceTask) -> list[SliceResult]:
         result, stats = gate_table(table, gate, link.stage, cache)
         tables, table, places = _write(link, output, task.index, result, table, places)
         now = time.perf_counter()
-        scanned = _scanned(result, tables[output.table])
-        results.append(SliceResult(tables, stats, now - started, scanned))
+        note = _shard_note(result, tables[output.table])
+        results.append(SliceResult(tables, stats, now - started, note))
         started = now
     return results
 
 
-def _scanned(
+def _shard_note(
     result: GateResult, kept: tuple[pa.Schema, ShardInfo | None, WrittenSchema | None]
 ) -> tuple[str, ShardScan] | None:
     """The note of the kept rows' shard, when the gate vouched for any text in it."""
@@ -259,7 +259,7 @@ class _Pending:
     stats: Counter[str] = field(default_factory=Counter)
     tasks_left: int = 0
     nodes: MapStats = field(default_factory=MapStats)  # where this version's tasks ran
-    scanned: dict[str, ShardScan] = field(default_factory=dict)  # SliceResult.scanned
+    notes: dict[str, ShardScan] = field(default_factory=dict)  # SliceResult.note, by shard
 
 
 @dataclass
@@ -514,8 +514,8 @@ def _salt_now(ctx: StageContext, stage: Stage, source: str) -> str:
 
 def _adopt(p: _Pending, stage: Stage, result: SliceResult) -> None:
     p.stats.update(result.stats)
-    if result.scanned is not None:
-        p.scanned[result.scanned[0]] = result.scanned[1]
+    if result.note is not None:
+        p.notes[result.note[0]] = result.note[1]
     for name, (schema, shard, written) in result.tables.items():
         writer = p.version.table(name, schema)
         if shard is not None and written is not None:
@@ -541,7 +541,7 @@ def _commit(ctx: StageContext, stage: Stage, p: _Pending, executor: Executor) ->
             reuse.INPUTS: inputs,
         },
     )
-    note_gate_scan(ctx.store, manifest, manifest.code_version, p.scanned)
+    note_gate_scan(ctx.store, manifest, p.notes)
     where = f" [{partition}]" if partition else ""
     ctx.log(
         f"{stage.name}{where}: {stats['input_files']} files in, {stats['kept_files']} kept,"

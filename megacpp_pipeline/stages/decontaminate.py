@@ -175,8 +175,8 @@ STAGE = Stage(
             RESCAN_CLEAN,
             "The kept files, scanned against the benchmark index again, share no sequence "
             "with any task (a text that a recorded pass of this check inspected, byte for "
-            "byte, is not read again, nor an unexcised text this run's gate matched in this "
-            "process); every input file is kept or in the ledger.",
+            "byte, is not inspected again, nor an unexcised text this run's gate matched in "
+            "this process); every input file is kept or in the ledger.",
             _kept_files_rescan_clean,
             verdicts=True,
         ),

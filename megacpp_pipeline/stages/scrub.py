@@ -110,9 +110,9 @@ STAGE = Stage(
         Check(
             NO_DETECTOR_FIRES,
             "Re-runs every detector over the scrubbed text: nothing but placeholders (a text "
-            "that a recorded pass of this check inspected, byte for byte, is not read again, "
-            "nor a shard whose texts hash to what this run's gate inspected with the same "
-            "detectors in this process).",
+            "that a recorded pass of this check inspected, byte for byte, is not inspected "
+            "again, nor a shard whose texts hash to what this run's gate inspected with the "
+            "same detectors in this process; every text is still read and hashed).",
             _no_detector_fires,
             verdicts=True,
         ),

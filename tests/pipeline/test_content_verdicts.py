@@ -219,6 +219,17 @@ def test_decontamination_s_rescan_stands_on_its_recorded_pass_too(tmp_path: Path
     )
 
 
+def test_a_null_slot_hashes_as_the_empty_text_whatever_bytes_its_offsets_span() -> None:
+    """A writer may leave bytes under a null slot (an Arrow IPC file keeps them): they are
+    not the row's text."""
+    offsets = pa.py_buffer(np.array([0, 6, 13], np.int32).tobytes())
+    validity = pa.py_buffer(bytes([0b10]))  # row 0 null, row 1 valid
+    array = pa.StringArray.from_buffers(2, offsets, pa.py_buffer(b"SECRETint x;\n"), validity, 1)
+    assert array.to_pylist() == [None, "int x;\n"]
+    assert text_digests(array) == [text_sha256(""), text_sha256("int x;\n")]
+    assert text_digests(array.slice(1)) == [text_sha256("int x;\n")]
+
+
 @pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])
 def test_text_digests_are_the_schema_s_content_hashes_of_any_array_layout(kind) -> None:
     texts = ["", "int x;\n", "é ünïcode\n", "a" * 5000, "\r\n\t"]
@@ -339,6 +350,6 @@ def test_a_slice_whose_stored_text_is_a_view_fails_naming_its_shard(tmp_path: Pa
     clean = np.array([text_sha256("int x;\n")], dtype="S64")
     notes = {s.path: ShardScan.of([text_sha256("int x;\n")]) for s in m.tables["data"].shards}
     done = _inspect_task(_RowJob(store, check, None, True, clean, notes), pieces)
-    assert (done.rows, done.trusted, done.scanned, inspected) == (1, 0, 0, [])
+    assert (done.rows, done.trusted, done.by_gate, inspected) == (1, 0, 0, [])
     problems = done.problems
     assert len(problems) == 1 and pieces[0].path in problems[0] and "string_view" in problems[0]

@@ -10,6 +10,7 @@ import hashlib
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 import yaml
 
 from megacpp_pipeline.core.schemas import text_sha256
@@ -17,6 +18,7 @@ from megacpp_pipeline.pipeline.checks import (
     VERIFIED,
     ShardScan,
     Verified,
+    _hashed_rows,
     forget_gate_scans,
     gate_scan,
     note_gate_scan,
@@ -90,7 +92,7 @@ def test_a_shard_that_is_not_what_the_gate_inspected_is_read_and_its_secret_foun
     first = good.tables["data"].shards[0].path
     bad = rewritten(ctx, lambda t: first_text(t, SECRET), only=first)
     assert [s.path for s in bad.tables["data"].shards] == list(notes)
-    note_gate_scan(ctx.store, bad, bad.code_version, notes)
+    note_gate_scan(ctx.store, bad, notes)
 
     outcome = _check(ctx)
     assert not outcome.passed
@@ -134,7 +136,7 @@ def test_notes_are_kept_for_a_partition_s_latest_commit_only(tmp_path: Path) -> 
     old = ctx.store.latest(STAGE, SOURCE)
     old_version = _version(ctx)
     newer = rewritten(ctx, lambda t: t)
-    note_gate_scan(ctx.store, newer, newer.code_version, {})  # a commit that vouched for nothing
+    note_gate_scan(ctx.store, newer, {})  # a commit that vouched for nothing
     assert gate_scan(old, old_version, old.code_version) is None
     assert gate_scan(newer, _version(ctx), newer.code_version) is None
 
@@ -177,3 +179,43 @@ def test_decontamination_s_check_inspects_only_what_its_gate_did_not_match(
     forget_gate_scans()
     again = evaluate(ctx, "decontaminated_files", RESCAN_CLEAN)
     assert again.passed and again.metadata["files_rescanned"] == kept
+
+
+def test_a_note_recorded_at_another_code_version_is_not_used_by_the_check(
+    tmp_path: Path,
+) -> None:
+    ctx = _scrubbed(tmp_path)
+    manifest = ctx.store.latest(STAGE, SOURCE)
+    notes = gate_scan(manifest, _version(ctx), manifest.code_version)
+    assert notes is not None
+    note_gate_scan(ctx.store, manifest.model_copy(update={"code_version": "other"}), notes)
+    outcome = _check(ctx)
+    assert outcome.passed, outcome.description
+    assert outcome.metadata["files_scanned_by_gate"] == 0
+    assert outcome.metadata["files_rescanned"] == manifest.rows
+
+
+def test_a_noted_shard_whose_rows_were_reordered_is_inspected_whole(tmp_path: Path) -> None:
+    """The same texts in another order are not what the gate noted (the note is over the
+    shard's rows in order): every row is inspected."""
+    ctx = _scrubbed(tmp_path)
+    good = ctx.store.latest(STAGE, SOURCE)
+    notes = gate_scan(good, _version(ctx), good.code_version)
+    assert notes is not None and good.rows > 1
+    moved = rewritten(ctx, lambda t: t.take(list(reversed(range(t.num_rows)))))
+    note_gate_scan(ctx.store, moved, notes)
+    outcome = _check(ctx)
+    assert outcome.passed, outcome.description
+    assert outcome.metadata["files_scanned_by_gate"] == 0
+    assert outcome.metadata["files_rescanned"] == moved.rows
+
+
+def test_a_null_text_is_a_problem_even_where_the_gate_noted_an_empty_one() -> None:
+    rows = pa.table(
+        {"path": ["a.cpp", "b.cpp"], "text": pa.array(["int a;\n", None], pa.string()),
+         "content_sha256": [text_sha256("int a;\n"), text_sha256("")]}
+    )  # fmt: skip
+    note = ShardScan.of([text_sha256("int a;\n"), text_sha256("")])
+    problems, inspect, noted = _hashed_rows(rows, None, [(0, 2, note)])
+    assert problems == ["b.cpp: its text is null"]
+    assert inspect.tolist() == [False, False] and noted.tolist() == [True, False]
