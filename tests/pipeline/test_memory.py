@@ -1,6 +1,7 @@
 """bound_malloc for real, in fresh interpreters: after a large block has been freed (which
 raises glibc's dynamic mmap threshold), shard-sized blocks freed between live small objects
-go back to the system only when the threshold is fixed."""
+go back to the system only when the threshold is fixed; and a block freed at the top of the
+heap stays there for the next one, instead of being handed back and faulted in again."""
 
 from __future__ import annotations
 
@@ -47,11 +48,61 @@ def test_freed_shard_sized_blocks_go_back_only_with_the_threshold_fixed(mode: st
         assert released < 50 << 20  # held in the heap between the small objects
 
 
-def test_an_operators_own_threshold_is_left_alone() -> None:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    code = "from megacpp_pipeline.pipeline.memory import bound_malloc; print(bound_malloc())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "False", out.stderr
+CHURN_PROGRAM = """
+import resource, sys
+from megacpp_pipeline.pipeline.memory import bound_malloc
+if sys.argv[1] == "bound":
+    assert bound_malloc()
+page = 4096
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+keep = bytearray(100)
+before = faults()
+for i in range(100):  # a 2 MiB block (a file's bytes, say), touched and freed, 100 times
+    b = bytearray(2 << 20)
+    b[::page] = b"z" * len(b[::page])
+    del b
+print(faults() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize("trim", ["ours", "glibc's"])
+def test_a_block_freed_at_the_heap_top_is_reused_not_faulted_in_again(trim: str) -> None:
+    # with the mmap threshold fixed, glibc's own trim threshold (128 KiB, which fixing the
+    # one fixes the other at) hands each freed block back and faults the next one in again
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    if trim == "glibc's":
+        env["MALLOC_TRIM_THRESHOLD_"] = str(128 << 10)
+    out = subprocess.run(
+        [sys.executable, "-c", CHURN_PROGRAM, "bound"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    faults = int(out.stdout)
+    pages = (2 << 20) // 4096
+    if trim == "ours":
+        assert faults < 5 * pages  # the first block's pages, then the same ones again
+    else:
+        assert faults > 50 * pages  # each block's pages zeroed afresh
+
+
+_CODE = "from megacpp_pipeline.pipeline.memory import bound_malloc; print(bound_malloc())"
+
+
+@pytest.mark.parametrize(
+    ("settings", "result"),
+    [
+        ({"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}, "False"),
+        ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "True"),  # the trim threshold is still fixed
+        ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "True"),  # and the mmap threshold
+    ],
+)
+def test_an_operators_own_threshold_is_left_alone(settings: dict[str, str], result: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", _CODE], env={**env, **settings}, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == result, out.stderr
 
 
 RELEASE_PROGRAM = """
