@@ -11,14 +11,9 @@ runner) or a body of its own.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib
-import importlib.metadata
-import importlib.util
 import inspect
-import re
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +26,7 @@ from pydantic import BaseModel
 
 from megacpp_pipeline.core.gate import GateResult
 from megacpp_pipeline.core.ledger import LEDGER_SCHEMA
+from megacpp_pipeline.pipeline.libraries import library_versions
 from megacpp_pipeline.storage.versions import canonical_json, schema_fingerprint
 
 if TYPE_CHECKING:
@@ -387,11 +383,7 @@ class Registry:
         h = hashlib.sha256(stage.name.encode())
         for module in stage.code:
             h.update(b"\0" + module_source(module))
-        try:
-            libraries = library_versions(stage.code)
-        except LibraryError as e:
-            raise RegistryError(f"stage {stage.name!r}: {e}") from e
-        h.update(b"\0libraries:" + "\0".join(libraries).encode())
+        h.update(b"\0libraries:" + "\0".join(library_versions(stage.code)).encode())
         # what it writes is part of what it is: a table that gains a column is a new version
         tables = [stage.schema, *stage.side_tables.values()]
         if stage.writes_ledger:
@@ -413,85 +405,6 @@ class Registry:
         if stage.version_data is not None:
             h.update(b"\0" + canonical_json(stage.version_data(catalog)))
         return h.hexdigest()[:16]
-
-
-class LibraryError(ValueError):
-    """A module of a stage's code imports something whose version cannot be told."""
-
-
-def library_versions(modules: Sequence[str]) -> list[str]:
-    """`name==version` of each installed distribution the modules import anywhere in their
-    source (a lazy import inside a function too), sorted; Python's `major.minor` first (the
-    standard library's codecs, unicodedata and re decide as well). An import that is not
-    installed reads `name==absent` (an optional extra: its code path is then another one);
-    one that is installed but belongs to no distribution is an error."""
-    out = {f"python=={sys.version_info.major}.{sys.version_info.minor}"}
-    for module in modules:
-        out.update(_module_libraries(module))
-    return sorted(out, key=lambda x: (not x.startswith("python=="), x))
-
-
-@functools.cache
-def _module_libraries(name: str) -> frozenset[str]:
-    found: set[str] = set()
-    for top in _imported_names(name):
-        if top in sys.stdlib_module_names or top == __name__.split(".")[0]:
-            continue
-        if importlib.util.find_spec(top) is None:
-            found.add(f"{top}==absent")
-            continue
-        try:  # most distributions are named as what they install (tree-sitter: tree_sitter)
-            dists = [importlib.metadata.distribution(top)]
-        except importlib.metadata.PackageNotFoundError:
-            dists = _distributions_of(top)  # google-re2 installs re2
-        if not dists:
-            raise LibraryError(f"{name} imports {top!r}, which no installed distribution provides")
-        found.update(f"{d.metadata['Name'].lower()}=={d.version}" for d in dists)
-    return frozenset(found)
-
-
-def _distributions_of(top: str) -> list[importlib.metadata.Distribution]:
-    """The installed distributions that install the top-level module `top` (by their
-    top_level.txt, else their RECORD): `packages_distributions()` parses every
-    distribution's metadata for that, 0.14-0.45 CPU s a process."""
-    found = []
-    for dist in importlib.metadata.distributions():
-        tops = dist.read_text("top_level.txt")
-        if tops is not None:
-            hit = top in tops.split()
-        else:
-            record = "\n" + (dist.read_text("RECORD") or "")
-            hit = f"\n{top}/" in record or f"\n{top}." in record
-        if hit:
-            found.append(dist)
-    return found
-
-
-# an import statement's top-level name, at the start of a line (a lazy import inside a
-# function too); a regex, not ast: parsing every stage's code cost 0.45 CPU s a process
-_NAME = rb"[\w.]+(?:[ \t]+as[ \t]+\w+)?"  # `a.b` or `a.b as c`
-_IMPORT = re.compile(
-    rb"^[ \t]*(?:import[ \t]+(" + _NAME + rb"(?:[ \t]*,[ \t]*" + _NAME + rb")*)"
-    rb"|from[ \t]+([A-Za-z_][\w.]*)[ \t]+import\b)",
-    re.M,
-)
-
-
-def _imported_names(name: str) -> set[str]:
-    """The top-level names a module (or every .py file of a package) imports."""
-    module = importlib.import_module(name)
-    paths = getattr(module, "__path__", None)
-    files = (
-        [Path(inspect.getfile(module))]
-        if paths is None
-        else sorted(f for p in paths for f in Path(p).rglob("*.py"))
-    )
-    tops: set[str] = set()
-    for f in files:
-        for m in _IMPORT.finditer(f.read_bytes()):
-            names = m.group(1).split(b",") if m.group(1) else [m.group(2)]
-            tops.update(n.split()[0].split(b".")[0].decode() for n in names)
-    return tops
 
 
 def module_source(name: str) -> bytes:

@@ -2,7 +2,7 @@
 
 Every version a per-file gate commits records what it was computed from (`inputs_id`, in
 its manifest's extra under `inputs`): the whole library's code and the versions of the
-libraries that write its bytes (`pipeline_fingerprint`), the stage's code version and
+libraries it imports (`pipeline_fingerprint`), the stage's code version and
 config, what else its gate read (the gate's salt), the catalog as the partition sees it,
 and the content of every upstream version it read (`versions.content_id`: the sha256 of
 each shard and of each shard holding its text, never the folder or the time it was written
@@ -31,11 +31,11 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterable
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import megacpp_pipeline
+from megacpp_pipeline.pipeline.libraries import library_versions
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.store import Manifest, NoVersionError
 from megacpp_pipeline.storage.versions import canonical_json, config_hash, content_id
@@ -48,51 +48,29 @@ INPUTS = "inputs"  # the manifest's extra key holding its inputs_id
 RECOMPUTE_ENV = "MEGACPP_RECOMPUTE"  # set (not 0): no version stands (StageContext.reuse)
 
 
-# the libraries whose output lands in a version's bytes (parquet, tokens, parses, hashes,
-# the scrub and licence rule sets)
-_LIBRARIES = (
-    "pyarrow",
-    "polars",
-    "numpy",
-    "tokenizers",
-    "tiktoken",
-    "tree-sitter",
-    "tree-sitter-cpp",
-    "datasketch",
-    "google-re2",
-    "detect-secrets",
-    "license-expression",
-    "xxhash",
-    "zstandard",
-)
-
-
 @functools.cache
 def pipeline_fingerprint() -> str:
     """Every file of the library (its modules and the rule files beside them) and the
-    versions of the libraries that write or decide what a version holds. A stage's code
-    version names only its own modules: it keys the result cache and Dagster's versions,
-    which must not move with every edit elsewhere. A version stands only for the code that
-    wrote it, since a change anywhere (the parquet options, the snapshot's writers, a
-    library upgrade) can change what a stage would write now."""
-    return fingerprint(Path(megacpp_pipeline.__file__).resolve().parent, _LIBRARIES)
+    installed version of every library it imports (pipeline/libraries.py). A stage's code
+    version names only its own modules and their libraries: it keys the result cache and
+    Dagster's versions, which must not move with every edit elsewhere. A version stands
+    only for the code that wrote it, since a change anywhere (the parquet options, the
+    snapshot's writers, a library upgrade) can change what a stage would write now."""
+    root = Path(megacpp_pipeline.__file__).resolve().parent
+    return fingerprint(root, library_versions([megacpp_pipeline.__name__]))
 
 
 def fingerprint(root: Path, libraries: Iterable[str]) -> str:
     """The sha256 of every file under `root` (by path and content; compiled files left
-    out) and of each installed version of `libraries` ("-" for one not installed)."""
+    out) and of `libraries` (each `name==version`, library_versions)."""
     h = hashlib.sha256(b"pipeline\0")
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         if "__pycache__" in rel.split("/") or path.suffix == ".pyc":
             continue
         h.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    for name in libraries:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            version = "-"
-        h.update(f"{name}=={version}\0".encode())
+    for library in libraries:
+        h.update(f"{library}\0".encode())
     return h.hexdigest()
 
 

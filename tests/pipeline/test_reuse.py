@@ -7,6 +7,7 @@ either way the snapshot is the one a run from nothing gives."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import shutil
 import tarfile
 from dataclasses import replace
@@ -16,9 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+import megacpp_pipeline
 from megacpp_pipeline.collect import CollectError
 from megacpp_pipeline.pipeline import reuse
 from megacpp_pipeline.pipeline.context import StageContext
+from megacpp_pipeline.pipeline.libraries import library_versions
 from megacpp_pipeline.pipeline.reuse import INPUTS, RECOMPUTE_ENV, fingerprint
 from megacpp_pipeline.pipeline.runner import run_all
 from megacpp_pipeline.stages import collect as collect_stage
@@ -373,18 +376,28 @@ def test_the_fingerprint_moves_with_any_file_of_the_library_and_a_library_versio
     (tmp_path / "gates").mkdir()
     (tmp_path / "gates" / "rules.toml").write_text("a = 1\n")
     (tmp_path / "versions.py").write_text("OPTIONS = {'use_dictionary': False}\n")
-    before = fingerprint(tmp_path, ["pyarrow"])
+    libraries = ["python==3.11", "pyarrow==26.0.1"]
+    before = fingerprint(tmp_path, libraries)
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "versions.cpython-311.pyc").write_bytes(b"\0compiled")
-    assert fingerprint(tmp_path, ["pyarrow"]) == before  # compiled files do not count
+    assert fingerprint(tmp_path, libraries) == before  # compiled files do not count
     (tmp_path / "versions.py").write_text("OPTIONS = {'use_dictionary': True}\n")
-    edited = fingerprint(tmp_path, ["pyarrow"])
+    edited = fingerprint(tmp_path, libraries)
     assert edited != before
     (tmp_path / "gates" / "rules.toml").write_text("a = 2\n")
-    assert fingerprint(tmp_path, ["pyarrow"]) != edited
-    assert fingerprint(tmp_path, ["pyarrow", "no-such-library"]) != fingerprint(
-        tmp_path, ["pyarrow"]
+    assert fingerprint(tmp_path, libraries) != edited
+    assert fingerprint(tmp_path, ["python==3.11", "pyarrow==27.0.0"]) != fingerprint(
+        tmp_path, libraries
     )
+
+
+def test_the_pipeline_fingerprint_carries_every_library_the_package_imports() -> None:
+    """Read off the imports, not a list kept by hand: the REUSE library the licence gate
+    reads its metadata with and scipy, which dedup's components come from, were missing
+    from the list this replaced."""
+    got = library_versions([megacpp_pipeline.__name__])
+    for name in ("pyarrow", "tiktoken", "tree-sitter-cpp", "google-re2", "reuse", "scipy"):
+        assert f"{name}=={importlib.metadata.version(name)}" in got
 
 
 def test_no_version_stands_for_other_code_than_wrote_it(
