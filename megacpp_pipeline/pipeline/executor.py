@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from megacpp_pipeline.pipeline.memory import bound_malloc
+from megacpp_pipeline.pipeline.memory import bound_malloc, keep_heap_top
 from megacpp_pipeline.pipeline.parallel import cpu_count, worker_init
 from megacpp_pipeline.pipeline.task_error import TaskError, TaskFailed
 
@@ -216,6 +216,7 @@ def _worker_init(task: Callable[..., Any], job: Any, running: _Running) -> None:
     global _JOB
     worker_init()
     bound_malloc()
+    keep_heap_top()  # a worker's freed blocks stay for its next file
     running.claim()
     _JOB = (task, job)
 
@@ -559,6 +560,7 @@ def end_light_pool() -> None:
 def _light_init(running: _Running) -> None:
     worker_init()
     bound_malloc()
+    keep_heap_top()  # a worker's freed blocks stay for its next file
     running.claim()
 
 

@@ -12,14 +12,18 @@ Fixing that threshold also fixes the trim threshold at its default, 128 KiB: eac
 top of the heap held that much free, glibc handed it back, and the next block below the
 mmap threshold (a file's bytes, a row's text) took fresh, zeroed pages from the kernel
 again. The collect-to-scrub group at 16x took about 910,000 page faults that way, 4.5-6.5
-CPU s of kernel time in a group of 30. The trim threshold is fixed at 32 MiB: at most that
-much free heap stays with a process (a constant, whatever the corpus), the group takes
-about 300,000 faults, and costs 1.5-3 CPU s less, its peak resident set unchanged
-(docs/scaling.md §2). `release_memory` still trims the heap whole between phases.
+CPU s of kernel time in a group of 30. In the workers, where that churn is, the trim
+threshold is fixed at 32 MiB (`keep_heap_top`): at most that much free heap stays with a
+worker (a constant, whatever the corpus), the group takes about 300,000 faults and costs
+1-3 CPU s less, the workers' peaks unchanged (docs/scaling.md §2). The drivers keep
+glibc's 128 KiB: their peak is a target (at demo 64x within 1.1x of 16x), and with 32 MiB
+the first group's driver peaked 8 MB higher at 64x. `release_memory` still trims the heap
+whole between phases.
 
-Set once per process: the run's processes, the Dagster steps they fork, and each Ray worker
-that runs a task. An operator's own MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ wins
-(each alone); other C libraries (musl, macOS) are left alone.
+Set once per process: `bound_malloc` in the run's processes, the Dagster steps they fork and
+each Ray worker that runs a task; `keep_heap_top` in each worker besides. An operator's own
+MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ wins; other C libraries (musl, macOS) are
+left alone.
 """
 
 from __future__ import annotations
@@ -37,31 +41,35 @@ ENV = "MALLOC_MMAP_THRESHOLD_"
 TRIM_ENV = "MALLOC_TRIM_THRESHOLD_"
 
 _done = False
+_kept = False
 
 
 def bound_malloc() -> bool:
-    """Fix glibc's mmap and trim thresholds for this process (and the ones it forks later);
-    True when either was set here, False when the operator set both, or the C library is
-    not glibc."""
+    """Fix glibc's mmap threshold for this process (and the ones it forks later); True when
+    set here, False when the operator set it, or the C library is not glibc."""
     global _done
     if _done:
         return False
     _done = True
-    wanted = [
-        (param, value)
-        for param, value, env in (
-            (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, ENV),
-            (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES, TRIM_ENV),
-        )
-        if env not in os.environ
-    ]
-    if not wanted:
+    return ENV not in os.environ and _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
+def keep_heap_top() -> bool:
+    """Fix glibc's trim threshold for this worker process at TRIM_THRESHOLD_BYTES; True when
+    set here, False when the operator set it, or the C library is not glibc."""
+    global _kept
+    if _kept:
         return False
+    _kept = True
+    return TRIM_ENV not in os.environ and _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+
+
+def _mallopt(param: int, value: int) -> bool:
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
-    return all([bool(mallopt(param, value)) for param, value in wanted])
+    return bool(mallopt(param, value))
 
 
 def release_memory() -> None:

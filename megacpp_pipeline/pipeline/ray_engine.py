@@ -32,7 +32,7 @@ from megacpp_pipeline.pipeline.executor import (
     run_timed,
     taken,
 )
-from megacpp_pipeline.pipeline.memory import bound_malloc
+from megacpp_pipeline.pipeline.memory import bound_malloc, keep_heap_top
 from megacpp_pipeline.pipeline.task_error import TaskError
 
 try:
@@ -107,6 +107,7 @@ def release() -> None:
 @ray.remote(max_retries=TASK_RETRIES, num_cpus=1)
 def _run(job: tuple[Any, Any], item: Any) -> Timed | TaskError:
     bound_malloc()  # once per worker process
+    keep_heap_top()
     task, value = job
     return run_carried(task, value, item, ray.get_runtime_context().get_node_id())
 
