@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -137,13 +137,17 @@ def standing(
 
 def body_inputs(ctx: StageContext, stage: Stage, partition: str | None) -> str | None:
     """`inputs_id` of a body stage's partition from the latest version of every partition
-    of every stage it reads (Registry.reads_of); None while one of them has none."""
-    upstream: list[Manifest] = []
-    for name in ctx.registry.reads_of(stage):
-        for source in ctx.sources() if ctx.registry.get(name).per_source else [None]:
-            try:
-                upstream.append(ctx.store.latest(name, source))
-            except NoVersionError:
-                return None
+    of every stage it reads (Registry.reads_of); None while one of them has none. The
+    manifests are read one at a time, each dropped once hashed: a corpus-wide stage reads
+    every source's version of every per-file stage, and together they hold every shard."""
     salts = [stage.inputs_salt(ctx)] if stage.inputs_salt is not None else []
-    return inputs_id(ctx, stage, partition, upstream, salts)
+
+    def upstream() -> Iterator[Manifest]:
+        for name in ctx.registry.reads_of(stage):
+            for source in ctx.sources() if ctx.registry.get(name).per_source else [None]:
+                yield ctx.store.latest(name, source)
+
+    try:
+        return inputs_id(ctx, stage, partition, upstream(), salts)
+    except NoVersionError:
+        return None
