@@ -57,6 +57,12 @@ class KillingExecutor(LocalExecutor):
         killing = partial(_dies_once, task, self.markers / name, os.getpid())
         return super().map_timed(killing, job, items)
 
+    def run_apart(self, task: Any, job: Any, item: Any) -> Any:
+        # a step in a worker of its own (the promotion checks, the card): it dies once
+        name = f"{getattr(task, '__qualname__', 'task')}-{next(_MAPS):04d}"
+        killing = partial(_dies_once, task, self.markers / name, os.getpid())
+        return super().run_apart(killing, job, item)
+
     def map_light(self, task: Any, job: Any, items: Any) -> Any:
         # the checks' maps: a worker of the process's long-lived pool dies, and a new pool
         # runs the rest (the wrapped task pickles: a partial of module-level names)
@@ -132,6 +138,7 @@ def test_a_task_killed_in_every_map_is_rerun_and_the_snapshot_is_the_same(
         "_copy_shard",
         "_scatter_shard",
         "_write_single",  # a snapshot's single file
-        "_check_apart",  # a promotion check in a worker of its own
+        "_checks_apart",  # the promotion checks in a worker of their own
+        "_card_apart",  # the dataset card in a worker of its own
     ):
         assert task in killed, (task, sorted(killed))

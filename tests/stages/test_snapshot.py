@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -21,9 +22,8 @@ from megacpp_pipeline.snapshot.layout import MANIFEST
 from megacpp_pipeline.snapshot.promote import SINGLE_FILES, SnapshotConfig
 from megacpp_pipeline.stages import names
 from megacpp_pipeline.stages.snapshot import (
-    _CHECK_ORDER,
-    _check_pool,
     _CheckApart,
+    _checks_apart,
     snapshot_dir_of,
 )
 from tests.fixtures.pipeline_corpus import write_catalog
@@ -175,18 +175,35 @@ def test_the_snapshot_steps_run_apart_even_after_polars_started_in_the_driver(
     assert all(o.passed for o in outcomes.values()), outcomes
 
 
-def test_the_promotion_checks_share_the_hosts_workers_the_longest_first() -> None:
-    """Ten checks side by side, each with a pool as wide as the host, were ten times the
-    cores in processes: each check gets its share."""
-    assert _check_pool(LocalExecutor(16, cap=False)).workers == 2
-    assert _check_pool(LocalExecutor(40, cap=False)).workers == 4
-    assert _check_pool(LocalExecutor(2, cap=False)).workers == 1
-    assert sorted(_CHECK_ORDER) == sorted(verify.ALL_CHECKS)
-    assert _CHECK_ORDER[0] == "megatron_read_back"
-    host = LocalExecutor(16, cap=False)
-    job = _CheckApart(Path("."), SnapshotConfig(), Path("."), _check_pool(host), longest=host)
-    assert job.pool_of("megatron_read_back") is host  # it runs on after the others
-    assert job.pool_of("round_trip_decode").workers == 2
+class _Recording(LocalExecutor):
+    """The host's executor, noting the width of every light map and the task it maps."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers, cap=False)
+        self.maps: list[tuple[int, str]] = []
+
+    def map_light(self, task: Any, job: Any, items: Any) -> Any:
+        self.maps.append((self.workers, getattr(task, "__qualname__", "?")))
+        return super().map_light(task, job, items)
+
+
+def test_every_promotion_check_maps_its_shards_on_the_whole_host(
+    promoted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The checks run one after another in one process apart, each one's per-shard tasks on
+    a pool as wide as the host: side by side, each had ceil(W / 10) workers, and the longest
+    check's shards ran on a sliver of the host while the short checks' shares sat idle."""
+    ctx = _context(*promoted, "width")
+    snap = snapshot_dir_of(ctx)
+    host = _Recording(3)
+    job = _CheckApart(snap, SnapshotConfig(), tmp_path / "megatron", host)
+    done = _checks_apart(job, tuple(verify.ALL_CHECKS))
+    assert [o.name for o, _ in done] == list(verify.ALL_CHECKS)
+    assert all(o.passed for o, _ in done), [o.problems for o, _ in done if not o.passed]
+    assert all(cpu_s >= 0 for _, cpu_s in done)
+    assert host.maps and {width for width, _ in host.maps} == {3}
+    # the checks that rescan rows and documents mapped their shards
+    assert len(host.maps) >= 4, host.maps
 
 
 def test_a_removal_entry_that_removed_nothing_is_named_and_the_check_still_passes(
