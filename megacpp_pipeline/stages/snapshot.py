@@ -135,23 +135,54 @@ def document_files_stream(
     return read_ahead(ctx, [(ctx.latest(names.DOCUMENTS), "document_files")], columns)
 
 
+# Consecutive shards read by one task up to this many bytes on disk: a ledger shard of a
+# later stage holds tens of rows, and at demo 64x the snapshot's ledger writer read 1,216
+# of them, each a task whose hand-out, pickled table and unpickling cost the writer's own
+# process more than the rows did.
+READ_BATCH_BYTES = 4 << 20
+READ_BATCH_SHARDS = 8
+
+_ShardRef = tuple[str, ShardInfo, list[str] | None]
+
+
 def read_ahead(
     ctx: StageContext, tables: list[tuple[Manifest, str]], columns: list[str] | None = None
 ) -> Iterator[pa.Table]:
-    """The shards of these versions' tables, in order, each read and verified by a forked
-    worker of this host (the process's light pool), at most four shards ahead of the
-    consumer (inline with one worker); `columns`: only these are decoded and sent."""
-    refs = [
-        (ctx.store.version_dir(m), shard, columns)
-        for m, table in tables
-        if table in m.tables
-        for shard in m.tables[table].shards
-    ]
-    return ctx.host_executor().stream(_read_shard, ctx.store, refs, ahead=4, workers=1)
+    """The shards of these versions' tables, in order, read and verified by a forked worker
+    of this host (the process's light pool), consecutive small shards a task together (at
+    most READ_BATCH_BYTES on disk, or one shard), at most four tasks ahead of the consumer
+    (inline with one worker); `columns`: only these are decoded and sent."""
+    batches: list[list[_ShardRef]] = []
+    size = 0
+    for m, table in tables:
+        if table not in m.tables:
+            continue
+        vdir = ctx.store.version_dir(m)
+        for shard in m.tables[table].shards:
+            full = len(batches[-1]) >= READ_BATCH_SHARDS if batches else True
+            if full or size + shard.bytes > READ_BATCH_BYTES:
+                batches.append([])
+                size = 0
+            batches[-1].append((vdir, shard, columns))
+            size += shard.bytes
+    read = ctx.host_executor().stream(_read_shards, ctx.store, batches, ahead=4, workers=1)
+    for tables_read in read:
+        yield from tables_read
 
 
-def _read_shard(store: ShardStore, ref: tuple[str, ShardInfo, list[str] | None]) -> pa.Table:
-    return store.read_shard(*ref)
+def _read_shards(store: ShardStore, refs: list[_ShardRef]) -> list[pa.Table]:
+    """The shards `refs`, in order, those of one schema in a row as one table."""
+    out: list[pa.Table] = []
+    run: list[pa.Table] = []
+    for ref in refs:
+        table = store.read_shard(*ref)
+        if run and table.schema != run[0].schema:
+            out.append(pa.concat_tables(run).combine_chunks())
+            run = []
+        run.append(table)
+    if run:
+        out.append(pa.concat_tables(run).combine_chunks())
+    return out
 
 
 def collected_sources(ctx: StageContext) -> dict[str, SourceEntry]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from megacpp_pipeline.pipeline.context import StageContext
@@ -21,6 +22,7 @@ from megacpp_pipeline.snapshot import verify
 from megacpp_pipeline.snapshot.layout import MANIFEST
 from megacpp_pipeline.snapshot.promote import SINGLE_FILES, SnapshotConfig
 from megacpp_pipeline.stages import names
+from megacpp_pipeline.stages import snapshot as snapshot_stage
 from megacpp_pipeline.stages.snapshot import (
     _CheckApart,
     _checks_apart,
@@ -225,3 +227,29 @@ def test_a_removal_entry_that_removed_nothing_is_named_and_the_check_still_passe
     assert outcome.metadata["entries_that_removed_nothing"] == 1
     assert "src/no_such_file.cc" in outcome.metadata["idle_entries"]
     assert "src/lib1.cc" not in outcome.metadata["idle_entries"]
+
+
+def test_read_ahead_gives_every_shard_in_order_a_few_small_shards_a_task(
+    promoted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small shards are read several to a task (a later stage's ledger shard holds tens of
+    rows): the rows, their order and their columns are those of the shards one by one."""
+    ctx = _context(*promoted, "read-ahead")
+    versions = [
+        (ctx.latest(name, source), "ledger")
+        for name in ctx.registry.ledger_stages()
+        for source in (ctx.sources() if ctx.registry.get(name).per_source else [None])
+    ]
+    one_by_one = [
+        ctx.store.read_shard(ctx.store.version_dir(m), shard, None)
+        for m, table in versions
+        if table in m.tables
+        for shard in m.tables[table].shards
+    ]
+    assert len(one_by_one) > 3
+    monkeypatch.setattr(snapshot_stage, "READ_BATCH_SHARDS", 2)
+    batched = list(snapshot_stage.read_ahead(ctx, versions))
+    assert len(batched) < len(one_by_one)
+    want = pa.concat_tables(one_by_one, promote_options="permissive").to_pylist()
+    got = pa.concat_tables(batched, promote_options="permissive").to_pylist()
+    assert got == want
