@@ -150,8 +150,9 @@ def read_ahead(
 ) -> Iterator[pa.Table]:
     """The shards of these versions' tables, in order, read and verified by a forked worker
     of this host (the process's light pool), consecutive small shards a task together (at
-    most READ_BATCH_BYTES on disk, or one shard), at most four tasks ahead of the consumer
-    (inline with one worker); `columns`: only these are decoded and sent."""
+    most READ_BATCH_SHARDS of them and READ_BATCH_BYTES on disk, or one larger shard), at
+    most four tasks ahead of the consumer (inline with one worker); `columns`: only these
+    are decoded and sent."""
     batches: list[list[_ShardRef]] = []
     size = 0
     for m, table in tables:
@@ -159,8 +160,11 @@ def read_ahead(
             continue
         vdir = ctx.store.version_dir(m)
         for shard in m.tables[table].shards:
-            full = len(batches[-1]) >= READ_BATCH_SHARDS if batches else True
-            if full or size + shard.bytes > READ_BATCH_BYTES:
+            if (
+                not batches
+                or len(batches[-1]) >= READ_BATCH_SHARDS
+                or size + shard.bytes > READ_BATCH_BYTES
+            ):
                 batches.append([])
                 size = 0
             batches[-1].append((vdir, shard, columns))
@@ -171,18 +175,16 @@ def read_ahead(
 
 
 def _read_shards(store: ShardStore, refs: list[_ShardRef]) -> list[pa.Table]:
-    """The shards `refs`, in order, those of one schema in a row as one table."""
-    out: list[pa.Table] = []
-    run: list[pa.Table] = []
+    """The shards `refs`, in order, those of one schema in a row as one table of one
+    chunk."""
+    runs: list[list[pa.Table]] = []
     for ref in refs:
         table = store.read_shard(*ref)
-        if run and table.schema != run[0].schema:
-            out.append(pa.concat_tables(run).combine_chunks())
-            run = []
-        run.append(table)
-    if run:
-        out.append(pa.concat_tables(run).combine_chunks())
-    return out
+        if runs and table.schema == runs[-1][0].schema:
+            runs[-1].append(table)
+        else:
+            runs.append([table])
+    return [pa.concat_tables(run).combine_chunks() for run in runs]
 
 
 def collected_sources(ctx: StageContext) -> dict[str, SourceEntry]:
