@@ -71,6 +71,10 @@ class StageContext:
     # orchestrator recorded it (pipeline/checks.py, `Verified`); empty outside a check or
     # where nothing was recorded: a content check then reads everything
     prior_verdicts: Mapping[str | None, Any] = field(default_factory=dict)
+    # stage -> its code version, hashed once for this context and every copy made of it
+    # (`for_stage`, `replace`): one version per stage for the whole run or step, and a
+    # per-source step does not read every module of the stage again at each call
+    code_versions: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def for_stage(self, stage: Stage) -> StageContext:
         """This context for `stage`'s body or checks."""
@@ -118,7 +122,18 @@ class StageContext:
     def code_version(self, stage: Stage | str) -> str:
         s = self.registry.get(stage) if isinstance(stage, str) else stage
         self.may_read(s.name)
-        return self.registry.code_version(s, self.catalog)
+        return self.code_version_unchecked(s)
+
+    def code_version_unchecked(self, stage: Stage) -> str:
+        """`code_version` without the read check, for what the orchestration asks of every
+        stage (which of them collection keeps metadata files for)."""
+        if stage.name not in self.registry or self.registry.get(stage.name) is not stage:
+            return self.registry.code_version(stage, self.catalog)  # not the run's: not kept
+        version = self.code_versions.get(stage.name)
+        if version is None:
+            version = self.registry.code_version(stage, self.catalog)
+            self.code_versions[stage.name] = version
+        return version
 
     def begin(self, stage: Stage, partition: str | None, config: Any) -> VersionWriter:
         """A new version of `stage` (this run's, at its code version); the latest version of

@@ -364,7 +364,7 @@ def _inputs(ctx: StageContext, stage: Stage, source: str, revision: str) -> str:
     the size policy, this stage's code, and what the stages that ask for metadata files
     would keep (pipeline/reuse.py)."""
     asks = sorted(
-        f"{s.name}:{ctx.registry.code_version(s, ctx.catalog)}"
+        f"{s.name}:{ctx.code_version_unchecked(s)}"
         for s in ctx.registry
         if s.metadata_files is not None
     )
