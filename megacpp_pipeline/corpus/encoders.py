@@ -193,6 +193,14 @@ def _overlap(a: str, b: str) -> bool:
 BINARY_OFFSETS_LIMIT = 1 << 31  # bytes an Arrow binary array's 32-bit offsets can address
 
 
+# per process, at most _KEEP of each: the encoder chosen per (artifact, mode, threads), and
+# each artifact's token bytes table by its sha256
+_CHOSEN: dict[tuple[str, EncoderMode, int], TokenEncoder] = {}
+_TABLES: dict[str, TokenBytes | None] = {}
+_LOCK = threading.Lock()
+_KEEP = 8
+
+
 class TokenBytes:
     """The bytes each token id stands for, and decoding without a Python loop: each id's
     bytes gathered into one array by Arrow's take over the vocabulary as a binary array
@@ -229,6 +237,20 @@ class TokenBytes:
         for token_id, added_token in added.items():
             token_bytes[token_id] = added_token.content.encode("utf-8")
         return cls(token_bytes)
+
+    @classmethod
+    def of_artifact(cls, tokenizer: Tokenizer, sha256: str) -> TokenBytes | None:
+        """`of(tokenizer)`, built once per process for the artifact whose bytes hash to
+        `sha256` (a per-source check decodes with the same artifact for every source)."""
+        with _LOCK:
+            if sha256 in _TABLES:
+                return _TABLES[sha256]
+        table = cls.of(tokenizer)
+        with _LOCK:
+            while len(_TABLES) >= _KEEP:
+                del _TABLES[next(iter(_TABLES))]
+            _TABLES[sha256] = table
+        return table
 
     def decode(self, flat: np.ndarray) -> np.ndarray:
         """The bytes of the ids in `flat`, concatenated, as uint8 (read-only)."""
@@ -484,11 +506,6 @@ def _token_not_made_of_its_bytes(
     return None
 
 
-_CHOSEN: dict[tuple[str, EncoderMode, int], TokenEncoder] = {}
-_LOCK = threading.Lock()
-_KEEP = 8
-
-
 def select_encoder(
     tokenizer: Tokenizer,
     mode: EncoderMode | str = EncoderMode.AUTO,
@@ -529,6 +546,8 @@ def _choose(raw: str, mode: EncoderMode, threads: int, artifact: str, name: str)
 
 
 def forget_chosen() -> None:
-    """Drop the encoders built so far (a bench times the build as a fresh process pays it)."""
+    """Drop the encoders and tables built so far (a bench times the build as a fresh
+    process pays it)."""
     with _LOCK:
         _CHOSEN.clear()
+        _TABLES.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from megacpp_pipeline.core.errors import FieldedError
-from megacpp_pipeline.storage.versions import sha256_file, write_bytes_atomic
+from megacpp_pipeline.storage.versions import write_bytes_atomic
 
 BOS = "<|bos|>"
 EOS = "<|eos|>"
@@ -239,16 +240,33 @@ def check_special_tokens(tok: Tokenizer, path: str | os.PathLike[str] = "<memory
             )
 
 
+# sha256 -> the artifact's tokenizer, parsed once per process: a per-source step loads the
+# same artifact for its gate and again for its check, and a run's steps share a process
+_LOADED: dict[str, Tokenizer] = {}
+_LOADED_LOCK = threading.Lock()
+_KEEP_LOADED = 4  # a process meets one artifact a run, a test process a few
+
+
 def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
-    """The pinned artifact, refused unless its bytes hash to `sha256`."""
+    """The pinned artifact, refused unless its bytes hash to `sha256` (read and checked at
+    every call). It is parsed once per process and sha256, and the tokenizer returned is
+    shared by every caller that loads those bytes: none may change it."""
     if not Path(path).is_file():
         raise TokenizerArtifactError(path, "pinned tokenizer file does not exist")
-    actual = sha256_file(path)
+    raw = Path(path).read_bytes()  # once: the bytes hashed are the bytes parsed
+    actual = hashlib.sha256(raw).hexdigest()
     if actual != sha256:
         raise TokenizerArtifactError(path, f"sha256 mismatch: pinned {sha256}, file has {actual}")
-    tok = Tokenizer.from_file(str(path))
-    check_special_tokens(tok, path)
-    tok.encode_special_tokens = True  # not serialized: control tokens never come from text
+    with _LOADED_LOCK:
+        tok = _LOADED.get(sha256)
+    if tok is None:
+        tok = Tokenizer.from_str(raw.decode("utf-8"))
+        check_special_tokens(tok, path)
+        tok.encode_special_tokens = True  # not serialized: control tokens never come from text
+        with _LOADED_LOCK:
+            while len(_LOADED) >= _KEEP_LOADED:
+                del _LOADED[next(iter(_LOADED))]
+            _LOADED[sha256] = tok
     return tok
 
 

@@ -114,7 +114,7 @@ def _every_document_round_trips(
     slice of the partition in a task of its own."""
     tok, artifact = load_artifact(ctx)
     manifest = ctx.latest(stage.name, source)
-    state = (tok, encoders.TokenBytes.of(tok))
+    state = (tok, encoders.TokenBytes.of_artifact(tok, _artifact_sha256(artifact)))
     scan = rescan_content(
         ctx,
         stage,

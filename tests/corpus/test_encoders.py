@@ -124,6 +124,25 @@ def test_token_byte_table_decodes_every_demo_file_as_tokenizers_does(
         assert data[bounds[i] : bounds[i + 1]].tobytes() == text.encode("utf-8")
 
 
+def test_an_artifacts_byte_table_is_built_once_per_process(small_tokenizer: Tokenizer) -> None:
+    """A per-source round-trip check decodes every source with the same artifact: its table
+    is built for the first and kept by the artifact's sha256 (None too, for an artifact
+    without one), and forget_chosen drops it."""
+    first = TokenBytes.of_artifact(small_tokenizer, "a" * 64)
+    assert first is not None
+    assert TokenBytes.of_artifact(small_tokenizer, "a" * 64) is first
+    other = TokenBytes.of_artifact(small_tokenizer, "b" * 64)
+    assert other is not first and np.array_equal(other.lengths, first.lengths)
+    plain = Tokenizer.from_str(small_tokenizer.to_str())
+    plain.decoder = None
+    assert TokenBytes.of_artifact(plain, "c" * 64) is None
+    assert TokenBytes.of_artifact(small_tokenizer, "c" * 64) is None  # kept by the sha256
+    encoders.forget_chosen()
+    assert TokenBytes.of_artifact(small_tokenizer, "a" * 64) is not first
+    assert TokenBytes.of_artifact(small_tokenizer, "c" * 64) is not None
+    encoders.forget_chosen()
+
+
 @pytest.mark.parametrize("limit", [encoders.BINARY_OFFSETS_LIMIT, 1])
 def test_token_byte_table_decodes_edges_and_past_32_bit_offsets(
     monkeypatch: pytest.MonkeyPatch, limit: int

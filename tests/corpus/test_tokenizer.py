@@ -156,6 +156,26 @@ def test_pinned_artifact_with_a_different_sha256_is_refused_naming_the_file(
     assert info.sha256 in str(err.value)
 
 
+def test_an_artifact_is_parsed_once_per_process_and_its_bytes_checked_at_every_load(
+    tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """A per-source gate and its check load the same artifact for every source: parsed
+    once and shared, but a file whose bytes no longer hash to the pin is refused even after
+    the pin was loaded."""
+    path = tmp_path / "tokenizer.json"
+    info = save_tokenizer(tokenizer, path)
+    first = load_tokenizer(path, info.sha256)
+    assert load_tokenizer(path, info.sha256) is first
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(path.read_bytes())
+    assert load_tokenizer(copy, info.sha256) is first
+    path.write_bytes(path.read_bytes().replace(b"<|eos|>", b"<|eoz|>", 1))
+    with pytest.raises(TokenizerArtifactError, match="sha256 mismatch") as err:
+        load_tokenizer(path, info.sha256)
+    assert str(path) in str(err.value)
+    assert load_tokenizer(copy, info.sha256) is first
+
+
 def test_pinned_artifact_loads_and_encodes_like_the_trained_one(
     tokenizer: Tokenizer, tmp_path: Path
 ) -> None:
