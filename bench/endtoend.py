@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megacpp_pipeline.pipeline.parallel import WORKER_NAME
 from megacpp_pipeline.pipeline.ray_holder import PROCESS_NAME as HOLDER_NAME
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,8 +168,12 @@ def driver_pids(root: int) -> list[int]:
     """The run's driver processes: `megacpp run` itself and the runs it forks (its direct
     children); their children are workers, Ray's processes and Dagster's helpers. The
     process `megacpp run --engine ray` forks to hold its local Ray instance (named
-    ray_holder.PROCESS_NAME) runs no stage: it is counted with Ray's processes."""
-    return [root, *(pid for pid in _children(root) if _comm(pid) != HOLDER_NAME)]
+    ray_holder.PROCESS_NAME) runs no stage: it is counted with Ray's processes; the workers
+    it forks itself to size the sources before any run (parallel.WORKER_NAME) are workers."""
+    return [root, *(pid for pid in _children(root) if _comm(pid) not in _NOT_DRIVERS)]
+
+
+_NOT_DRIVERS = (HOLDER_NAME, WORKER_NAME)
 
 
 def _comm(pid: int) -> str:

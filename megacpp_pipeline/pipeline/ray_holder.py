@@ -10,12 +10,13 @@ Ray's modules already (the process that forks the runs imports them once).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import signal
 import traceback
 from multiprocessing.connection import Connection
 from types import TracebackType
+
+from megacpp_pipeline.pipeline.parallel import name_process
 
 START_TIMEOUT_S = 180.0
 # the holder's process name (`ps`, `top`; a bench counts it with Ray's processes, not as a
@@ -92,8 +93,7 @@ def _hold(cpus: int, conn: Connection, other_end: Connection) -> None:
     from megacpp_pipeline.pipeline.engine import Engine, EngineKind
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl-c is the runs' to handle
-    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:  # Linux's name
-        comm.write(PROCESS_NAME)
+    name_process(PROCESS_NAME)
     try:
         ray_engine.connect(Engine(EngineKind.RAY), cpus)
         conn.send(("address", ray_engine.joined_address()))

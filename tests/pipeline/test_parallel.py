@@ -69,3 +69,21 @@ def test_a_process_that_watches_its_parent_ends_when_the_parent_is_killed(
 ) -> None:
     assert _orphan_lives_s(tmp_path, "watch") < 2.0
     assert _orphan_lives_s(tmp_path, "none") >= 3.0  # without the watch it would live on
+
+
+def _names(job: None, item: int) -> tuple[int, str]:
+    return os.getpid(), Path("/proc/self/comm").read_text().strip()
+
+
+def test_forked_workers_are_named_so_ps_and_the_bench_tell_them_from_their_driver() -> None:
+    """Both kinds of pool (a map's own, the light pool) name their workers WORKER_NAME; the
+    process that forked them keeps its name."""
+    from megacpp_pipeline.pipeline.executor import LocalExecutor
+    from megacpp_pipeline.pipeline.parallel import WORKER_NAME
+
+    before = Path("/proc/self/comm").read_text().strip()
+    executor = LocalExecutor(2)
+    seen = [*executor.map(_names, None, [1, 2, 3]), *executor.map_light(_names, None, [1, 2])]
+    assert {pid for pid, _ in seen}.isdisjoint({os.getpid()})
+    assert {name for _, name in seen} == {WORKER_NAME}
+    assert Path("/proc/self/comm").read_text().strip() == before != WORKER_NAME
