@@ -3,6 +3,7 @@ for the context and every copy of it, and a stage that is not the run's own hash
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,22 +29,23 @@ def _context(tmp_path: Path, registry: Registry) -> StageContext:
 
 
 def test_a_stage_has_one_code_version_for_the_context_and_its_copies(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """A rule file edited while a run goes on does not give the run's later steps another
     code version (nor cost a re-read of the stage's code at each call); the next run's
     context hashes the code as it is then."""
-    package = tmp_path / "rulepkg"
+    package = tmp_path / "ctxrules"
     (package / "data").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "data" / "rules.json").write_text('{"allowed": ["MIT"]}')
     monkeypatch.syspath_prepend(str(tmp_path))
     ruled = Stage(
         name="ruled", grain=Grain.PER_SOURCE, description="reads its rules", group="gates",
-        body=_body, code=("rulepkg",),
+        body=_body, code=("ctxrules",),
     )  # fmt: skip
     registry = Registry([ruled])
     ctx = _context(tmp_path, registry)
+    request.addfinalizer(lambda: sys.modules.pop("ctxrules", None))  # imported by the hash
     version = ctx.code_version("ruled")
     (package / "data" / "rules.json").write_text('{"allowed": ["MIT", "BSL-1.0"]}')
     assert ctx.code_version(ruled) == version
