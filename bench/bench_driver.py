@@ -57,7 +57,14 @@ def one(catalog: Path, data: Path, cache: Path, name: str, workers: int) -> dict
     skip_pandas_probe()  # as a run's process does (assets/defs.py): pyarrow never imports pandas
     registry = default_registry()
     ctx = StageContext(
-        load_catalog(catalog, registry), ShardStore(str(data)), registry, cache, workers=workers
+        load_catalog(catalog, registry),
+        ShardStore(str(data)),
+        registry,
+        cache,
+        workers=workers,
+        # computed again: over the finished run's store every version's inputs are unchanged,
+        # so with reuse each stage would stand and its driver do next to nothing
+        reuse=False,
     )
     stage = registry.get(name)
     base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
