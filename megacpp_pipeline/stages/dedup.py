@@ -58,6 +58,7 @@ def _body(ctx: StageContext, stage: Stage, partition: str | None) -> Materialize
             ),
             open_cache=partial(_open_cache, replace(ctx, log=_ignore), stage, code_version),
             ledger_stage=stage.name,
+            clear=executor.map_light,
         )
         return _write(ctx, stage, upstream, version, outcome, executor, len(plan))
 
