@@ -1,7 +1,8 @@
 """A map task killed in every stage that maps tasks (the per-file gates, collection, dedup's
-four steps, decontamination, the tokenizer's sample, documents, packing, the checks that
-rescan rows, the snapshot's single files, copies and checks, the Megatron export) is run
-again, and the run promotes the same snapshot as a run where no task died."""
+four steps and the clearing of its work folder, decontamination, the tokenizer's sample,
+documents, packing, the checks that rescan rows, the snapshot's single files, copies and
+checks, the Megatron export) is run again, and the run promotes the same snapshot as a run
+where no task died."""
 
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ def test_a_task_killed_in_every_map_is_rerun_and_the_snapshot_is_the_same(
         "exact_task",
         "band_task",
         "apply_task",
+        "clear_task",  # dedup's work folder, a folder a task
         "_sample_task",
         "_file_task",
         "_pack_task",
