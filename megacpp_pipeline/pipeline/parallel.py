@@ -76,7 +76,8 @@ def worker_init() -> None:
 
 
 def name_process(name: str) -> None:
-    """This process's name as Linux shows it (at most 15 bytes); nowhere else, nothing."""
+    """This process's name as Linux shows it to `ps` and `top` (at most 15 bytes); where
+    /proc cannot be written, the name stays as it was."""
     with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
         comm.write(name)
 
