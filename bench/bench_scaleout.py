@@ -29,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -77,6 +78,7 @@ def _groups(result: endtoend.EndToEnd, mb_in: float) -> dict[str, dict[str, Any]
             "wall_s": round(g.seconds, 2),
             "cpu_s": round(g.cpu_s, 2),
             "driver_cpu_s": round(g.driver_cpu_s, 2),
+            "serial_s": round(g.serial_s, 2),
             "driver_share": round(g.driver_cpu_s / g.cpu_s, 4) if g.cpu_s else None,
             "mb_per_cpu_s": round(mb_in / g.cpu_s, 3) if g.cpu_s else None,
             "driver_peak_mb": round(g.process_peak_rss_mb, 1),
@@ -101,6 +103,7 @@ def _summary(result: endtoend.EndToEnd, corpus: scaleup.ScaledCorpus) -> dict[st
         "cpu_s": round(result.cpu_s, 1),
         "driver_cpu_s": round(result.driver_cpu_s, 1),
         "driver_share": round(result.driver_cpu_s / result.cpu_s, 4) if result.cpu_s else None,
+        "serial_s": round(result.serial_s, 1),
         "mb_per_cpu_s": round(mb_in / result.cpu_s, 3) if result.cpu_s else None,
         "snapshot": Path(result.snapshot or "").name,
         "per_file_cpu_s": round(per_file, 1),
@@ -125,26 +128,70 @@ def _pinned_run(
         os.sched_setaffinity(0, every)
 
 
-def workers(scale: int, counts: list[int], work: Path, pin: bool = False) -> dict[str, Any]:
-    """The same corpus at each worker count; the stage times against the first count's."""
+def workers(
+    scale: int, counts: list[int], work: Path, pin: bool = False, repeat: int = 1
+) -> dict[str, Any]:
+    """The same corpus at each worker count, `repeat` rounds (the counts' order reversed every
+    other round, so a drift of the machine's speed falls on each count alike); each count
+    against the first by its median wall per stage group."""
     corpus = scaleup.build(scale, REPO / ".cache" / "bench")
-    runs = {n: _pinned_run(corpus, work / f"w{n}", f"{scale}x w{n}", n, pin) for n in counts}
-    base = runs[counts[0]]
-    compare = {}
+    rounds: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    for r in range(repeat):
+        for n in counts if r % 2 == 0 else counts[::-1]:
+            label = f"{scale}x w{n}" + (f" round {r + 1}" if repeat > 1 else "")
+            rounds[n].append(_pinned_run(corpus, work / f"w{n}", label, n, pin))
+    cpus = len(os.sched_getaffinity(0))
+    return {
+        "scale": scale,
+        "cpus": cpus,
+        "pinned": pin,
+        "repeat": repeat,
+        "runs": {n: runs[0] for n, runs in rounds.items()},
+        "rounds": rounds if repeat > 1 else {},
+        "compare": compare_counts(rounds, counts, cpus),
+    }
+
+
+def compare_counts(
+    rounds: dict[int, list[dict[str, Any]]], counts: list[int], cpus: int
+) -> dict[str, Any]:
+    """Each count against the first: speedups of the median wall, per stage group too; a
+    group "slower beyond noise" when even its fastest run at that count took longer than the
+    first count's slowest (with one round, whenever it took longer); and the most a count's
+    workers could give by Amdahl's law from the first count's serial seconds: every second
+    in which more than one core was busy spread over the count's workers (`ceiling`)."""
+    base = rounds[counts[0]]
+    ran = max(1, min(counts[0], cpus))  # the first count's workers that had a core
+
+    def walls(runs: list[dict[str, Any]], group: str | None = None) -> list[float]:
+        return [r["wall_s"] if group is None else r["groups"][group]["wall_s"] for r in runs]
+
+    out = {}
     for n in counts[1:]:
-        stages = {
-            name: round(base["groups"][name]["wall_s"] / g["wall_s"], 2)
-            for name, g in runs[n]["groups"].items()
-            if name in base["groups"] and g["wall_s"]
-        }
-        compare[f"{n}_vs_{counts[0]}"] = {
-            "wall_speedup": round(base["wall_s"] / runs[n]["wall_s"], 2),
+        mine = rounds[n]
+        stages, slower = {}, []
+        for name in base[0]["groups"]:
+            if not all(name in r["groups"] for r in mine):
+                continue
+            b, m = walls(base, name), walls(mine, name)
+            if statistics.median(m):
+                stages[name] = round(statistics.median(b) / statistics.median(m), 2)
+            if min(m) > max(b):
+                slower.append(name)
+        wall, serial = (
+            statistics.median(walls(base)),
+            statistics.median(r["serial_s"] for r in base),
+        )
+        ceiling = wall / (serial + (wall - serial) * ran / n) if wall else None
+        out[f"{n}_vs_{counts[0]}"] = {
+            "wall_speedup": round(wall / statistics.median(walls(mine)), 2),
             "stage_group_speedup": stages,
             "slowest_group": min(stages.items(), key=lambda kv: kv[1]) if stages else None,
-            "same_snapshot": runs[n]["snapshot"] == base["snapshot"],
+            "slower_beyond_noise": slower,
+            "same_snapshot": {r["snapshot"] for r in mine} == {r["snapshot"] for r in base},
+            "ceiling": round(ceiling, 2) if ceiling else None,
         }
-    cpus = len(os.sched_getaffinity(0))
-    return {"scale": scale, "cpus": cpus, "pinned": pin, "runs": runs, "compare": compare}
+    return out
 
 
 def serial(scale: int, engines: list[str], work: Path) -> dict[str, Any]:
@@ -432,6 +479,10 @@ def main() -> None:
     parser.add_argument("--workers", default="2,16")
     parser.add_argument("--engines", default="local")
     parser.add_argument("--changed", type=float, default=0.01)
+    parser.add_argument(
+        "--repeat", type=int, default=1,
+        help="workers: rounds over the counts, compared by their medians",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument(
         "--pin", action="store_true",
@@ -446,7 +497,8 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
     try:
         if args.what == "workers":
-            result = workers(args.scale, [int(n) for n in args.workers.split(",")], work, args.pin)
+            counts = [int(n) for n in args.workers.split(",")]
+            result = workers(args.scale, counts, work, args.pin, args.repeat)
         elif args.what == "serial":
             result = serial(args.scale, [e for e in args.engines.split(",") if e], work)
         elif args.what == "memory":

@@ -12,6 +12,7 @@ inherited from the parent at fork). The whole run's peak is the largest sample.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 _STARTED = re.compile(r"^-> (?P<label>.+?)(?: \[(?P<partition>[^\]]+)\])?$")
 _OK = re.compile(r"^\s+ok in (?P<seconds>[0-9.]+)s(?:, peak RSS (?P<rss>[0-9.]+) MB)?$")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+# Between two samples in which the run's tree kept at most this many cores busy, the run was
+# serial: one core, and the sampling's jitter (CPU time is counted in clock ticks)
+SERIAL_CORES = 1.25
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -53,6 +58,7 @@ class StageGroup:
     largest_process_mb: float = 0.0
     largest_process: str = ""  # that process' command name
     partitions: dict[str, float] = field(default_factory=dict)  # partition -> seconds
+    serial_s: float = 0.0  # of its wall, the seconds that were serial (serial_seconds)
 
 
 @dataclass
@@ -71,9 +77,48 @@ class EndToEnd:
     samples: int
     log: str  # the run's stderr, kept on disk
     error: str | None = None
+    # of the wall, the seconds that were serial, before and between the groups too
+    serial_s: float = 0.0
+    timeline: str | None = None  # per sample "seconds cores group", kept on disk
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The run's tree at one sample: seconds since the start, its CPU seconds so far, and
+    the stage group then running (None: before or between groups)."""
+
+    t: float
+    cpu_s: float
+    group: str | None
+
+
+def serial_seconds(
+    samples: Sequence[Sample], cores: float = SERIAL_CORES
+) -> dict[str | None, float]:
+    """Per group (None: outside every group), the wall seconds between consecutive samples
+    in which the tree kept at most `cores` busy: what more workers would not shorten (a
+    driver working alone, a last straggling task, a fork, a wait on the disk). The interval
+    before a sample counts to the group running at that sample."""
+    out: dict[str | None, float] = {}
+    for before, now in itertools.pairwise(samples):
+        dt = now.t - before.t
+        if dt > 0 and (now.cpu_s - before.cpu_s) / dt <= cores:
+            out[now.group] = out.get(now.group, 0.0) + dt
+    return out
+
+
+def write_timeline(path: Path, samples: Sequence[Sample]) -> None:
+    """One line a sample: seconds since the start, cores kept busy since the sample before,
+    the group running ("-": none)."""
+    lines = []
+    for before, now in itertools.pairwise(samples):
+        dt = now.t - before.t
+        busy = (now.cpu_s - before.cpu_s) / dt if dt > 0 else 0.0
+        lines.append(f"{now.t:.2f} {busy:.2f} {now.group or '-'}\n")
+    path.write_text("".join(lines))
 
 
 def _children(pid: int) -> list[int]:
@@ -303,6 +348,7 @@ def run(
     current_partition: list[str | None] = [None]
 
     started = time.monotonic()
+    timeline = [Sample(0.0, 0.0, None)]
     reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -360,6 +406,7 @@ def run(
             hwm = max(hwm, high_water_bytes(proc.pid))
             peak_tree = max(peak_tree, rss)
             now_cpu = max(cpu, tree_cpu.sample())
+            timeline.append(Sample(time.monotonic() - started, now_cpu, current[0]))
             driver_delta = 0.0
             for pid in driver_pids(proc.pid):
                 own = own_cpu_seconds(pid)
@@ -388,6 +435,10 @@ def run(
         cpu,
         reaped.ru_utime + reaped.ru_stime - reaped_before.ru_utime - reaped_before.ru_stime,
     )
+    serial = serial_seconds(timeline)
+    for name, group in stages.items():
+        group.serial_s = serial.get(name, 0.0)
+    write_timeline(work / "timeline.tsv", timeline)
     out = EndToEnd(
         label=label,
         returncode=returncode,
@@ -402,6 +453,8 @@ def run(
         ledger=None,
         samples=samples,
         log=str(log_path),
+        serial_s=sum(serial.values()),
+        timeline=str(work / "timeline.tsv"),
     )
     if returncode is None:
         out.error = f"stopped at the {timeout_s:.0f} s limit during {current[0]!r}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import endtoend, harness, scaleup, stages
+from bench import bench_scaleout, endtoend, harness, scaleup, stages
 from megacpp_pipeline.corpus.dedup import DedupConfig, find_duplicates
 from megacpp_pipeline.stages import default_registry
 from tests.fixtures import dedup_labelled
@@ -204,6 +204,68 @@ def test_one_measured_run_reports_stage_times_memory_and_tokens(tmp_path: Path) 
     per_source = next(g for g in run.stages if g.name.startswith("raw_files"))
     assert set(per_source.partitions) == {"2 sources"}  # both sources in one Dagster run
     assert all(g.seconds > 0 for g in run.stages)
+    # every group's serial seconds within its wall, and the run's within its own
+    assert all(0 <= g.serial_s <= g.seconds + 1 for g in run.stages)
+    assert 0 < run.serial_s <= run.wall_s
+    lines = Path(run.timeline or "").read_text().splitlines()
+    assert len(lines) == run.samples and lines[-1].split(" ", 2)[2] in {"-", *names}
+
+
+def test_serial_seconds_are_the_intervals_with_one_core_busy_per_group(tmp_path: Path) -> None:
+    s = endtoend.Sample
+    samples = [
+        s(0.0, 0.0, None),
+        s(1.0, 0.9, None),  # start-up: one core
+        s(2.0, 2.9, "a"),  # two cores
+        s(3.0, 4.1, "a"),  # 1.2: one core and jitter
+        s(3.5, 4.1, "b"),  # idle: waiting counts as serial too
+        s(4.5, 6.0, "b"),  # 1.9
+        s(4.5, 6.0, "b"),  # no time between samples: nothing
+    ]
+    assert endtoend.serial_seconds(samples) == pytest.approx({None: 1.0, "a": 1.0, "b": 0.5})
+    assert endtoend.serial_seconds(samples, cores=2.0) == pytest.approx(
+        {None: 1.0, "a": 2.0, "b": 1.5}
+    )
+    assert endtoend.serial_seconds(samples[:1]) == {}
+    endtoend.write_timeline(tmp_path / "t.tsv", samples)
+    assert (tmp_path / "t.tsv").read_text().splitlines()[:3] == [
+        "1.00 0.90 -",
+        "2.00 2.00 a",
+        "3.00 1.20 a",
+    ]
+
+
+def _summary(wall: float, serial: float, groups: dict[str, float], snap: str = "s") -> dict:
+    return {
+        "wall_s": wall,
+        "serial_s": serial,
+        "snapshot": snap,
+        "groups": {name: {"wall_s": w} for name, w in groups.items()},
+    }
+
+
+def test_worker_counts_compare_by_medians_and_flag_only_a_group_slower_in_every_round() -> None:
+    rounds = {
+        2: [
+            _summary(40.0, 10.0, {"a": 10.0, "b": 8.0}),
+            _summary(44.0, 10.0, {"a": 12.0, "b": 8.4}),
+        ],
+        16: [
+            _summary(41.0, 9.0, {"a": 11.0, "b": 8.5}),
+            _summary(42.0, 9.0, {"a": 10.0, "b": 8.6}),
+        ],
+    }
+    out = bench_scaleout.compare_counts(rounds, [2, 16], cpus=2)["16_vs_2"]
+    assert out["wall_speedup"] == round(42.0 / 41.5, 2)
+    assert out["stage_group_speedup"] == {"a": 1.05, "b": round(8.2 / 8.55, 2)}
+    # a: its runs at 16 overlap those at 2 (noise); b: slower in both rounds than either at 2
+    assert out["slower_beyond_noise"] == ["b"] and out["same_snapshot"]
+    # Amdahl from the 2-worker runs on 2 cores: 10 serial s, 32 s spread over 2 cores
+    assert out["ceiling"] == round(42.0 / (10.0 + 32.0 * 2 / 16), 2)
+    one = bench_scaleout.compare_counts({2: rounds[2][:1], 16: [rounds[16][0]]}, [2, 16], 16)
+    assert one["16_vs_2"]["slower_beyond_noise"] == ["a", "b"]
+    other = {2: rounds[2], 16: [_summary(40.0, 9.0, {"a": 9.0, "b": 7.0}, snap="t")]}
+    assert not bench_scaleout.compare_counts(other, [2, 16], 2)["16_vs_2"]["same_snapshot"]
 
 
 _BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
