@@ -7,6 +7,7 @@ tiktoken reproduces and a fixed sample encodes to the same ids both ways; else t
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import threading
 import warnings
@@ -268,6 +269,48 @@ class TokenBytes:
         cum = np.zeros(flat.size + 1, dtype=np.int64)
         np.cumsum(self.lengths[flat], out=cum[1:])
         return cum[offsets]
+
+
+# A document of more tokens than this is decoded and hashed a piece at a time: a Python list
+# of its ids alone would cost about 36 bytes a token, its text as one string more again.
+DECODE_PIECE_TOKENS = 1 << 20
+
+
+def newline_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """Token ids whose bytes end with a newline (byte-level: the character 'Ċ'): decoding
+    may stop after one without cutting a UTF-8 character."""
+    vocab = tokenizer.get_vocab()
+    return np.array(sorted(i for token, i in vocab.items() if token.endswith("\u010a")), np.int64)
+
+
+def decoded_sha256(
+    tokenizer: Tokenizer,
+    table: TokenBytes | None,
+    ids: np.ndarray,
+    newlines: np.ndarray | None = None,
+) -> str:
+    """The sha256 of what `ids` decode to (special tokens kept), in memory bounded by
+    DECODE_PIECE_TOKENS. Through `table` (the tokenizer's TokenBytes): the ids' bytes as a
+    ByteLevel decoder joins them, hashed as they are, so bytes that are not UTF-8 differ from
+    every text's. Without one (not byte-level), by the tokenizer's decode: a long document in
+    pieces each ending after a newline token (`newlines`, else newline_ids), so each piece
+    decodes to exactly its share of the text."""
+    digest = hashlib.sha256()
+    if table is not None:
+        for lo in range(0, ids.size, DECODE_PIECE_TOKENS):
+            digest.update(table.decode(ids[lo : lo + DECODE_PIECE_TOKENS]).data)
+        return digest.hexdigest()
+    cuts = [0]
+    if ids.size > DECODE_PIECE_TOKENS:
+        found = newline_ids(tokenizer) if newlines is None else newlines
+        for end in (np.flatnonzero(np.isin(ids, found)) + 1).tolist():
+            if end - cuts[-1] >= DECODE_PIECE_TOKENS:
+                cuts.append(end)
+    if cuts[-1] != ids.size:
+        cuts.append(ids.size)
+    for lo, hi in itertools.pairwise(cuts):
+        digest.update(tokenizer.decode(ids[lo:hi].tolist(), skip_special_tokens=False).encode())
+    return digest.hexdigest()
 
 
 class TokenEncoder(ABC):

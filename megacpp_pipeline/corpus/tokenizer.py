@@ -248,7 +248,15 @@ _KEEP_LOADED = 4  # a process meets one artifact a run, a test process a few
 
 
 def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
-    """The pinned artifact, refused unless its bytes hash to `sha256` (read and checked at
+    """The pinned artifact (`read_artifact`), refused unless it has the pipeline's special
+    tokens at their ids."""
+    tok = read_artifact(path, sha256)
+    check_special_tokens(tok, path)
+    return tok
+
+
+def read_artifact(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
+    """A tokenizer artifact, refused unless its bytes hash to `sha256` (read and checked at
     every call). It is parsed once per process and sha256, and the tokenizer returned is
     shared by every caller that loads those bytes: none may change it."""
     if not Path(path).is_file():
@@ -261,7 +269,6 @@ def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
         tok = _LOADED.get(sha256)
     if tok is None:
         tok = Tokenizer.from_str(raw.decode("utf-8"))
-        check_special_tokens(tok, path)
         tok.encode_special_tokens = True  # not serialized: control tokens never come from text
         with _LOADED_LOCK:
             while len(_LOADED) >= _KEEP_LOADED:

@@ -207,6 +207,7 @@ class RoundTripJob:
     seq_len: int
     bos: int
     eos: int
+    tokenizer_sha256: str  # the manifest's: the snapshot's tokenizer.json must hash to it
 
 
 @dataclass(frozen=True)
@@ -224,38 +225,14 @@ class RoundTripShard:
     path: dict[int, str]  # doc -> its file, to name in a problem
 
 
-# per process: the snapshot's tokenizer and its token bytes table, loaded once
-_TOKENIZERS: dict[str, tuple[Any, Any]] = {}
-_DECODE_TOKENS = 1 << 20  # a long document is decoded and hashed this many tokens at a time
-
-
-def _tokenizer(root: Path) -> tuple[Any, Any]:
-    from tokenizers import Tokenizer
-
+def _tokenizer(job: RoundTripJob) -> tuple[Any, Any]:
+    """The snapshot's tokenizer, its bytes checked against the manifest's sha256, and its
+    token bytes table (both built once per process per artifact)."""
     from megacpp_pipeline.corpus.encoders import TokenBytes
+    from megacpp_pipeline.corpus.tokenizer import read_artifact
 
-    key = str(root)
-    if key not in _TOKENIZERS:
-        _TOKENIZERS.clear()
-        tok = Tokenizer.from_file(str(root / layout.TOKENIZER))
-        _TOKENIZERS[key] = (tok, TokenBytes.of(tok))
-    return _TOKENIZERS[key]
-
-
-def decoded_sha256(root: Path, body: np.ndarray) -> str:
-    """The sha256 of what `body` decodes to with the snapshot's tokenizer. A byte-level
-    tokenizer's decoder concatenates each id's bytes and reads them as UTF-8: the bytes
-    are gathered and hashed a bounded run of ids at a time (a 64 MiB file's document never
-    becomes one string of token strings), and any that are not the source's UTF-8 differ
-    from it; any other decoder decodes the document whole."""
-    tok, token_bytes = _tokenizer(root)
-    if token_bytes is None:
-        text = tok.decode(body, skip_special_tokens=False)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-    digest = hashlib.sha256()
-    for lo in range(0, body.size, _DECODE_TOKENS):
-        digest.update(token_bytes.decode(body[lo : lo + _DECODE_TOKENS]))
-    return digest.hexdigest()
+    tok = read_artifact(job.root / layout.TOKENIZER, job.tokenizer_sha256)
+    return tok, TokenBytes.of_artifact(tok, job.tokenizer_sha256)
 
 
 def _pieces_tokens(job: RoundTripJob, shard: RoundTripShard) -> dict[int, np.ndarray]:
@@ -287,10 +264,15 @@ def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, lis
     """(documents checked, problems, documents whose rows are not all here): each sampled
     document of the shard rebuilt from its pieces, FIM order restored, BOS/EOS stripped,
     decoded with the snapshot's tokenizer and hashed against its text's sha256."""
+    from megacpp_pipeline.corpus.encoders import decoded_sha256
     from megacpp_pipeline.corpus.packing import restore_fim_order
-    from megacpp_pipeline.corpus.tokenizer import SpecialIds
+    from megacpp_pipeline.corpus.tokenizer import SpecialIds, TokenizerArtifactError
 
     held = _pieces_tokens(job, shard)
+    try:
+        tok, table = _tokenizer(job)
+    except TokenizerArtifactError as e:  # nothing decodes: every sampled document is open
+        return 0, [str(e)], []
     problems: list[str] = []
     unresolved: list[int] = []
     checked = 0
@@ -313,7 +295,7 @@ def round_trip_shard(job: RoundTripJob, shard: RoundTripShard) -> tuple[int, lis
             starts_of = member_starts if member_starts and len(member_starts) > 1 else None
             body = restore_fim_order(tokens, SpecialIds(), starts_of)[1:-1]
             checked += 1
-            if decoded_sha256(job.root, body) != shard.sha256[doc]:
+            if decoded_sha256(tok, table, body) != shard.sha256[doc]:
                 problems.append(
                     f"doc {doc} ({shard.path[doc]}): decoded text differs from the source"
                 )

@@ -231,12 +231,12 @@ def _repository_texts(
 
 def _rows(snap: Path, manifest: SnapshotManifest) -> Iterator[tuple[dict[str, Any], int]]:
     """(row, text bytes) per document in the rows, in doc_id order."""
-    from tokenizers import Tokenizer
+    from megacpp_pipeline.corpus.tokenizer import read_artifact
 
     documents = _documents(snap)
     packed = packed_doc_ids(snap)
     repository = manifest.document_mode != "file"
-    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
+    tok = read_artifact(snap / layout.TOKENIZER, str(manifest.tokenizer.get("sha256", "")))
     for lo in range(0, len(packed), DOCS_PER_PASS):
         group = packed[lo : lo + DOCS_PER_PASS]
         texts = (

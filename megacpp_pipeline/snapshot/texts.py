@@ -155,10 +155,10 @@ def document_texts(
     snapshot_dir: Path, manifest: SnapshotManifest, doc_ids: Iterable[int] | None = None
 ) -> Iterator[DocumentText]:
     """Each document's text (all of them, or `doc_ids`), in doc_id order."""
-    from tokenizers import Tokenizer
+    from megacpp_pipeline.corpus.tokenizer import read_artifact
 
     snap = Path(snapshot_dir)
-    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
+    tok = read_artifact(snap / layout.TOKENIZER, str(manifest.tokenizer.get("sha256", "")))
     pending: list[tuple[int, np.ndarray]] = []
 
     def decoded() -> Iterator[DocumentText]:
@@ -190,10 +190,10 @@ def file_texts(
     path marker line, and the newline after a file that lacks one, dropped in repository
     mode: split_member), in doc_id then position order. Documents that cannot be rebuilt
     are skipped (the round-trip check names them)."""
-    from tokenizers import Tokenizer
+    from megacpp_pipeline.corpus.tokenizer import read_artifact
 
     snap = Path(snapshot_dir)
-    tok = Tokenizer.from_file(str(snap / layout.TOKENIZER))
+    tok = read_artifact(snap / layout.TOKENIZER, str(manifest.tokenizer.get("sha256", "")))
     files = read_document_files(snap, ["doc_id", "position", "source_id", "path", "content_sha256"])
     where = {
         (d, p): (s, f, sha)

@@ -309,7 +309,15 @@ def check_round_trip(
     tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256). A task of
     `mapper` per rows shard rebuilds and decodes the sampled documents whose pieces all lie
     in it (every one, when a packing window is a shard); any other is rebuilt here."""
+    from megacpp_pipeline.corpus.tokenizer import TokenizerArtifactError, read_artifact
+
     out = CheckOutcome("round_trip_decode", True)
+    sha256 = str(manifest.tokenizer.get("sha256", ""))
+    try:  # here once, so a tokenizer that is not the manifest's is one problem, not one a shard
+        read_artifact(snap / layout.TOKENIZER, sha256)
+    except TokenizerArtifactError as e:
+        out.fail(f"{e}: nothing is decoded with it")
+        return out
     # the documents in the rows (a source's weight may draw one 0 times: it has no pieces)
     ids = np.asarray(packed_doc_ids(snap), np.int64)
     if len(ids) > sample:  # the sample chosen from the ids alone; its rows read after
@@ -323,7 +331,11 @@ def check_round_trip(
     tasks, elsewhere = _round_trip_tasks(snap, manifest, sha_by_doc, path_by_doc)
     special = manifest.tokenizer.get("special_tokens", {})
     job = RoundTripJob(
-        snap, manifest.seq_len, int(special.get("<|bos|>", 0)), int(special.get("<|eos|>", 1))
+        snap,
+        manifest.seq_len,
+        int(special.get("<|bos|>", 0)),
+        int(special.get("<|eos|>", 1)),
+        sha256,
     )
     for n, problems, unresolved in mapper(round_trip_shard, job, tasks):
         checked += n

@@ -5,12 +5,10 @@ decodes every document back to its text."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
@@ -66,7 +64,8 @@ def _undecodable(state: tuple[Tokenizer, encoders.TokenBytes | None], rows: pa.T
     """The paths whose token ids do not decode to the text their sha256 names, a bounded
     batch of documents at a time. A byte-level artifact decodes through its token byte
     table (the bytes tokenizers' ByteLevel decoder joins, gathered without a Python loop
-    per token); any other through tokenizers' decode_batch."""
+    per token); any other through tokenizers' decode_batch, a document near the
+    size limit a piece at a time (encoders.decoded_sha256)."""
     tok, table = state
     failures: list[str] = []
     for lo in range(0, rows.num_rows, 256):
@@ -75,11 +74,11 @@ def _undecodable(state: tuple[Tokenizer, encoders.TokenBytes | None], rows: pa.T
         shas = part["content_sha256"].to_pylist()
         if table is None:
             lengths = pc.list_value_length(part["token_ids"]).to_numpy(zero_copy_only=False)
-            if (lengths > LONG_DOCUMENT_TOKENS).any():  # near the size limit: piece by piece
-                newline_ids = _newline_ids(tok)
+            if (lengths > encoders.DECODE_PIECE_TOKENS).any():  # near the size limit
+                newlines = encoders.newline_ids(tok)
                 for i, (path, sha) in enumerate(zip(paths, shas, strict=True)):
                     ids = part["token_ids"][i].values.to_numpy(zero_copy_only=False)
-                    if _decoded_sha256(tok, ids, newline_ids) != sha:
+                    if encoders.decoded_sha256(tok, None, ids, newlines) != sha:
                         failures.append(path)
                 continue
             decoded = tok.decode_batch(part["token_ids"].to_pylist(), skip_special_tokens=False)
@@ -136,37 +135,6 @@ def _every_document_round_trips(
         },
         description=f"{source}: {failures[0]} does not decode to its text" if failures else None,
     )
-
-
-# A document with more tokens than this (a file of several MB) is decoded a piece at a time:
-# a Python list of its ids alone would cost ~36 bytes a token.
-LONG_DOCUMENT_TOKENS = 1 << 20
-
-
-def _newline_ids(tok: Tokenizer) -> np.ndarray:
-    """Token ids whose bytes end with a newline (byte-level: the character 'Ċ'): decoding
-    may stop after one without cutting a UTF-8 character."""
-    return np.array(
-        sorted(i for token, i in tok.get_vocab().items() if token.endswith("\u010a")), np.int64
-    )
-
-
-def _decoded_sha256(tok: Tokenizer, ids: np.ndarray, newline_ids: np.ndarray) -> str:
-    """sha256 of decode(ids), decoded about LONG_DOCUMENT_TOKENS ids at a time, each piece
-    ending after a newline token (so pieces decode to exactly their share of the text)."""
-    ends = np.flatnonzero(np.isin(ids, newline_ids)) + 1
-    cuts = [0]
-    for end in ends.tolist():
-        if end - cuts[-1] >= LONG_DOCUMENT_TOKENS:
-            cuts.append(end)
-    if cuts[-1] != len(ids):
-        cuts.append(len(ids))
-    h = hashlib.sha256()
-    for lo, hi in itertools.pairwise(cuts):
-        piece = tok.decode(ids[lo:hi].tolist(), skip_special_tokens=False)
-        h.update(piece.encode("utf-8"))
-        del piece
-    return h.hexdigest()
 
 
 STAGE = Stage(

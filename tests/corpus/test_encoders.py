@@ -6,8 +6,10 @@ spelled in text, and every demo file; an artifact it cannot reproduce is refused
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import PurePosixPath
+from typing import Any
 
 import numpy as np
 import pytest
@@ -159,6 +161,61 @@ def test_token_byte_table_decodes_edges_and_past_32_bit_offsets(
     assert table.decode(ids.astype(np.int32)).tobytes() == table.decode(ids).tobytes()
     with pytest.raises(IndexError):
         table.decode(np.array([5], dtype=np.int64))
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_decoded_sha256_hashes_a_long_document_a_bounded_run_of_ids_at_a_time(
+    small_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the byte table, gathered and hashed 7 ids at a time, it is the hash of what the
+    tokenizer decodes whole; ids whose bytes are not UTF-8 (the decoder would read U+FFFD)
+    are a difference, never a match."""
+    monkeypatch.setattr(encoders, "DECODE_PIECE_TOKENS", 7)
+    table = TokenBytes.of(small_tokenizer)
+    text = 'int main() {\n  return sizeof("h\u00e9llo") + 0x2a; // \u00fcn\u00efcode \u2713\n}\n'
+    ids = np.array(small_tokenizer.encode(text * 20).ids, dtype=np.int32)
+    assert ids.size > 50
+    assert encoders.decoded_sha256(small_tokenizer, table, ids) == _sha(text * 20)
+    c3 = small_tokenizer.token_to_id("\u00c3")  # byte 0xc3 (the first of \u00e9's) alone
+    broken = np.array([c3, *small_tokenizer.encode("x").ids], dtype=np.int32)
+    lossy = small_tokenizer.decode(broken.tolist(), skip_special_tokens=False)
+    assert lossy.startswith("\ufffd")
+    assert encoders.decoded_sha256(small_tokenizer, table, broken) != _sha(lossy)
+    assert encoders.decoded_sha256(small_tokenizer, table, ids[:0]) == _sha("")
+
+
+def test_decoded_sha256_without_a_byte_table_decodes_pieces_ending_after_a_newline(
+    small_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a table (a tokenizer that is not byte-level), by the tokenizer's decode: a
+    long document in pieces that end after a newline token, so multibyte characters are
+    never cut and the hash is the whole text's; a short one whole."""
+    text = "// Größe: 世界 — naïve 🚀\nint área(int ñ) {\n    return ñ * 2;  // doppelt ü\n}\n" * 60
+    ids = np.array(small_tokenizer.encode(text).ids, np.int64)
+    newlines = encoders.newline_ids(small_tokenizer)
+    assert newlines.size and np.isin(ids, newlines).sum() > 100
+    whole = encoders.decoded_sha256(small_tokenizer, None, ids)
+    assert whole == _sha(small_tokenizer.decode(ids.tolist(), skip_special_tokens=False))
+    monkeypatch.setattr(encoders, "DECODE_PIECE_TOKENS", 50)
+    decoded: list[int] = []
+    real = Tokenizer.decode
+
+    class Counting:  # tokenizers' Tokenizer cannot be patched: a stand-in that counts ids
+        def decode(self, piece: list[int], skip_special_tokens: bool) -> str:
+            decoded.append(len(piece))
+            return real(small_tokenizer, piece, skip_special_tokens=skip_special_tokens)
+
+        def get_vocab(self) -> dict[str, int]:
+            return small_tokenizer.get_vocab()
+
+    counting: Any = Counting()
+    assert encoders.decoded_sha256(counting, None, ids) == _sha(text)
+    assert len(decoded) > 5 and max(decoded[:-1]) < 50 + 40  # pieces, each a line past 50
+    assert encoders.decoded_sha256(counting, None, ids, newlines) == _sha(text)
+    assert encoders.decoded_sha256(small_tokenizer, None, ids[:-1], newlines) != _sha(text)
 
 
 # --- the choice at load -------------------------------------------------------------------

@@ -405,21 +405,3 @@ def test_a_tokenizer_that_normalizes_is_never_split(tokenizer: Tokenizer) -> Non
     changed = Tokenizer.from_str(tokenizer.to_str())
     changed.normalizer = normalizers.NFC()
     assert not tokenization.splits_exactly(changed)
-
-
-def test_the_round_trip_check_decodes_a_long_document_a_piece_at_a_time_to_its_hash(
-    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The tokenized_docs check on a file near the size limit: pieces end after a newline
-    token, so multibyte characters are never cut and the hash is the whole text's."""
-    import numpy as np
-
-    from megacpp_pipeline.stages import tokenize as stage
-
-    text = MULTIBYTE * 300
-    ids = np.array(tokenizer.encode(text, add_special_tokens=False).ids, np.int64)
-    monkeypatch.setattr(stage, "LONG_DOCUMENT_TOKENS", 50)
-    newline_ids = stage._newline_ids(tokenizer)
-    assert newline_ids.size and np.isin(ids, newline_ids).sum() > 100
-    assert stage._decoded_sha256(tokenizer, ids, newline_ids) == schemas.text_sha256(text)
-    assert stage._decoded_sha256(tokenizer, ids[:-1], newline_ids) != schemas.text_sha256(text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -284,39 +285,19 @@ def test_a_shard_of_many_row_groups_is_checked_group_by_group(
     assert any(f"pack_id {last} doc_ids disagree" in p for p in docs.problems), docs.problems
 
 
-def test_the_round_trip_hashes_a_long_document_a_bounded_run_of_ids_at_a_time(
-    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_tokenizer_that_is_not_the_manifests_fails_the_round_trip_naming_it(
+    pristine: Path, tmp_path: Path
 ) -> None:
-    # What a byte-level decoder gives, gathered and hashed 7 ids at a time, is what the
-    # tokenizer decodes whole; ids whose bytes are not UTF-8 (which the decoder would read
-    # as U+FFFD) are a difference, never a match. Another decoder decodes whole.
-    import hashlib
-
-    import numpy as np
-
-    from megacpp_pipeline.corpus.tokenizer import TokenizerConfig, train_tokenizer
-    from megacpp_pipeline.snapshot import shard_checks
-
-    def sha(text: str) -> str:
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    monkeypatch.setattr(shard_checks, "_DECODE_TOKENS", 7)
-    text = 'int main() {\n  return sizeof("h\u00e9llo") + 0x2a; // \u00fcn\u00efcode \u2713\n}\n'
-    tok = train_tokenizer([text * 3, "int x = 1;\n" * 5], TokenizerConfig(vocab_size=300))
-    tok.save(str(tmp_path / "tokenizer.json"))
-    ids = np.array(tok.encode(text * 20).ids, dtype=np.int32)
-    assert ids.size > 50
-    assert shard_checks.decoded_sha256(tmp_path, ids) == sha(text * 20)
-    c3 = tok.token_to_id("\u00c3")  # byte 0xc3 (the first of \u00e9's) alone: not UTF-8
-    broken = np.array([c3, *tok.encode("x").ids], dtype=np.int32)
-    lossy = tok.decode(broken.tolist(), skip_special_tokens=False)
-    assert lossy.startswith("\ufffd") and shard_checks.decoded_sha256(tmp_path, broken) != sha(
-        lossy
-    )
-    assert shard_checks._tokenizer(pristine)[1] is None  # the fixture's WordLevel tokenizer
-    few = np.array([20, 21, 22], dtype=np.int32)
-    decoded = shard_checks._tokenizer(pristine)[0].decode(few.tolist(), skip_special_tokens=False)
-    assert shard_checks.decoded_sha256(pristine, few) == sha(decoded)
+    # the round trip decodes with the snapshot's tokenizer.json only when its bytes are the
+    # ones the manifest names; another (here: the same vocabulary, rewritten) is refused
+    snap = damaged(pristine, tmp_path)
+    manifest = read_manifest(snap)
+    assert verify.check_round_trip(snap, manifest, sample=50).passed
+    path = snap / "tokenizer.json"
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=1))
+    out = verify.check_round_trip(snap, manifest, sample=50)
+    assert not out.passed
+    assert any(f"{path}" in p and "sha256 mismatch" in p for p in out.problems), out.problems
 
 
 # --- document_consistency: each window of documents.parquet in a task of its own ----------
