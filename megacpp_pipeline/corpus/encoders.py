@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import threading
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ import tokenizers
 from tokenizers import Tokenizer, decoders
 
 from megacpp_pipeline.core.errors import FieldedError
+from megacpp_pipeline.core.kept import Kept
 from megacpp_pipeline.snapshot import layout
 
 # tokenizers' ByteLevel pre-tokenizer regex (GPT-2's), as tiktoken takes it.
@@ -194,12 +194,10 @@ def _overlap(a: str, b: str) -> bool:
 BINARY_OFFSETS_LIMIT = 1 << 31  # bytes an Arrow binary array's 32-bit offsets can address
 
 
-# per process, at most _KEEP of each: the encoder chosen per (artifact, mode, threads), and
-# each artifact's token bytes table by its sha256
-_CHOSEN: dict[tuple[str, EncoderMode, int], TokenEncoder] = {}
-_TABLES: dict[str, TokenBytes | None] = {}
-_LOCK = threading.Lock()
-_KEEP = 8
+# per process, a few of each: the encoder chosen per (artifact, mode, threads), and each
+# artifact's token bytes table by its sha256
+_CHOSEN: Kept[tuple[str, EncoderMode, int], TokenEncoder] = Kept(8)
+_TABLES: Kept[str, TokenBytes | None] = Kept(8)
 
 
 class TokenBytes:
@@ -243,15 +241,7 @@ class TokenBytes:
     def of_artifact(cls, tokenizer: Tokenizer, sha256: str) -> TokenBytes | None:
         """`of(tokenizer)`, built once per process for the artifact whose bytes hash to
         `sha256` (a per-source check decodes with the same artifact for every source)."""
-        with _LOCK:
-            if sha256 in _TABLES:
-                return _TABLES[sha256]
-        table = cls.of(tokenizer)
-        with _LOCK:
-            while len(_TABLES) >= _KEEP:
-                del _TABLES[next(iter(_TABLES))]
-            _TABLES[sha256] = table
-        return table
+        return _TABLES.get(sha256, lambda: cls.of(tokenizer))
 
     def decode(self, flat: np.ndarray) -> np.ndarray:
         """The bytes of the ids in `flat`, concatenated, as uint8 (read-only)."""
@@ -555,21 +545,25 @@ def select_encoder(
     *,
     threads: int = 1,
     artifact: str = layout.TOKENIZER,
+    sha256: str | None = None,
 ) -> TokenEncoder:
     """The encoder `mode` asks for over `tokenizer` (built once per artifact and process).
     `auto` falls back to tokenizers with a FastEncoderFallbackWarning naming why; `fast`
-    raises FastEncoderRefusedError instead."""
+    raises FastEncoderRefusedError instead. `sha256`: the artifact's, when the caller read
+    the tokenizer from it (read_artifact); without it the tokenizer is serialized and hashed
+    to find its encoder (about 14 ms for a 2.4 MB artifact, at every call)."""
     mode = EncoderMode(mode)
-    raw = tokenizer.to_str()
-    key = (hashlib.sha256(raw.encode("utf-8")).hexdigest(), mode, threads)
-    with _LOCK:
-        chosen = _CHOSEN.get(key)
-    if chosen is None:
-        chosen = _choose(raw, mode, threads, artifact, f"megacpp-{key[0][:12]}")
-        with _LOCK:
-            while len(_CHOSEN) >= _KEEP:  # a long-lived process meets few artifacts
-                del _CHOSEN[next(iter(_CHOSEN))]
-            _CHOSEN[key] = chosen
+    raw = None if sha256 is not None else tokenizer.to_str()
+    if raw is not None:
+        sha256 = hashlib.sha256(raw.encode("utf-8")).hexdigest()
+    assert sha256 is not None
+    key = (sha256, mode, threads)
+
+    def choose() -> TokenEncoder:
+        serialized = tokenizer.to_str() if raw is None else raw
+        return _choose(serialized, mode, threads, artifact, f"megacpp-{key[0][:12]}")
+
+    chosen = _CHOSEN.get(key, choose)
     if mode is EncoderMode.AUTO and isinstance(chosen, ReferenceEncoder):
         warnings.warn(f"{artifact}: {chosen.why}", FastEncoderFallbackWarning, stacklevel=2)
     return chosen
@@ -591,6 +585,5 @@ def _choose(raw: str, mode: EncoderMode, threads: int, artifact: str, name: str)
 def forget_chosen() -> None:
     """Drop the encoders and tables built so far (a bench times the build as a fresh
     process pays it)."""
-    with _LOCK:
-        _CHOSEN.clear()
-        _TABLES.clear()
+    _CHOSEN.clear()
+    _TABLES.clear()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from megacpp_pipeline.core.errors import FieldedError
+from megacpp_pipeline.core.kept import Kept
 from megacpp_pipeline.storage.versions import write_bytes_atomic
 
 BOS = "<|bos|>"
@@ -242,9 +242,7 @@ def check_special_tokens(tok: Tokenizer, path: str | os.PathLike[str] = "<memory
 
 # sha256 -> the artifact's tokenizer, parsed once per process: a per-source step loads the
 # same artifact for its gate and again for its check, and a run's steps share a process
-_LOADED: dict[str, Tokenizer] = {}
-_LOADED_LOCK = threading.Lock()
-_KEEP_LOADED = 4  # a process meets one artifact a run, a test process a few
+_LOADED: Kept[str, Tokenizer] = Kept(4)  # a process meets one artifact a run, a test a few
 
 
 def load_tokenizer(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
@@ -265,16 +263,13 @@ def read_artifact(path: str | os.PathLike[str], sha256: str) -> Tokenizer:
     actual = hashlib.sha256(raw).hexdigest()
     if actual != sha256:
         raise TokenizerArtifactError(path, f"sha256 mismatch: pinned {sha256}, file has {actual}")
-    with _LOADED_LOCK:
-        tok = _LOADED.get(sha256)
-    if tok is None:
+
+    def parsed() -> Tokenizer:
         tok = Tokenizer.from_str(raw.decode("utf-8"))
         tok.encode_special_tokens = True  # not serialized: control tokens never come from text
-        with _LOADED_LOCK:
-            while len(_LOADED) >= _KEEP_LOADED:
-                del _LOADED[next(iter(_LOADED))]
-            _LOADED[sha256] = tok
-    return tok
+        return tok
+
+    return _LOADED.get(sha256, parsed)
 
 
 def obtain_tokenizer(

@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from megacpp_pipeline.core.catalog import Catalog, CatalogError, read_catalog
+from megacpp_pipeline.core.kept import Kept
 from megacpp_pipeline.corpus.decontaminate import BenchmarkError, verify_benchmark
 from megacpp_pipeline.gates.removals import RemovalError, load_removals
 from megacpp_pipeline.pipeline.registry import Registry
 
-_CHECKED: dict[int, Catalog] = {}  # catalogs whose files were checked, by identity
+_CHECKED: Kept[int, Catalog] = Kept(8)  # catalogs whose files were checked, by identity
 
 
 def load_catalog(path: str | Path, registry: Registry) -> Catalog:
@@ -20,12 +21,12 @@ def load_catalog(path: str | Path, registry: Registry) -> Catalog:
     parsed catalog: read_catalog hands the same frozen object out while the file is the
     same)."""
     catalog = read_catalog(path, registry.config_models())
-    if id(catalog) not in _CHECKED:
+
+    def checked() -> Catalog:  # kept, so that its id is no other catalog's while it is kept
         check_files(catalog, str(path))
-        if len(_CHECKED) >= 8:
-            _CHECKED.pop(next(iter(_CHECKED)))
-        _CHECKED[id(catalog)] = catalog
-    return catalog
+        return catalog
+
+    return _CHECKED.get(id(catalog), checked)
 
 
 def check_files(catalog: Catalog, origin: str) -> None:

@@ -42,7 +42,7 @@ def _gate(inputs: SourceInputs) -> PreparedGate:
     path, sha256 = inputs.artifact(names.TOKENIZER, layout.TOKENIZER)
     tok = tokenizer.load_tokenizer(path, sha256)
     # one thread: the executor's workers are the parallelism (a task per slice per core)
-    encoder = encoders.select_encoder(tok, config.encoder, threads=1, artifact=path)
+    encoder = encoders.select_encoder(tok, config.encoder, threads=1, artifact=path, sha256=sha256)
     if config.encoder is encoders.EncoderMode.AUTO and isinstance(
         encoder, encoders.ReferenceEncoder
     ):

@@ -42,6 +42,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
+from megacpp_pipeline.core.kept import Kept
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage import text_refs
 from megacpp_pipeline.storage.filesystem import (
@@ -251,7 +252,7 @@ class ShardStore:
         self.clock = clock
         self._local = is_local(self.fs)
         self._dirs = needs_directories(self.fs)
-        self._manifests: dict[str, Manifest] = {}
+        self._manifests: Kept[str, Manifest] = Kept(_MANIFESTS_KEPT)
         # text holders this process hashed whole for a version that stands (verify_reused)
         self._hashed_holders: set[tuple[str, str]] = set()
 
@@ -913,15 +914,10 @@ class ShardStore:
         if len(parts) < 4 or not is_version_name(parts[2]) or parts[3] in (MANIFEST, COMPLETE):
             return None
         vdir = path[: len(prefix) + len("/".join(parts[:3]))]
-        manifest = self._manifests.get(vdir)
-        if manifest is None:
-            try:
-                manifest = self.read_manifest(vdir)
-            except StoreError:
-                return None
-            if len(self._manifests) >= _MANIFESTS_KEPT:
-                self._manifests.pop(next(iter(self._manifests)))
-            self._manifests[vdir] = manifest
+        try:
+            manifest = self._manifests.get(vdir, lambda: self.read_manifest(vdir))
+        except StoreError:
+            return None
         for shard in manifest.all_shards():
             if shard.path == parts[3]:
                 return vdir, shard

@@ -163,6 +163,24 @@ def test_token_byte_table_decodes_edges_and_past_32_bit_offsets(
         table.decode(np.array([5], dtype=np.int64))
 
 
+def test_an_encoder_found_by_its_artifacts_sha256_is_not_serialized_again(
+    small_tokenizer: Tokenizer,
+) -> None:
+    """A per-source gate names its artifact's sha256: the encoder chosen for the first source
+    is found for the next without serializing and hashing the tokenizer (14 ms at 2.4 MB)."""
+    encoders.forget_chosen()
+    first = select_encoder(small_tokenizer, "fast", sha256="d" * 64)
+
+    class Unserializable:
+        def to_str(self) -> str:
+            raise AssertionError("serialized to find an encoder chosen before")
+
+    again: Any = Unserializable()
+    assert select_encoder(again, "fast", sha256="d" * 64) is first
+    assert select_encoder(small_tokenizer, "fast") is not first  # keyed by its own bytes
+    encoders.forget_chosen()
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -1,0 +1,51 @@
+"""A memo of at most a few values by key, the oldest dropped first, safe across threads:
+what a long-lived process (a Dagster code server, a test session, a worker) keeps of the
+artifacts, catalogs and manifests it met, without growing with every one it ever meets."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Kept(Generic[K, V]):
+    """At most `keep` values by key; the one kept longest goes first when another comes."""
+
+    def __init__(self, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"a memo keeps at least one value, not {keep}")
+        self.keep = keep
+        self._values: dict[K, V] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        """The value kept for `key`, else `make()`'s, kept. `make` runs outside the lock (it
+        may be slow, and may raise: then nothing is kept); where two threads make the same
+        key at once, both get the value the first of them kept."""
+        with self._lock:
+            if key in self._values:
+                return self._values[key]
+        value = make()
+        with self._lock:
+            if key in self._values:
+                return self._values[key]
+            while len(self._values) >= self.keep:
+                del self._values[next(iter(self._values))]
+            self._values[key] = value
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._values
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._values)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()

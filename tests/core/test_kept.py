@@ -1,0 +1,65 @@
+"""core.kept: a memo that keeps a few values, drops the oldest first, keeps nothing a failed
+make would have given, and gives two threads making one key the same value."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from megacpp_pipeline.core.kept import Kept
+
+
+def test_a_value_is_made_once_and_the_oldest_goes_when_a_new_one_comes() -> None:
+    made: list[str] = []
+
+    def make(key: str) -> str:
+        made.append(key)
+        return key.upper()
+
+    kept: Kept[str, str] = Kept(2)
+    assert kept.get("a", lambda: make("a")) == "A"
+    assert kept.get("a", lambda: make("a")) == "A" and made == ["a"]
+    kept.get("b", lambda: make("b"))
+    kept.get("c", lambda: make("c"))  # "a" was kept longest: it goes
+    assert "a" not in kept and "b" in kept and "c" in kept and len(kept) == 2
+    kept.get("a", lambda: make("a"))
+    assert made == ["a", "b", "c", "a"] and "b" not in kept
+    kept.clear()
+    assert len(kept) == 0
+
+
+def test_none_is_a_value_and_a_failed_make_keeps_nothing() -> None:
+    kept: Kept[str, int | None] = Kept(4)
+    calls = []
+
+    def none() -> None:
+        calls.append(1)
+
+    assert kept.get("k", none) is None and kept.get("k", none) is None and calls == [1]
+
+    def fails() -> int:
+        raise OSError("gone")
+
+    with pytest.raises(OSError, match="gone"):
+        kept.get("x", fails)
+    assert "x" not in kept and kept.get("x", lambda: 7) == 7
+    with pytest.raises(ValueError, match="at least one"):
+        Kept(0)
+
+
+def test_two_threads_making_one_key_get_the_value_kept_first() -> None:
+    kept: Kept[str, object] = Kept(2)
+    both_making = threading.Barrier(2)
+    got: list[object] = []
+
+    def make() -> object:
+        both_making.wait(timeout=10)  # each thread is inside make before either keeps
+        return object()
+
+    threads = [threading.Thread(target=lambda: got.append(kept.get("k", make))) for _ in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 2 and got[0] is got[1] and len(kept) == 1
