@@ -1,4 +1,5 @@
-"""A memo of at most a few values by key, the oldest dropped first, safe across threads:
+"""A memo of at most a few values by key, the least recently used dropped first, safe
+across threads:
 what a long-lived process (a Dagster code server, a test session, a worker) keeps of the
 artifacts, catalogs and manifests it met, without growing with every one it ever meets."""
 
@@ -13,7 +14,7 @@ V = TypeVar("V")
 
 
 class Kept(Generic[K, V]):
-    """At most `keep` values by key; the one kept longest goes first when another comes."""
+    """At most `keep` values by key; the one used least recently goes when another comes."""
 
     def __init__(self, keep: int) -> None:
         if keep < 1:
@@ -28,7 +29,8 @@ class Kept(Generic[K, V]):
         key at once, both get the value the first of them kept."""
         with self._lock:
             if key in self._values:
-                return self._values[key]
+                found = self._values[key] = self._values.pop(key)  # now the most recent
+                return found
         value = make()
         with self._lock:
             if key in self._values:

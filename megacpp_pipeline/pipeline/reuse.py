@@ -32,9 +32,11 @@ import functools
 import hashlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import megacpp_pipeline
+from megacpp_pipeline.core.catalog import Catalog
+from megacpp_pipeline.core.kept import Kept
 from megacpp_pipeline.pipeline.libraries import library_versions
 from megacpp_pipeline.snapshot import layout
 from megacpp_pipeline.storage.store import Manifest, NoVersionError
@@ -94,10 +96,10 @@ def inputs_id(
     h.update(pipeline_fingerprint().encode() + b"\0")
     h.update(ctx.code_version(stage).encode() + b"\0")
     h.update(config_hash(ctx.config(stage)).encode() + b"\0")
-    catalog = ctx.catalog.model_dump(mode="json")
-    del catalog["stages"]  # a stage's config is in its code version, with those it reads
+    whole, entries = _catalog_json(ctx.catalog)
+    catalog = dict(whole)
     if stage.per_source:  # a source's partition sees the catalog's settings and its own entry
-        catalog["sources"] = [s for s in catalog["sources"] if s["id"] == partition]
+        catalog["sources"] = [entries[partition]] if partition in entries else []
         # the removal requests and the benchmarks are read by the stages that declare them
         # (their code versions hold them, their salts what each source's files meet), so an
         # edit to them leaves every other stage's version of a source standing
@@ -114,6 +116,24 @@ def inputs_id(
     }
     h.update(canonical_json(sorted(read.items())))
     return h.hexdigest()[:32]
+
+
+# per process, a few catalogs as JSON (each parsed catalog is one frozen object, shared by a
+# run's steps): dumping a catalog of N sources for each of N sources' versions grew as N^2
+_CATALOG_JSON: Kept[int, tuple[Catalog, dict[str, Any], dict[str, Any]]] = Kept(4)
+
+
+def _catalog_json(catalog: Catalog) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The catalog as JSON without its stages (a stage's config is in its code version, with
+    those it reads), and each source's entry by id; neither may be changed."""
+
+    def dumped() -> tuple[Catalog, dict[str, Any], dict[str, Any]]:
+        whole = catalog.model_dump(mode="json")
+        del whole["stages"]
+        return catalog, whole, {s["id"]: s for s in whole["sources"]}
+
+    _, whole, entries = _CATALOG_JSON.get(id(catalog), dumped)  # kept: its id stays its own
+    return whole, entries
 
 
 def standing(

@@ -1,5 +1,5 @@
-"""core.kept: a memo that keeps a few values, drops the oldest first, keeps nothing a failed
-make would have given, and gives two threads making one key the same value."""
+"""core.kept: a memo that keeps a few values, drops the least recently used first, keeps
+nothing a failed make would have given, and gives two threads making one key one value."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from megacpp_pipeline.core.kept import Kept
 
 
-def test_a_value_is_made_once_and_the_oldest_goes_when_a_new_one_comes() -> None:
+def test_a_value_is_made_once_and_the_least_recently_used_goes_when_a_new_one_comes() -> None:
     made: list[str] = []
 
     def make(key: str) -> str:
@@ -21,10 +21,11 @@ def test_a_value_is_made_once_and_the_oldest_goes_when_a_new_one_comes() -> None
     assert kept.get("a", lambda: make("a")) == "A"
     assert kept.get("a", lambda: make("a")) == "A" and made == ["a"]
     kept.get("b", lambda: make("b"))
-    kept.get("c", lambda: make("c"))  # "a" was kept longest: it goes
-    assert "a" not in kept and "b" in kept and "c" in kept and len(kept) == 2
-    kept.get("a", lambda: make("a"))
-    assert made == ["a", "b", "c", "a"] and "b" not in kept
+    kept.get("a", lambda: make("a"))  # used again: "b" is now the least recently used
+    kept.get("c", lambda: make("c"))
+    assert "b" not in kept and "a" in kept and "c" in kept and len(kept) == 2
+    kept.get("b", lambda: make("b"))
+    assert made == ["a", "b", "c", "b"] and "a" not in kept
     kept.clear()
     assert len(kept) == 0
 

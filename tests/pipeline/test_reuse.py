@@ -486,3 +486,31 @@ def test_a_removal_written_into_the_catalog_leaves_the_other_stages_versions_sta
     # the removals gate and what reads it are computed again: its code version, which every
     # reader's identity holds, changed
     assert after["removed_files", "repo"] != before["removed_files", "repo"]
+
+
+def test_the_catalog_is_dumped_once_for_every_sources_inputs_and_each_sees_its_own_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's N sources each compute N stages' inputs ids: dumping the whole catalog for
+    each grew as N^2. It is dumped once per catalog; a per-source id still sees the catalog's
+    settings and its own entry only, and a corpus-wide id every source."""
+    from megacpp_pipeline.core.catalog import Catalog
+
+    catalog, _ = write_catalog(tmp_path / "corpus")
+    ctx = context(tmp_path, catalog, "run-a")
+    dumps: list[int] = []
+    real = Catalog.model_dump
+
+    def counted(self: Catalog, **kwargs: Any) -> dict[str, Any]:
+        dumps.append(1)
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(Catalog, "model_dump", counted)
+    reuse._CATALOG_JSON.clear()
+    stage = ctx.registry.get("normalized_files")
+    ids = {s: reuse.inputs_id(ctx, stage, s, []) for s in ctx.sources() for _ in range(3)}
+    everything = reuse.inputs_id(ctx, ctx.registry.get("deduped_files"), None, [])
+    assert len(dumps) == 1 and len(set(ids.values())) == len(ids) == 2
+    whole, entries = reuse._catalog_json(ctx.catalog)
+    assert set(entries) == set(ctx.sources()) and "stages" not in whole
+    assert everything not in ids.values()

@@ -382,3 +382,33 @@ def test_a_version_whose_manifest_its_marker_does_not_vouch_for_fails_verify_obj
         expected = "names version 'v-other'"
     [problem] = store.verify_objects(m)
     assert expected in problem
+
+
+def test_a_large_manifest_is_parsed_once_per_bytes_and_a_changed_one_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """A corpus-wide version's manifest (a table per source) is read by every source's step:
+    parsed once per process and bytes. Its bytes are still read at every call, so a manifest
+    changed on disk is the one returned; a small manifest is parsed at each read."""
+    store = ShardStore(str(tmp_path), max_rows_per_shard=1)
+    v = store.begin("deduped_files", None, code_version="t")
+    for source in range(120):  # about 40 KB of manifest: a table per source
+        v.table(f"data:s{source:03d}", SCHEMA).write(_table(source, 1))
+    v.commit()
+    first = store.latest("deduped_files")
+    path = Path(store.manifest_path(first))
+    assert path.stat().st_size > 16384
+    assert store.latest("deduped_files") is first
+    assert ShardStore(str(tmp_path)).latest("deduped_files") is not first  # another store
+    edited = json.loads(path.read_text())
+    edited["stats"] = {"edited": 1.0}
+    path.write_text(json.dumps(edited))
+    again = store.latest("deduped_files")
+    assert again is not first and again.stats == {"edited": 1.0} and first.stats == {}
+    path.write_text("{")
+    with pytest.raises(StoreError, match="invalid manifest"):
+        store.latest("deduped_files")
+    _write_version(store, rows=3)
+    small = store.latest("raw_files", "demo")
+    assert store.latest("raw_files", "demo") is not small
+    assert store.latest("raw_files", "demo") == small
