@@ -40,6 +40,16 @@ class Kept(Generic[K, V]):
             self._values[key] = value
         return value
 
+    def __getstate__(self) -> dict[str, int]:
+        """Pickled (an object that holds a memo, sent to a worker or a Ray task), a memo
+        arrives empty: what a process kept is that process's."""
+        return {"keep": self.keep}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.keep = state["keep"]
+        self._values = {}
+        self._lock = threading.Lock()
+
     def __contains__(self, key: object) -> bool:
         with self._lock:
             return key in self._values

@@ -3,6 +3,7 @@ nothing a failed make would have given, and gives two threads making one key one
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
@@ -64,3 +65,15 @@ def test_two_threads_making_one_key_get_the_value_kept_first() -> None:
     for t in threads:
         t.join()
     assert len(got) == 2 and got[0] is got[1] and len(kept) == 1
+
+
+def test_a_pickled_memo_arrives_empty_with_its_bound_and_works() -> None:
+    """An object holding a memo (a store sent to a worker or a Ray task) pickles: the memo
+    comes without its values (they are the sending process's) and keeps its bound."""
+    kept: Kept[str, int] = Kept(2)
+    kept.get("a", lambda: 1)
+    copy = pickle.loads(pickle.dumps(kept))
+    assert len(copy) == 0 and copy.keep == 2 and "a" in kept
+    assert copy.get("b", lambda: 2) == 2 and copy.get("c", lambda: 3) == 3
+    copy.get("d", lambda: 4)
+    assert len(copy) == 2

@@ -416,3 +416,24 @@ def test_polars_threads_are_seen_once_a_query_ran_and_not_before():
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_check_over_a_store_that_kept_manifests_stays_a_light_map(tmp_path: Path) -> None:
+    """A store's verify job (the store itself) goes pickled to the light pool, or to Ray: a
+    store that kept parsed manifests must still pickle, or every check over it would fork a
+    pool of its own (and fail on Ray)."""
+    import pyarrow as pa
+
+    from megacpp_pipeline.storage.store import ShardStore, _verify_shards
+
+    store = ShardStore(str(tmp_path), max_rows_per_shard=1)
+    v = store.begin("deduped_files", None, code_version="t")
+    schema = pa.schema([pa.field("n", pa.int64())])
+    for source in range(200):  # a manifest of a table per source, parsed once and kept
+        v.table(f"data:s{source:03d}", schema).write(pa.table({"n": [source]}, schema=schema))
+    v.commit()
+    manifest = store.latest("deduped_files")
+    assert store.latest("deduped_files") is manifest
+    job = (store, store.version_dir(manifest), True)
+    assert executor_module._light_job(_verify_shards, job) is not None
+    assert not store.verify(manifest, mapper=LocalExecutor(2).map_light)
