@@ -309,14 +309,14 @@ def check_round_trip(
     tokenizer.json: the sha256 must equal the scrubbed text's (content_sha256). A task of
     `mapper` per rows shard rebuilds and decodes the sampled documents whose pieces all lie
     in it (every one, when a packing window is a shard); any other is rebuilt here."""
-    from megacpp_pipeline.corpus.tokenizer import TokenizerArtifactError, read_artifact
-
     out = CheckOutcome("round_trip_decode", True)
-    sha256 = str(manifest.tokenizer.get("sha256", ""))
-    try:  # here once, so a tokenizer that is not the manifest's is one problem, not one a shard
-        read_artifact(snap / layout.TOKENIZER, sha256)
-    except TokenizerArtifactError as e:
-        out.fail(f"{e}: nothing is decoded with it")
+    # here once, so a tokenizer that is not the manifest's is one problem, not one a shard;
+    # only its bytes: the tasks parse it (read_artifact, checking them again)
+    sha256, tokenizer = str(manifest.tokenizer.get("sha256", "")), snap / layout.TOKENIZER
+    actual = sha256_file(tokenizer) if tokenizer.is_file() else "missing"
+    if actual != sha256:
+        out.fail(f"{tokenizer}: sha256 mismatch: the manifest's {sha256}, the file's {actual}; "
+                 "nothing is decoded with it")  # fmt: skip
         return out
     # the documents in the rows (a source's weight may draw one 0 times: it has no pieces)
     ids = np.asarray(packed_doc_ids(snap), np.int64)
