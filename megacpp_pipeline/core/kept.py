@@ -5,9 +5,11 @@ artifacts, catalogs and manifests it met, without growing with every one it ever
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -22,6 +24,7 @@ class Kept(Generic[K, V]):
         self.keep = keep
         self._values: dict[K, V] = {}
         self._lock = threading.Lock()
+        _EVERY.add(self)
 
     def get(self, key: K, make: Callable[[], V]) -> V:
         """The value kept for `key`, else `make()`'s, kept. `make` runs outside the lock (it
@@ -49,6 +52,7 @@ class Kept(Generic[K, V]):
         self.keep = state["keep"]
         self._values = {}
         self._lock = threading.Lock()
+        _EVERY.add(self)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -61,3 +65,16 @@ class Kept(Generic[K, V]):
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
+
+
+# Every memo of this process: a process forked while another thread held a memo's lock (the
+# pipeline forks its workers from threaded drivers) gets fresh locks, never a held one.
+_EVERY: weakref.WeakSet[Kept[Any, Any]] = weakref.WeakSet()
+
+
+def _fresh_locks() -> None:
+    for kept in list(_EVERY):
+        kept._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks)

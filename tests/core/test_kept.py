@@ -77,3 +77,22 @@ def test_a_pickled_memo_arrives_empty_with_its_bound_and_works() -> None:
     assert copy.get("b", lambda: 2) == 2 and copy.get("c", lambda: 3) == 3
     copy.get("d", lambda: 4)
     assert len(copy) == 2
+
+
+def test_a_process_forked_while_a_lock_is_held_gets_a_memo_it_can_use() -> None:
+    """The pipeline forks its workers from drivers with threads: a child forked while
+    another thread held a memo's lock would wait for it forever."""
+    import os
+
+    kept: Kept[str, int] = Kept(2)
+    kept.get("a", lambda: 1)
+    with kept._lock:  # held, as by another thread, at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: the memo's values came along, its lock is free
+            if not kept._lock.acquire(timeout=5):
+                os._exit(2)
+            kept._lock.release()
+            ok = kept.get("a", lambda: 2) == 1 and kept.get("b", lambda: 3) == 3
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
