@@ -159,7 +159,9 @@ def compare_counts(
     group "slower beyond noise" when even its fastest run at that count took longer than the
     first count's slowest (with one round, whenever it took longer); and the most a count's
     workers could give by Amdahl's law from the first count's serial seconds: every second
-    in which more than one core was busy spread over the count's workers (`ceiling`)."""
+    in which more than one core was busy spread over the count's workers (`ceiling`). With
+    rounds, also the median of each round's own ratio (`paired_wall_speedup`): a machine
+    that speeds up or slows down over the sweep moves both runs of a round alike."""
     base = rounds[counts[0]]
     ran = max(1, min(counts[0], cpus))  # the first count's workers that had a core
 
@@ -183,8 +185,10 @@ def compare_counts(
             statistics.median(r["serial_s"] for r in base),
         )
         ceiling = wall / (serial + (wall - serial) * ran / n) if wall else None
+        paired = [b / m for b, m in zip(walls(base), walls(mine), strict=False) if m]
         out[f"{n}_vs_{counts[0]}"] = {
             "wall_speedup": round(wall / statistics.median(walls(mine)), 2),
+            "paired_wall_speedup": round(statistics.median(paired), 2) if paired else None,
             "stage_group_speedup": stages,
             "slowest_group": min(stages.items(), key=lambda kv: kv[1]) if stages else None,
             "slower_beyond_noise": slower,

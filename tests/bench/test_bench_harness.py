@@ -257,6 +257,7 @@ def test_worker_counts_compare_by_medians_and_flag_only_a_group_slower_in_every_
     }
     out = bench_scaleout.compare_counts(rounds, [2, 16], cpus=2)["16_vs_2"]
     assert out["wall_speedup"] == round(42.0 / 41.5, 2)
+    assert out["paired_wall_speedup"] == round((40.0 / 41.0 + 44.0 / 42.0) / 2, 2)
     assert out["stage_group_speedup"] == {"a": 1.05, "b": round(8.2 / 8.55, 2)}
     # a: its runs at 16 overlap those at 2 (noise); b: slower in both rounds than either at 2
     assert out["slower_beyond_noise"] == ["b"] and out["same_snapshot"]

@@ -202,3 +202,18 @@ def _descendants(root: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def test_a_ui_run_runs_no_more_steps_at_once_than_the_cpus_on_the_local_engine() -> None:
+    """The job's executor: as many steps at once as workers were asked, but on the local
+    engine never more than this process's CPUs (its pools are capped too); on Ray, as asked."""
+    from assets.defs import concurrent_steps
+    from megacpp_pipeline.pipeline.parallel import cpu_count
+
+    cpus = cpu_count()
+    assert concurrent_steps(cpus + 14, None, None, {}) == cpus
+    assert concurrent_steps(None, None, None, {"MEGACPP_WORKERS": str(cpus + 14)}) == cpus
+    assert concurrent_steps(1, "local", None, {}) == 1
+    assert concurrent_steps(cpus + 14, "ray", None, {}) == cpus + 14
+    assert concurrent_steps(None, None, None, {"MEGACPP_ENGINE": "ray"}) == cpus
+    assert concurrent_steps(cpus + 14, "no-such-engine", None, {}) == cpus
